@@ -1,0 +1,35 @@
+# make run: create .venv, install, start everything (`mmq up`).
+# make test: create .venv, install, run the whole suite.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint bench clean install
+
+install: $(STAMP)
+
+# torch first, from its CPU wheel: later installs then never pull a CUDA build.
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "torch==2.13.0"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+run: install
+	$(BIN)/mmq up
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: install
+	$(BIN)/python -m bench.overhead
+
+clean:
+	rm -rf $(VENV) data build *.egg-info

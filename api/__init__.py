@@ -1,0 +1,1 @@
+"""The FastAPI layer: validates, stores, enqueues, streams. Never imports model code."""

@@ -1,0 +1,92 @@
+"""Maps domain errors and request validation errors to HTTP answers.
+
+Every error body is `{"error": {"type", "message", "param"}}` (OpenAI clients read it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from jobs.errors import (
+    Conflict,
+    InputError,
+    MmqError,
+    NotFound,
+    QueueFull,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+)
+
+STATUS: list[tuple[type[MmqError], int]] = [
+    (TooLarge, 413),
+    (InputError, 422),
+    (NotFound, 404),
+    (QueueFull, 429),
+    (Conflict, 409),
+    (Unauthorized, 401),
+    (Unavailable, 503),
+]
+
+
+def error_body(etype: str, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"type": etype, "message": message, "param": param}}
+
+
+def status_of(exc: MmqError) -> int:
+    for cls, status in STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+async def on_mmq_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, MmqError)
+    headers: dict[str, str] = {}
+    if isinstance(exc, QueueFull):
+        headers["Retry-After"] = str(exc.retry_after_s)
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = "Bearer"
+    param = exc.field if isinstance(exc, InputError) else None
+    return JSONResponse(
+        error_body(exc.code, exc.message, param), status_code=status_of(exc), headers=headers
+    )
+
+
+def _loc(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in {"body", "query", "header", "path"}:
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    param = _loc(first.get("loc", ())) or None
+    message = f"{param}: {first['msg']}" if param else str(first["msg"])
+    body = error_body("invalid_input", message, param)
+    body["error"]["details"] = [
+        {"param": _loc(e.get("loc", ())), "message": e.get("msg", "")} for e in errors
+    ]
+    return JSONResponse(body, status_code=422)
+
+
+async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    etype = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return JSONResponse(
+        error_body(etype, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+    )
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(MmqError, on_mmq_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -1,0 +1,87 @@
+"""One pub/sub connection per API process, fanned out to the requests that wait or stream.
+
+Workers publish a notice per event on `keys.EVENTS_CHANNEL`; the hub hands each notice to
+the local subscribers of that job. Idle subscribers cost a queue, not a Redis connection.
+After a lost connection, every subscriber gets `RESYNC` so it re-reads from the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import redis.asyncio as aredis
+from redis.exceptions import RedisError
+
+from jobs import keys
+
+log = logging.getLogger(__name__)
+
+RESYNC: dict[str, Any] = {"type": "__resync__"}
+
+
+class EventHub:
+    def __init__(self, client: aredis.Redis) -> None:
+        self._client = client
+        self._subscribers: dict[str, set[asyncio.Queue[dict[str, Any]]]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="event-hub")
+        await asyncio.wait_for(self._ready.wait(), timeout=10)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @property
+    def subscriber_count(self) -> int:
+        return sum(len(s) for s in self._subscribers.values())
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, job_id: str) -> AsyncIterator[asyncio.Queue[dict[str, Any]]]:
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._subscribers.setdefault(job_id, set()).add(queue)
+        try:
+            yield queue
+        finally:
+            subs = self._subscribers.get(job_id)
+            if subs is not None:
+                subs.discard(queue)
+                if not subs:
+                    del self._subscribers[job_id]
+
+    async def _run(self) -> None:
+        while True:
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(keys.EVENTS_CHANNEL)
+                self._ready.set()
+                self._broadcast_resync()
+                async for message in pubsub.listen():
+                    self._dispatch(message["data"])
+            except (RedisError, OSError):
+                log.warning("event hub lost its Redis connection; reconnecting")
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()
+
+    def _dispatch(self, raw: str | bytes) -> None:
+        if not self._subscribers:
+            return
+        event = json.loads(raw)
+        for queue in self._subscribers.get(event.get("job_id", ""), ()):
+            queue.put_nowait(event)
+
+    def _broadcast_resync(self) -> None:
+        for subs in self._subscribers.values():
+            for queue in subs:
+                queue.put_nowait(RESYNC)

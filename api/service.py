@@ -1,0 +1,201 @@
+"""The jobs service: the one narrow interface the routes use (submit, get, list, cancel, wait)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import secrets
+import time
+
+import anyio
+from celery import Celery
+from pydantic import ValidationError
+
+from api.hub import EventHub
+from jobs.broker import enqueue
+from jobs.codec import dumps
+from jobs.errors import Conflict, InputError, NotFound, QueueFull, Unavailable
+from jobs.models import Job, JobCreate
+from jobs.queues import pipeline_for
+from jobs.schemas import schema_for, validation_error_field
+from jobs.settings import Settings
+from jobs.states import JobStatus
+from jobs.store import AsyncJobStore, transition
+
+
+def new_job_id() -> str:
+    return "job_" + secrets.token_hex(12)
+
+
+def body_hash(body: JobCreate) -> str:
+    return hashlib.sha256(dumps(body.model_dump(mode="json")).encode()).hexdigest()
+
+
+class JobService:
+    def __init__(
+        self, settings: Settings, store: AsyncJobStore, celery: Celery, hub: EventHub
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.celery = celery
+        self.hub = hub
+
+    def validate(self, body: JobCreate) -> tuple[str, dict[str, object]]:
+        """Validate the input against its kind; returns (pipeline, normalised input)."""
+        try:
+            schema = schema_for(body.kind, self.settings)
+        except KeyError:
+            raise InputError("kind", f"unknown kind {body.kind!r}") from None
+        try:
+            request = schema.model_validate(body.input)
+        except ValidationError as exc:
+            raise validation_error_field(exc, "input") from None
+        try:
+            request.check_limits(self.settings.limits)
+        except InputError as exc:
+            raise InputError(f"input.{exc.field}", exc.reason) from None
+        pipeline = pipeline_for(self.settings, body.kind, request.model)
+        return pipeline, request.model_dump(mode="json")
+
+    async def submit(
+        self, owner: str, body: JobCreate, idempotency_key: str | None = None
+    ) -> tuple[Job, bool]:
+        """Store and enqueue a job; returns (job, created). Raises QueueFull, InputError."""
+        pipeline, normalised = self.validate(body)
+        now = time.time()
+        job = Job(
+            id=new_job_id(),
+            kind=body.kind,
+            pipeline=pipeline,
+            status=JobStatus.QUEUED,
+            owner=owner,
+            priority=body.priority,
+            input=normalised,
+            metadata=body.metadata,
+            created_at=now,
+            queued_at=now,
+        )
+        digest = body_hash(body)
+        result = await self.store.submit(
+            job,
+            max_queued=self.settings.queue.limit_for(body.kind),
+            idempotency=(idempotency_key, digest) if idempotency_key else None,
+        )
+        if result.outcome == "dup":
+            if result.body_hash != digest:
+                raise InputError(
+                    "Idempotency-Key", "was already used with a different request body"
+                )
+            return await self.get(owner, result.job_id), False
+        if result.outcome == "full":
+            raise QueueFull(
+                f"the {body.kind} queue is full ({self.settings.queue.limit_for(body.kind)} "
+                "jobs waiting); retry later",
+                self.settings.api.retry_after_s,
+            )
+        await self._enqueue(job)
+        return job, True
+
+    async def _enqueue(self, job: Job) -> None:
+        try:
+            await anyio.to_thread.run_sync(enqueue, self.celery, job)
+        except Exception as exc:
+            error = {"type": "enqueue_failed", "message": str(exc)}
+            await self.store.apply(
+                transition(
+                    job,
+                    JobStatus.FAILED,
+                    sources=frozenset({JobStatus.QUEUED}),
+                    fields={"error": dumps(error), "finished_at": repr(time.time())},
+                    event_data={"error": error},
+                )
+            )
+            raise Unavailable(f"could not enqueue the job: {exc}") from exc
+
+    async def get(self, owner: str, job_id: str) -> Job:
+        """The job, or NotFound when it does not exist or belongs to another owner."""
+        job = await self.store.get(job_id)
+        if job is None or job.owner != owner:
+            raise NotFound(f"no job {job_id!r}")
+        return job
+
+    async def cancel(self, owner: str, job_id: str) -> Job:
+        job = await self.get(owner, job_id)
+        if job.status.terminal:
+            raise Conflict(f"job {job_id} has already ended ({job.status})")
+        await self.store.request_cancel(job_id)
+        if job.status is JobStatus.QUEUED:
+            await self.store.apply(
+                transition(
+                    job,
+                    JobStatus.CANCELED,
+                    sources=frozenset({JobStatus.QUEUED}),
+                    fields={"finished_at": repr(time.time())},
+                )
+            )
+        return await self.get(owner, job_id)
+
+    async def wait(self, owner: str, job_id: str, timeout_s: float) -> Job:
+        """The job once it has ended, or as it is after `timeout_s`."""
+        timeout_s = max(0.0, min(timeout_s, self.settings.api.max_wait_s))
+        deadline = time.monotonic() + timeout_s
+        async with self.hub.subscribe(job_id) as notices:
+            job = await self.get(owner, job_id)
+            while not job.status.terminal:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    notice = await asyncio.wait_for(notices.get(), remaining)
+                except TimeoutError:
+                    break
+                if notice.get("type") == "status" or notice.get("type") == "__resync__":
+                    job = await self.get(owner, job_id)
+            return job
+
+    async def list(
+        self,
+        owner: str,
+        *,
+        status: JobStatus | None,
+        kind: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> tuple[list[Job], str | None]:
+        """The owner's jobs, newest first, filtered; returns (page, next cursor)."""
+        max_score, after_id = decode_cursor(cursor) if cursor else ("+inf", None)
+        page: list[Job] = []
+        scanned = 0
+        while len(page) < limit and scanned < 20 * limit + 100:
+            rows = await self.store.list_ids(owner, max_score, limit + 50)
+            if after_id is not None:
+                rows = [r for r in rows if not (r[1] == float(max_score) and r[0] >= after_id)]
+            if not rows:
+                return page, None
+            jobs = await self.store.get_many([job_id for job_id, _ in rows])
+            await self.store.forget(
+                owner, [r[0] for r, j in zip(rows, jobs, strict=True) if j is None]
+            )
+            for (job_id, score), job in zip(rows, jobs, strict=True):
+                scanned += 1
+                max_score, after_id = repr(score), job_id
+                if job is None or (status and job.status != status) or (kind and job.kind != kind):
+                    continue
+                page.append(job)
+                if len(page) == limit:
+                    return page, encode_cursor(score, job_id)
+        return page, (encode_cursor(float(max_score), after_id) if after_id else None)
+
+
+def encode_cursor(score: float, job_id: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps([score, job_id]).encode()).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[str, str]:
+    try:
+        score, job_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        return repr(float(score)), str(job_id)
+    except (ValueError, TypeError) as exc:
+        raise InputError("cursor", "is not a cursor this API returned") from exc

@@ -1,0 +1,71 @@
+"""What the API shows of a job."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from jobs.models import Job, JobErrorInfo, Timings, iso
+from jobs.settings import Priority
+from jobs.states import JobStatus
+
+
+class JobUrls(BaseModel):
+    self: str
+    cancel: str
+    events: str
+    ws: str
+
+
+class JobView(BaseModel):
+    id: str
+    kind: str
+    model: str
+    status: JobStatus
+    priority: Priority
+    input: dict[str, Any]
+    output: dict[str, Any] | None
+    error: JobErrorInfo | None
+    metadata: dict[str, str]
+    attempts: int
+    timings: Timings
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    urls: JobUrls
+
+
+class JobList(BaseModel):
+    data: list[JobView]
+    next_cursor: str | None
+
+
+def job_view(job: Job, base_url: str) -> JobView:
+    path = f"{base_url}/v1/jobs/{job.id}"
+    ws_base = base_url.replace("http://", "ws://", 1).replace("https://", "wss://", 1)
+    created = iso(job.created_at)
+    assert created is not None
+    return JobView(
+        id=job.id,
+        kind=job.kind,
+        model=job.pipeline,
+        status=job.status,
+        priority=job.priority,
+        input=job.input,
+        output=job.output,
+        error=job.error,
+        metadata=job.metadata,
+        attempts=job.attempts,
+        timings=job.timings,
+        created_at=created,
+        started_at=iso(job.started_at),
+        finished_at=iso(job.finished_at),
+        urls=JobUrls(
+            self=path,
+            cancel=f"{path}/cancel",
+            events=f"{path}/events",
+            ws=f"{ws_base}/v1/jobs/{job.id}/ws",
+        ),
+    )

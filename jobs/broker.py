@@ -1,0 +1,53 @@
+"""The Celery app on the Redis broker: one queue per pipeline, three priorities, acks late.
+
+Shared by the API and the reaper (which send tasks) and the workers (which run them).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from jobs.models import Job
+from jobs.queues import PRIORITY_STEPS, PRIORITY_VALUES, TASK_NAME, celery_priority, queue_name
+from jobs.settings import Settings
+
+
+def make_celery(settings: Settings) -> Celery:
+    if not settings.redis_url:
+        raise ValueError("redis_url is not set")
+    app = Celery("mmq", broker=settings.redis_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        result_backend=None,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        # Redis only: never reserve a message that no thread is free to run, so an idle
+        # worker elsewhere can take it.
+        worker_disable_prefetch=True,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        task_send_sent_event=False,
+        task_default_priority=PRIORITY_VALUES["normal"],
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": settings.queue.visibility_timeout_s,
+            "priority_steps": PRIORITY_STEPS,
+            "sep": ":",
+            "queue_order_strategy": "priority",
+        },
+        task_routes={TASK_NAME: {"queue": queue_name("default")}},
+    )
+    return app
+
+
+def enqueue(app: Celery, job: Job) -> None:
+    """Send the task that runs `job` to its pipeline's queue at its priority."""
+    app.send_task(
+        TASK_NAME,
+        args=[job.id],
+        queue=queue_name(job.pipeline),
+        priority=celery_priority(job.priority),
+    )

@@ -1,0 +1,63 @@
+"""Job records to and from Redis hashes (JSON for nested values, never pickle)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jobs.models import Event, EventType, Job
+
+_JSON_FIELDS = ("input", "output", "error", "metadata", "extra_timings")
+_FLOAT_FIELDS = ("created_at", "queued_at", "started_at", "first_output_at", "finished_at")
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def job_to_fields(job: Job) -> dict[str, str]:
+    raw = job.model_dump(mode="json")
+    out: dict[str, str] = {}
+    for key, value in raw.items():
+        if key in _JSON_FIELDS:
+            out[key] = "" if value is None else dumps(value)
+        elif key == "cancel_requested":
+            out[key] = "1" if value else "0"
+        else:
+            out[key] = "" if value is None else str(value)
+    return out
+
+
+def job_from_fields(fields: dict[str, str]) -> Job:
+    data: dict[str, Any] = {}
+    for key, value in fields.items():
+        if key in _JSON_FIELDS:
+            data[key] = json.loads(value) if value else None
+        elif key in _FLOAT_FIELDS:
+            data[key] = float(value) if value else None
+        elif key == "cancel_requested":
+            data[key] = value == "1"
+        elif key == "attempts":
+            data[key] = int(value)
+        else:
+            data[key] = value
+    data["metadata"] = data.get("metadata") or {}
+    data["extra_timings"] = data.get("extra_timings") or {}
+    return Job.model_validate(data)
+
+
+def flat_pairs(fields: dict[str, str]) -> list[str]:
+    pairs: list[str] = []
+    for key, value in fields.items():
+        pairs += [key, value]
+    return pairs
+
+
+def event_from_entry(job_id: str, entry_id: str, fields: dict[str, str]) -> Event:
+    return Event(
+        id=entry_id,
+        job_id=job_id,
+        type=EventType(fields["type"]),
+        data=json.loads(fields["data"]),
+        ts=float(fields["ts"]),
+    )

@@ -1,0 +1,55 @@
+"""Every Redis key and channel that mmq uses, in one place."""
+
+from __future__ import annotations
+
+PREFIX = "mmq"
+
+EVENTS_CHANNEL = f"{PREFIX}:events"
+"""Pub/sub channel: one notice per event of any job (API processes fan it out)."""
+
+CANCEL_CHANNEL = f"{PREFIX}:cancel"
+"""Pub/sub channel: the id of a running job whose owner asked to cancel it."""
+
+RUNNING = f"{PREFIX}:running"
+"""Sorted set: running job ids scored by their lease deadline (unix seconds)."""
+
+WORKERS = f"{PREFIX}:workers"
+"""Sorted set: worker names scored by their last heartbeat (unix seconds)."""
+
+API_KEYS = f"{PREFIX}:apikeys"
+"""Hash: sha256 of an API key -> JSON {name, created_at}."""
+
+
+def job(job_id: str) -> str:
+    """Hash: one job record."""
+    return f"{PREFIX}:job:{job_id}"
+
+
+def job_events(job_id: str) -> str:
+    """Stream: the job's events, replayable by id."""
+    return f"{PREFIX}:job:{job_id}:events"
+
+
+def lease(job_id: str) -> str:
+    """String: the token of the worker that runs the job, with a short TTL."""
+    return f"{PREFIX}:lease:{job_id}"
+
+
+def owner_jobs(owner: str) -> str:
+    """Sorted set: an owner's job ids scored by creation time."""
+    return f"{PREFIX}:owner:{owner}:jobs"
+
+
+def queued(kind: str) -> str:
+    """Set: the ids of a kind's queued jobs (admission control counts it)."""
+    return f"{PREFIX}:queued:{kind}"
+
+
+def idempotency(owner: str, key: str) -> str:
+    """String: `job_id|body_hash` of the job an Idempotency-Key created."""
+    return f"{PREFIX}:idem:{owner}:{key}"
+
+
+def worker(name: str) -> str:
+    """Hash: what a live worker serves (kind, pipeline, device)."""
+    return f"{PREFIX}:worker:{name}"

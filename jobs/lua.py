@@ -1,0 +1,112 @@
+"""Lua scripts that change job state atomically (a transition and its indexes commit together)."""
+
+from __future__ import annotations
+
+# A status event as JSON, built inside Redis so that its stream id can go into the notice.
+_PUBLISH = """
+local function announce(channel, stream, maxlen, job_id, etype, data, ts, ttl)
+  local id = redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
+                        'type', etype, 'data', data, 'ts', ts)
+  if ttl then redis.call('EXPIRE', stream, ttl) end
+  redis.call('PUBLISH', channel, '{"id":"' .. id .. '","job_id":"' .. job_id ..
+             '","type":"' .. etype .. '","data":' .. data .. ',"ts":' .. ts .. '}')
+  return id
+end
+"""
+
+SUBMIT = (
+    _PUBLISH
+    + """
+-- KEYS: job, owner index, queued set, idempotency key, events stream
+-- ARGV: job_id, max_queued, score, idem_ttl, idem_value, maxlen, channel, event data, ts,
+--       field pairs...
+if ARGV[5] ~= '' then
+  local prev = redis.call('GET', KEYS[4])
+  if prev then return {'dup', prev} end
+end
+if redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[2]) then return {'full', ''} end
+for i = 10, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+redis.call('SADD', KEYS[3], ARGV[1])
+if ARGV[5] ~= '' then redis.call('SET', KEYS[4], ARGV[5], 'EX', ARGV[4]) end
+local id = announce(ARGV[7], KEYS[5], ARGV[6], ARGV[1], 'status', ARGV[8], ARGV[9], nil)
+return {'ok', id}
+"""
+)
+
+TRANSITION = (
+    _PUBLISH
+    + """
+-- KEYS: job, events stream, lease, running zset, queued set
+-- ARGV: job_id, sources (comma-joined), target, now, lease mode, lease token, lease ttl ms,
+--       end ttl s, maxlen, channel, event data, terminal (0/1), pre-event type ('' for
+--       none: an output or error event written just before the status event), pre-event
+--       data, field pairs...
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return {'missing', ''} end
+if not string.find(',' .. ARGV[2] .. ',', ',' .. status .. ',', 1, true) then
+  return {'status', status}
+end
+local mode = ARGV[5]
+if mode == 'check' then
+  if redis.call('GET', KEYS[3]) ~= ARGV[6] then return {'lease', status} end
+elseif mode == 'absent' then
+  if redis.call('EXISTS', KEYS[3]) == 1 then return {'lease', status} end
+elseif mode == 'acquire' then
+  if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
+    return {'canceled', status}
+  end
+  if not redis.call('SET', KEYS[3], ARGV[6], 'NX', 'PX', ARGV[7]) then
+    return {'lease', status}
+  end
+  redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+end
+local target = ARGV[3]
+redis.call('HSET', KEYS[1], 'status', target)
+for i = 15, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+local ttl = nil
+if ARGV[12] == '1' then ttl = ARGV[8] end
+if ARGV[13] ~= '' then
+  if ARGV[13] == 'output' then
+    local cur = redis.call('HGET', KEYS[1], 'first_output_at')
+    if not cur or cur == '' then redis.call('HSET', KEYS[1], 'first_output_at', ARGV[4]) end
+  end
+  announce(ARGV[10], KEYS[2], ARGV[9], ARGV[1], ARGV[13], ARGV[14], ARGV[4], nil)
+end
+if target == 'queued' then
+  redis.call('SADD', KEYS[5], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+elseif target == 'running' then
+  redis.call('SREM', KEYS[5], ARGV[1])
+  redis.call('ZADD', KEYS[4], tonumber(ARGV[4]) + tonumber(ARGV[7]) / 1000, ARGV[1])
+else
+  redis.call('SREM', KEYS[5], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  if mode == 'check' then redis.call('DEL', KEYS[3]) end
+end
+if ttl then redis.call('EXPIRE', KEYS[1], ttl) end
+local id = announce(ARGV[10], KEYS[2], ARGV[9], ARGV[1], 'status', ARGV[11], ARGV[4], ttl)
+return {'ok', id}
+"""
+)
+
+APPEND_EVENT = (
+    _PUBLISH
+    + """
+-- KEYS: events stream, job
+-- ARGV: channel, maxlen, job_id, type, data, ts, first-output field value ('' to skip)
+if ARGV[7] ~= '' then
+  local cur = redis.call('HGET', KEYS[2], 'first_output_at')
+  if not cur or cur == '' then redis.call('HSET', KEYS[2], 'first_output_at', ARGV[7]) end
+end
+return announce(ARGV[1], KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], nil)
+"""
+)
+
+RENEW_LEASE = """
+-- KEYS: lease, running zset; ARGV: token, ttl ms, job_id, deadline
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
+return 1
+"""

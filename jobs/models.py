@@ -1,0 +1,114 @@
+"""Pydantic models of jobs and events, as stored and as the API shows them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobs.settings import Priority
+from jobs.states import JobStatus
+
+
+class EventType(StrEnum):
+    STATUS = "status"
+    PARTIAL = "partial"
+    PROGRESS = "progress"
+    OUTPUT = "output"
+    ERROR = "error"
+
+
+class Event(BaseModel):
+    """One event of a job; `id` is its Redis stream id, so a client can resume after it."""
+
+    id: str
+    job_id: str
+    type: EventType
+    data: dict[str, Any]
+    ts: float
+
+
+class JobErrorInfo(BaseModel):
+    type: str
+    """`invalid_input` (never retried), `pipeline_error`, `worker_lost`, `enqueue_failed`."""
+    message: str
+    field: str | None = None
+    """For `invalid_input`: the input field at fault."""
+
+
+class Timings(BaseModel):
+    queue_wait_ms: float | None = None
+    """From submit (or the last requeue) to the start of the run."""
+    time_to_first_output_ms: float | None = None
+    """From submit to the first partial output or progress event."""
+    run_ms: float | None = None
+    """From the start of the run to its end."""
+    total_ms: float | None = None
+    """From submit to the end."""
+    tpot_ms: float | None = None
+    """LLM: time per output token after the first."""
+
+
+class WebhookSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(max_length=2048)
+    events: list[str] = Field(default_factory=lambda: ["terminal"])
+
+
+class JobCreate(BaseModel):
+    """Body of `POST /v1/jobs`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(min_length=1, max_length=64)
+    input: dict[str, Any]
+    priority: Priority = "normal"
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+
+
+class Job(BaseModel):
+    """A job record."""
+
+    id: str
+    kind: str
+    pipeline: str
+    status: JobStatus
+    owner: str
+    priority: Priority
+    input: dict[str, Any]
+    output: dict[str, Any] | None = None
+    error: JobErrorInfo | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    attempts: int = 0
+    created_at: float
+    queued_at: float
+    started_at: float | None = None
+    first_output_at: float | None = None
+    finished_at: float | None = None
+    cancel_requested: bool = False
+    extra_timings: dict[str, float] = Field(default_factory=dict)
+    """Pipeline-specific timings (e.g. LLM tpot_ms), merged into `timings`."""
+
+    @property
+    def timings(self) -> Timings:
+        t = Timings(**{k: v for k, v in self.extra_timings.items() if k in Timings.model_fields})
+        if self.started_at is not None:
+            t.queue_wait_ms = _ms(self.started_at - self.queued_at)
+        if self.first_output_at is not None:
+            t.time_to_first_output_ms = _ms(self.first_output_at - self.created_at)
+        if self.finished_at is not None:
+            t.total_ms = _ms(self.finished_at - self.created_at)
+            if self.started_at is not None:
+                t.run_ms = _ms(self.finished_at - self.started_at)
+        return t
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)
+
+
+def iso(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, tz=UTC)

@@ -1,0 +1,222 @@
+"""Settings: environment (`MMQ_` prefix, `__` between nested names) over a TOML file.
+
+The TOML file (`MMQ_CONFIG_FILE`, default `mmq.toml` in the working directory when it
+exists) lists the pipelines, their models and batching knobs, and the workers to start.
+Settings are built once per process and passed down.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+DEFAULT_CONFIG_FILE = Path("mmq.toml")
+
+
+class ApiSettings(BaseModel):
+    host: str = "127.0.0.1"
+    """Address the API binds to."""
+    port: int = 8000
+    """Port the API binds to."""
+    public_url: str | None = None
+    """Base URL that clients use, for the URLs in responses; default http://host:port."""
+    max_body_bytes: int = 1_048_576
+    """Largest JSON body accepted (413 above)."""
+    max_wait_s: float = 60.0
+    """Cap on `Prefer: wait=N`."""
+    retry_after_s: int = 2
+    """Retry-After sent with 429 when a queue is full."""
+
+
+class AuthSettings(BaseModel):
+    required: bool = False
+    """Require `Authorization: Bearer <key>`. Off is allowed only while the API binds
+    to a loopback address; requests then run as the owner `local` unless they send a key."""
+
+
+class LeaseSettings(BaseModel):
+    ttl_s: float = 10.0
+    """A running job's lease lives this long unless its worker renews it."""
+    heartbeat_s: float = 2.0
+    """How often a worker renews its leases."""
+    reaper_interval_s: float = 1.0
+    """How often the reaper looks for expired leases."""
+    max_attempts: int = 3
+    """Runs of a job (worker deaths included) before it ends `failed`."""
+
+
+class QueueSettings(BaseModel):
+    max_queued: int = 1000
+    """Queued jobs per kind before submits get 429."""
+    max_queued_by_kind: dict[str, int] = Field(default_factory=dict)
+    """Per-kind override of `max_queued`."""
+    visibility_timeout_s: int = 6 * 3600
+    """Celery's last-resort redelivery; keep it longer than the longest job."""
+
+    def limit_for(self, kind: str) -> int:
+        return self.max_queued_by_kind.get(kind, self.max_queued)
+
+
+class Limits(BaseModel):
+    """Limits on job input; a request over one gets 422 naming the field."""
+
+    text_max_chars: int = 5000
+    """TTS input text."""
+    audio_max_bytes: int = 50 * 1024 * 1024
+    """ASR audio upload."""
+    audio_max_seconds: float = 3600.0
+    """ASR audio duration."""
+    image_max_side: int = 1024
+    """Image width and height."""
+    image_max_steps: int = 100
+    """Image denoising steps."""
+    image_max_n: int = 4
+    """Images per request."""
+    llm_max_tokens: int = 4096
+    """LLM `max_tokens`."""
+    llm_max_prompt_chars: int = 200_000
+    """LLM prompt size (all messages)."""
+
+
+class PipelineConfig(BaseModel):
+    """One pipeline: a model behind a kind, with its batching knobs and workers."""
+
+    kind: str
+    """Job kind it serves (asr, tts, image, llm, or a kind of `[kinds]`)."""
+    impl: str
+    """`module:Class` of the pipeline."""
+    model: str = ""
+    """Model id or local path, passed to the pipeline."""
+    aliases: list[str] = Field(default_factory=list)
+    """Other names a request's `model` may use for this pipeline."""
+    enabled: bool = True
+    """Disabled pipelines get no queue, no worker, no route."""
+    max_batch: int = 1
+    """Largest batch the engine forms."""
+    max_wait_ms: float = 0.0
+    """How long the engine waits for a batch to fill."""
+    runners: int = 1
+    """Batches run at once inside one worker process."""
+    concurrency: int = 4
+    """Requests in flight per worker process (Celery thread pool size)."""
+    instances: int = 1
+    """Worker processes per device (for models without a batch dimension)."""
+    device: str = "cpu"
+    """Where its workers run: cpu, gpu:N, mig:UUID."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Pipeline-specific options."""
+
+
+class KindConfig(BaseModel):
+    """A job kind beyond the built-in four."""
+
+    schema_: str = Field(alias="schema")
+    """`module:Class` of its pydantic input model."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="MMQ_", env_nested_delimiter="__", extra="ignore", populate_by_name=True
+    )
+
+    redis_url: str | None = None
+    """Redis (or valkey) URL. Unset: `mmq up` starts an embedded server."""
+    embedded_redis_port: int = 6399
+    """Port of the server that `mmq up` starts when `redis_url` is unset."""
+    data_dir: Path = Path("./data")
+    """Where local files, the embedded server's data and logs live."""
+    job_ttl_s: int = 7 * 24 * 3600
+    """How long an ended job and its events stay."""
+    events_maxlen: int = 10_000
+    """Cap on a job's event stream."""
+    idempotency_ttl_s: int = 24 * 3600
+    """How long an Idempotency-Key is remembered."""
+    log_level: str = "INFO"
+    """Log level of every process."""
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    lease: LeaseSettings = Field(default_factory=LeaseSettings)
+    queue: QueueSettings = Field(default_factory=QueueSettings)
+    limits: Limits = Field(default_factory=Limits)
+    kinds: dict[str, KindConfig] = Field(default_factory=dict)
+    """Extra job kinds and their input schemas."""
+    pipelines: dict[str, PipelineConfig] = Field(default_factory=dict)
+    """Pipelines by name (the TOML file's `[pipelines.NAME]` tables)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if not self.auth.required and not is_loopback(self.api.host):
+            raise ValueError(
+                f"auth.required is off but the API binds to {self.api.host}: "
+                "set MMQ_AUTH__REQUIRED=true or bind to 127.0.0.1"
+            )
+        return self
+
+    @property
+    def enabled_pipelines(self) -> dict[str, PipelineConfig]:
+        return {name: p for name, p in self.pipelines.items() if p.enabled}
+
+    @property
+    def enabled_kinds(self) -> list[str]:
+        return sorted({p.kind for p in self.enabled_pipelines.values()})
+
+    @property
+    def public_url(self) -> str:
+        return self.api.public_url or f"http://{self.api.host}:{self.api.port}"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (
+            init_settings,
+            env_settings,
+            dotenv_settings,
+            TomlConfigSettingsSource(settings_cls),
+        )
+
+
+class _ConfigFileLocator(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MMQ_", extra="ignore")
+    config_file: Path | None = None
+    """TOML file with pipelines and workers."""
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings: `overrides` > environment > TOML file > defaults."""
+    path = config_file or _ConfigFileLocator().config_file
+    if path is None and DEFAULT_CONFIG_FILE.exists():
+        path = DEFAULT_CONFIG_FILE
+    if path is not None and not Path(path).exists():
+        raise FileNotFoundError(f"config file {path} does not exist")
+
+    class _FromFile(Settings):
+        model_config = SettingsConfigDict(**{**Settings.model_config, "toml_file": path})
+
+    return _FromFile(**overrides)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+Priority = Literal["high", "normal", "low"]

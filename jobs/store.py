@@ -1,0 +1,266 @@
+"""The Redis job store: a hash per job, an owner index, leases, events.
+
+`JobStore` (sync: workers, reaper, CLI) and `AsyncJobStore` (the API) share the Lua
+scripts and the argument builders below, so a transition is written in one place.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import redis
+import redis.asyncio as aredis
+
+from jobs import keys, lua
+from jobs.codec import dumps, event_from_entry, flat_pairs, job_from_fields, job_to_fields
+from jobs.models import Event, EventType, Job
+from jobs.settings import Settings
+from jobs.states import JobStatus, allowed_sources, check_transition
+
+LeaseMode = Literal["", "check", "absent", "acquire"]
+
+
+@dataclass(frozen=True)
+class Lease:
+    token: str
+    ttl_ms: int
+
+
+@dataclass
+class TransitionResult:
+    ok: bool
+    reason: str = ""
+    """On failure: `missing`, `status`, `lease` or `canceled`."""
+    status: str = ""
+    """On failure: the status the job had."""
+    event_id: str = ""
+
+
+@dataclass
+class SubmitResult:
+    outcome: Literal["ok", "dup", "full"]
+    job_id: str = ""
+    body_hash: str = ""
+
+
+@dataclass
+class Transition:
+    """Everything a status change writes: built once, run by either store."""
+
+    job_id: str
+    target: JobStatus
+    sources: frozenset[JobStatus]
+    fields: dict[str, str] = field(default_factory=dict)
+    event_data: dict[str, Any] = field(default_factory=dict)
+    lease_mode: LeaseMode = ""
+    lease: Lease | None = None
+    kind: str = ""
+    pre_event: tuple[EventType, dict[str, Any]] | None = None
+    """An output or error event written atomically just before the status event."""
+
+    def script_args(self, settings: Settings, now: float) -> tuple[list[str], list[str]]:
+        for source in self.sources:
+            check_transition(source, self.target)
+        data = {"status": str(self.target), **self.event_data}
+        key_list = [
+            keys.job(self.job_id),
+            keys.job_events(self.job_id),
+            keys.lease(self.job_id),
+            keys.RUNNING,
+            keys.queued(self.kind),
+        ]
+        args = [
+            self.job_id,
+            ",".join(sorted(self.sources)),
+            str(self.target),
+            repr(now),
+            self.lease_mode,
+            self.lease.token if self.lease else "",
+            str(self.lease.ttl_ms if self.lease else 0),
+            str(settings.job_ttl_s),
+            str(settings.events_maxlen),
+            keys.EVENTS_CHANNEL,
+            dumps(data),
+            "1" if self.target.terminal else "0",
+            str(self.pre_event[0]) if self.pre_event else "",
+            dumps(self.pre_event[1]) if self.pre_event else "",
+            *flat_pairs(self.fields),
+        ]
+        return key_list, args
+
+
+def transition(
+    job: Job,
+    target: JobStatus,
+    *,
+    fields: dict[str, str] | None = None,
+    event_data: dict[str, Any] | None = None,
+    lease_mode: LeaseMode = "",
+    lease: Lease | None = None,
+    sources: frozenset[JobStatus] | None = None,
+    pre_event: tuple[EventType, dict[str, Any]] | None = None,
+) -> Transition:
+    """A transition of `job` to `target` from any status the table allows (or `sources`)."""
+    return Transition(
+        job_id=job.id,
+        target=target,
+        sources=sources if sources is not None else allowed_sources(target),
+        fields=fields or {},
+        event_data=event_data or {},
+        lease_mode=lease_mode,
+        lease=lease,
+        kind=job.kind,
+        pre_event=pre_event,
+    )
+
+
+def _decode_result(raw: list[Any]) -> TransitionResult:
+    outcome, value = raw[0], raw[1]
+    if outcome == "ok":
+        return TransitionResult(ok=True, event_id=value)
+    return TransitionResult(ok=False, reason=outcome, status=value)
+
+
+def _events_from(job_id: str, entries: list[Any]) -> list[Event]:
+    return [event_from_entry(job_id, entry_id, fields) for entry_id, fields in entries]
+
+
+def _after(after: str | None) -> str:
+    return f"({after}" if after else "-"
+
+
+class JobStore:
+    """Synchronous store, for worker processes, the reaper and the CLI."""
+
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self.r = client
+        self.settings = settings
+        self._transition = client.register_script(lua.TRANSITION)
+        self._append = client.register_script(lua.APPEND_EVENT)
+        self._renew = client.register_script(lua.RENEW_LEASE)
+
+    @classmethod
+    def connect(cls, settings: Settings) -> JobStore:
+        if not settings.redis_url:
+            raise ValueError("redis_url is not set")
+        return cls(redis.Redis.from_url(settings.redis_url, decode_responses=True), settings)
+
+    def get(self, job_id: str) -> Job | None:
+        fields = self.r.hgetall(keys.job(job_id))
+        return job_from_fields(fields) if fields else None
+
+    def apply(self, change: Transition) -> TransitionResult:
+        key_list, args = change.script_args(self.settings, time.time())
+        return _decode_result(self._transition(keys=key_list, args=args))
+
+    def append_event(
+        self, job_id: str, etype: EventType, data: dict[str, Any], *, first_output: bool
+    ) -> str:
+        now = repr(time.time())
+        args = [
+            keys.EVENTS_CHANNEL,
+            str(self.settings.events_maxlen),
+            job_id,
+            str(etype),
+            dumps(data),
+            now,
+            now if first_output else "",
+        ]
+        return str(self._append(keys=[keys.job_events(job_id), keys.job(job_id)], args=args))
+
+    def renew_lease(self, job_id: str, lease: Lease) -> bool:
+        deadline = time.time() + lease.ttl_ms / 1000
+        args = [lease.token, str(lease.ttl_ms), job_id, repr(deadline)]
+        return bool(self._renew(keys=[keys.lease(job_id), keys.RUNNING], args=args))
+
+    def expired_running(self, now: float, limit: int = 100) -> list[str]:
+        return list(self.r.zrangebyscore(keys.RUNNING, "-inf", now, start=0, num=limit))
+
+    def cancel_requested(self, job_ids: list[str]) -> set[str]:
+        if not job_ids:
+            return set()
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(keys.job(job_id), "cancel_requested")
+        return {j for j, flag in zip(job_ids, pipe.execute(), strict=True) if flag == "1"}
+
+    def events(self, job_id: str, after: str | None = None) -> list[Event]:
+        return _events_from(job_id, self.r.xrange(keys.job_events(job_id), _after(after)))
+
+
+class AsyncJobStore:
+    """Asynchronous store, for the API."""
+
+    def __init__(self, client: aredis.Redis, settings: Settings) -> None:
+        self.r = client
+        self.settings = settings
+        self._submit = client.register_script(lua.SUBMIT)
+        self._transition = client.register_script(lua.TRANSITION)
+
+    async def submit(
+        self, job: Job, *, max_queued: int, idempotency: tuple[str, str] | None
+    ) -> SubmitResult:
+        """Store a new queued job unless its kind's queue is full or the key was used."""
+        idem_key, body_hash = idempotency or ("", "")
+        key_list = [
+            keys.job(job.id),
+            keys.owner_jobs(job.owner),
+            keys.queued(job.kind),
+            keys.idempotency(job.owner, idem_key) if idem_key else keys.job(job.id) + ":idem",
+            keys.job_events(job.id),
+        ]
+        args = [
+            job.id,
+            str(max_queued),
+            repr(job.created_at),
+            str(self.settings.idempotency_ttl_s),
+            f"{job.id}|{body_hash}" if idem_key else "",
+            str(self.settings.events_maxlen),
+            keys.EVENTS_CHANNEL,
+            dumps({"status": "queued"}),
+            repr(job.created_at),
+            *flat_pairs(job_to_fields(job)),
+        ]
+        outcome, value = await self._submit(keys=key_list, args=args)
+        if outcome == "dup":
+            job_id, _, prev_hash = value.partition("|")
+            return SubmitResult("dup", job_id, prev_hash)
+        return SubmitResult(outcome, job.id if outcome == "ok" else "")
+
+    async def get(self, job_id: str) -> Job | None:
+        fields = await self.r.hgetall(keys.job(job_id))
+        return job_from_fields(fields) if fields else None
+
+    async def apply(self, change: Transition) -> TransitionResult:
+        key_list, args = change.script_args(self.settings, time.time())
+        return _decode_result(await self._transition(keys=key_list, args=args))
+
+    async def request_cancel(self, job_id: str) -> None:
+        await self.r.hset(keys.job(job_id), "cancel_requested", "1")
+        await self.r.publish(keys.CANCEL_CHANNEL, job_id)
+
+    async def list_ids(
+        self, owner: str, max_score: float | str, count: int
+    ) -> list[tuple[str, float]]:
+        rows = await self.r.zrevrangebyscore(
+            keys.owner_jobs(owner), max_score, "-inf", start=0, num=count, withscores=True
+        )
+        return [(str(member), float(score)) for member, score in rows]
+
+    async def get_many(self, job_ids: list[str]) -> list[Job | None]:
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hgetall(keys.job(job_id))
+        return [job_from_fields(f) if f else None for f in await pipe.execute()]
+
+    async def forget(self, owner: str, job_ids: list[str]) -> None:
+        if job_ids:
+            await self.r.zrem(keys.owner_jobs(owner), *job_ids)
+
+    async def events(self, job_id: str, after: str | None = None) -> list[Event]:
+        return _events_from(job_id, await self.r.xrange(keys.job_events(job_id), _after(after)))
+
+    async def queued_count(self, kind: str) -> int:
+        return int(await self.r.scard(keys.queued(kind)))

@@ -1,0 +1,3 @@
+from mmq.cli import app
+
+app()

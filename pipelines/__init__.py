@@ -1,0 +1,1 @@
+"""Pipelines: one per kind, each wrapping a real model library behind `pipelines.base`."""

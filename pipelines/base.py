@@ -1,0 +1,88 @@
+"""The protocol between the worker engine and a pipeline.
+
+The engine owns batching, cancel, events and timings; a pipeline only says how to load
+its model, which requests may share a batch (`batch_key`), and how to run a batch.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Sequence
+from typing import Any, ClassVar, Protocol
+
+from jobs.schemas.base import JobInput
+from jobs.settings import PipelineConfig, Settings
+
+
+class Canceled(Exception):
+    """Raised by a pipeline that stopped because every request of its batch was canceled."""
+
+
+class Request(Protocol):
+    """One request of a batch, as a pipeline sees it."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def input(self) -> JobInput: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    def cancelled(self) -> bool:
+        """True once the job's owner asked to cancel it: stop at the next step."""
+        ...
+
+    def partial(self, data: dict[str, Any]) -> None:
+        """Emit a partial output (an ASR segment, a TTS chunk, LLM tokens)."""
+        ...
+
+    def progress(self, step: int, total: int, **extra: Any) -> None:
+        """Emit a progress event."""
+        ...
+
+    def succeed(self, output: dict[str, Any]) -> None:
+        """Finish this request with its final output."""
+        ...
+
+    def fail(self, error: BaseException) -> None:
+        """Finish this request with an error (`jobs.errors.InputError` for bad input)."""
+        ...
+
+    def drop_canceled(self) -> None:
+        """Finish this request as canceled; the rest of the batch goes on."""
+        ...
+
+
+class Pipeline(ABC):
+    """A model behind one kind: load, warm up, run batches, unload."""
+
+    kind: ClassVar[str]
+    input_model: ClassVar[type[JobInput]]
+
+    def __init__(self, config: PipelineConfig, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+
+    @abstractmethod
+    def load(self) -> None:
+        """Load the model onto the worker's device."""
+
+    def warmup(self) -> None:  # noqa: B027 - optional hook
+        """Run once after load, before the first job."""
+
+    def batch_key(self, request: JobInput) -> Hashable | None:
+        """Requests with equal keys may share a batch; None: this request runs alone."""
+        return None
+
+    @abstractmethod
+    def run(self, batch: Sequence[Request]) -> None:
+        """Run one batch and finish every request in it (succeed, fail or drop_canceled)."""
+
+    def unload(self) -> None:  # noqa: B027 - optional hook
+        """Free the model."""
+
+    def describe(self) -> dict[str, Any]:
+        """What /v1/models and logs show about this pipeline."""
+        return {"kind": self.kind, "model": self.config.model}

@@ -1,0 +1,218 @@
+"""The engine inside a worker process: micro-batching by batch key, events, cancel.
+
+Task threads `submit` requests and wait on them. Runner threads (`runners`, usually 1)
+take a batch when one is ready: a group of requests with the same `batch_key` that has
+reached `max_batch`, or whose oldest request has waited `max_wait_ms`. While every runner
+is busy, groups keep growing, so batches fill up under load and stay small when idle.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobs.models import EventType
+from jobs.schemas.base import JobInput
+from pipelines.base import Canceled, Pipeline
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[str, EventType, dict[str, Any], bool], None]
+"""(job_id, type, data, is_output) -> None: writes one event of a job."""
+
+BatchObserver = Callable[[str, int, float], None]
+"""(pipeline name, batch size, seconds) -> None: for metrics."""
+
+
+@dataclass
+class Outcome:
+    status: str
+    """`succeeded`, `failed` or `canceled`."""
+    output: dict[str, Any] | None = None
+    error: BaseException | None = None
+
+
+@dataclass(eq=False)
+class WorkItem:
+    """One request in the engine; implements `pipelines.base.Request`."""
+
+    job_id: str
+    input: JobInput
+    sink: EventSink
+    key: Hashable
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    submitted_at: float = field(default_factory=time.monotonic)
+    outcome: Outcome | None = None
+    _finished: threading.Event = field(default_factory=threading.Event)
+    _emit_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
+
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+    def partial(self, data: dict[str, Any]) -> None:
+        self._emit(EventType.PARTIAL, data)
+
+    def progress(self, step: int, total: int, **extra: Any) -> None:
+        self._emit(EventType.PROGRESS, {"step": step, "total": total, **extra})
+
+    def succeed(self, output: dict[str, Any]) -> None:
+        self._finish(Outcome("succeeded", output=output))
+
+    def fail(self, error: BaseException) -> None:
+        self._finish(Outcome("failed", error=error))
+
+    def drop_canceled(self) -> None:
+        self._finish(Outcome("canceled"))
+
+    def wait(self, timeout_s: float | None = None) -> Outcome | None:
+        self._finished.wait(timeout_s)
+        return self.outcome
+
+    def _emit(self, etype: EventType, data: dict[str, Any]) -> None:
+        with self._emit_lock:
+            if self.outcome is None:
+                self.sink(self.job_id, etype, data, True)
+
+    def _finish(self, outcome: Outcome) -> None:
+        with self._emit_lock:
+            if self.outcome is not None:
+                return
+            self.outcome = outcome
+        self._finished.set()
+
+
+class Engine:
+    """Forms batches for one pipeline and runs them on `runners` threads."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        name: str,
+        max_batch: int = 1,
+        max_wait_ms: float = 0.0,
+        runners: int = 1,
+        observer: BatchObserver | None = None,
+    ) -> None:
+        if max_batch < 1 or runners < 1 or max_wait_ms < 0:
+            raise ValueError("max_batch and runners must be >= 1, max_wait_ms >= 0")
+        self.pipeline = pipeline
+        self.name = name
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.observer = observer
+        self._groups: dict[Hashable, list[WorkItem]] = {}
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._solo = itertools.count()
+        self._threads = [
+            threading.Thread(target=self._runner, name=f"engine-{name}-{i}", daemon=True)
+            for i in range(runners)
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        for thread in self._threads:
+            thread.join(timeout_s)
+
+    def submit(
+        self, job_id: str, request: JobInput, sink: EventSink, cancel: threading.Event
+    ) -> WorkItem:
+        key = self.pipeline.batch_key(request)
+        if key is None:
+            key = ("__solo__", next(self._solo))
+        item = WorkItem(job_id=job_id, input=request, sink=sink, key=key, cancel_event=cancel)
+        with self._cv:
+            self._groups.setdefault(key, []).append(item)
+            self._cv.notify()
+        return item
+
+    def pending(self) -> int:
+        with self._cv:
+            return sum(len(group) for group in self._groups.values())
+
+    # -- runner side ---------------------------------------------------------------
+
+    def _runner(self) -> None:
+        while True:
+            with self._cv:
+                batch = self._take_batch_locked()
+                while batch is None:
+                    if self._stopping:
+                        return
+                    self._cv.wait(self._next_wait_locked())
+                    batch = self._take_batch_locked()
+            self._run(batch)
+
+    def _take_batch_locked(self) -> list[WorkItem] | None:
+        """The ready group whose oldest request has waited longest, at most max_batch."""
+        now = time.monotonic()
+        ready: tuple[float, Hashable] | None = None
+        for key, group in list(self._groups.items()):
+            group[:] = [item for item in group if not self._drop_if_canceled(item)]
+            if not group:
+                del self._groups[key]
+                continue
+            oldest = group[0].submitted_at
+            solo = isinstance(key, tuple) and key[:1] == ("__solo__",)
+            if (solo or len(group) >= self.max_batch or now - oldest >= self.max_wait_s) and (
+                ready is None or oldest < ready[0]
+            ):
+                ready = (oldest, key)
+        if ready is None:
+            return None
+        group = self._groups[ready[1]]
+        batch, rest = group[: self.max_batch], group[self.max_batch :]
+        if rest:
+            self._groups[ready[1]] = rest
+        else:
+            del self._groups[ready[1]]
+        return batch
+
+    def _next_wait_locked(self) -> float | None:
+        if not self._groups:
+            return None
+        oldest = min(group[0].submitted_at for group in self._groups.values())
+        return max(0.0, oldest + self.max_wait_s - time.monotonic()) + 0.0005
+
+    @staticmethod
+    def _drop_if_canceled(item: WorkItem) -> bool:
+        if item.cancelled():
+            item.drop_canceled()
+            return True
+        return False
+
+    def _run(self, batch: list[WorkItem]) -> None:
+        started = time.monotonic()
+        error: BaseException | None = None
+        try:
+            self.pipeline.run(batch)
+        except Canceled:
+            pass
+        except Exception as exc:  # a failing pipeline fails its batch; the worker lives on
+            log.exception("pipeline %s failed a batch of %d", self.name, len(batch))
+            error = exc
+        for item in batch:
+            if item.done:
+                continue
+            if item.cancelled():
+                item.drop_canceled()
+            else:
+                item.fail(error or RuntimeError("the pipeline returned no result"))
+        if self.observer is not None:
+            self.observer(self.name, len(batch), time.monotonic() - started)

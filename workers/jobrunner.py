@@ -1,0 +1,143 @@
+"""One job's life on a worker: take the lease, run it on the engine, record the end.
+
+A task for a job that has ended, is canceled, or whose lease another worker holds is
+dropped without running. Only the holder of the lease can record the result, so a job
+never ends twice with two different results.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from jobs.codec import dumps
+from jobs.errors import InputError
+from jobs.models import EventType, Job
+from jobs.schemas import validation_error_field
+from jobs.schemas.base import JobInput
+from jobs.states import JobStatus
+from jobs.store import JobStore, Lease, transition
+from workers.engine import Engine, Outcome
+from workers.leases import Held, LeaseKeeper
+
+log = logging.getLogger(__name__)
+
+QUEUED = frozenset({JobStatus.QUEUED})
+RUNNING = frozenset({JobStatus.RUNNING})
+
+
+class JobRunner:
+    def __init__(
+        self,
+        store: JobStore,
+        engine: Engine,
+        keeper: LeaseKeeper,
+        schema: type[JobInput],
+        worker_name: str,
+    ) -> None:
+        self.store = store
+        self.engine = engine
+        self.keeper = keeper
+        self.schema = schema
+        self.worker_name = worker_name
+
+    def run(self, job_id: str) -> str:
+        """Run one job; returns what happened (for logs): ran, dropped:<why>."""
+        job = self.store.get(job_id)
+        if job is None:
+            return "dropped:missing"
+        if job.status is not JobStatus.QUEUED:
+            return f"dropped:{job.status}"
+        lease = self.keeper.new_lease()
+        started = self.store.apply(
+            transition(
+                job,
+                JobStatus.RUNNING,
+                sources=QUEUED,
+                lease_mode="acquire",
+                lease=lease,
+                fields={"started_at": repr(time.time()), "worker": self.worker_name},
+            )
+        )
+        if not started.ok:
+            if started.reason == "canceled":
+                self._end(job, JobStatus.CANCELED, QUEUED, lease=None)
+            return f"dropped:{started.reason}"
+        held = self.keeper.hold(job_id, lease)
+        try:
+            if job.cancel_requested:
+                held.cancel.set()
+            self._run_held(job, held)
+        finally:
+            self.keeper.release(job_id)
+        return "ran"
+
+    def _run_held(self, job: Job, held: Held) -> None:
+        try:
+            request = self.schema.model_validate(job.input)
+        except ValidationError as exc:
+            self._record(job, held, Outcome("failed", error=validation_error_field(exc, "input")))
+            return
+        item = self.engine.submit(job.id, request, self._emit, held.cancel)
+        outcome = item.wait()
+        assert outcome is not None  # wait() without timeout returns only when finished
+        self._record(job, held, outcome)
+
+    def _emit(self, job_id: str, etype: EventType, data: dict[str, Any], output: bool) -> None:
+        self.store.append_event(job_id, etype, data, first_output=output)
+
+    def _record(self, job: Job, held: Held, outcome: Outcome) -> None:
+        if held.lost.is_set():
+            log.warning("job %s: lease lost, its result here is dropped", job.id)
+            return
+        if outcome.status == "succeeded":
+            output = outcome.output or {}
+            extra = output.pop("_timings", None) if isinstance(output, dict) else None
+            fields = {"output": dumps(output)}
+            if extra:
+                fields["extra_timings"] = dumps(extra)
+            self._end(
+                job, JobStatus.SUCCEEDED, RUNNING, held.lease, fields, (EventType.OUTPUT, output)
+            )
+        elif outcome.status == "canceled":
+            self._end(job, JobStatus.CANCELED, RUNNING, held.lease)
+        else:
+            error = _error_info(outcome.error)
+            fields = {"error": dumps(error)}
+            self._end(job, JobStatus.FAILED, RUNNING, held.lease, fields, (EventType.ERROR, error))
+
+    def _end(
+        self,
+        job: Job,
+        target: JobStatus,
+        sources: frozenset[JobStatus],
+        lease: Lease | None,
+        fields: dict[str, str] | None = None,
+        pre_event: tuple[EventType, dict[str, Any]] | None = None,
+    ) -> None:
+        result = self.store.apply(
+            transition(
+                job,
+                target,
+                sources=sources,
+                lease_mode="check" if lease else "",
+                lease=lease,
+                fields={"finished_at": repr(time.time()), **(fields or {})},
+                pre_event=pre_event,
+                event_data={"error": pre_event[1]}
+                if pre_event and target is JobStatus.FAILED
+                else None,
+            )
+        )
+        if not result.ok:
+            log.warning("job %s: could not record %s (%s)", job.id, target, result.reason)
+
+
+def _error_info(error: BaseException | None) -> dict[str, Any]:
+    if isinstance(error, InputError):
+        return {"type": "invalid_input", "message": error.message, "field": error.field}
+    message = str(error) if error is not None else "unknown error"
+    return {"type": "pipeline_error", "message": f"{type(error).__name__}: {message}"}

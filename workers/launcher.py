@@ -1,0 +1,134 @@
+"""Starts and supervises the processes of a deployment; restarts a dead one with backoff.
+
+Each child runs in its own process group and dies with its parent (PR_SET_PDEATHSIG on
+Linux), so Ctrl-C or a killed launcher leaves no orphan behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class ProcSpec:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Child:
+    spec: ProcSpec
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+    started_at: float = 0.0
+
+
+def die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def mmq_command(*args: str) -> list[str]:
+    """argv that runs `mmq ARGS...` with this interpreter."""
+    return [sys.executable, "-m", "mmq.cli", *args]
+
+
+class Supervisor:
+    def __init__(
+        self,
+        specs: list[ProcSpec],
+        *,
+        base_env: dict[str, str] | None = None,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        stable_s: float = 30.0,
+    ) -> None:
+        self.children = [Child(spec) for spec in specs]
+        self.base_env = base_env if base_env is not None else dict(os.environ)
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.stable_s = stable_s
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        for child in self.children:
+            self._spawn(child)
+
+    def _spawn(self, child: Child) -> None:
+        env = {**self.base_env, **child.spec.env}
+        child.process = subprocess.Popen(
+            child.spec.argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
+        )
+        child.started_at = time.monotonic()
+        log.info("started %s (pid %d)", child.spec.name, child.process.pid)
+
+    def check(self) -> None:
+        """Restart children that died, each after its backoff."""
+        now = time.monotonic()
+        for child in self.children:
+            proc = child.process
+            if proc is not None and proc.poll() is None:
+                continue
+            if proc is not None:
+                if now - child.started_at > self.stable_s:
+                    child.restarts = 0
+                delay = min(self.max_backoff_s, self.backoff_s * 2**child.restarts)
+                log.warning(
+                    "%s exited with %s; restarting in %.1fs",
+                    child.spec.name,
+                    proc.returncode,
+                    delay,
+                )
+                child.restarts += 1
+                child.next_start = now + delay
+                child.process = None
+            if now >= child.next_start:
+                self._spawn(child)
+
+    def run(self, poll_s: float = 0.5) -> None:
+        """Supervise until `stop()` (or SIGINT/SIGTERM in the main thread)."""
+        self.start()
+        while not self._stop.wait(poll_s):
+            self.check()
+        self.terminate()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def terminate(self, timeout_s: float = 10.0) -> None:
+        procs = [c.process for c in self.children if c.process is not None]
+        for proc in procs:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for proc in procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait()
+        for child in self.children:
+            child.process = None
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)

