@@ -1,0 +1,89 @@
+"""Fixtures with real parts: a Redis-compatible server, the API under uvicorn, Celery workers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from jobs.apikeys import create_key
+from tests.support.deploy import Deployment, flush
+from workers.redis_server import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"), persist=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def rclient(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url, decode_responses=True)
+
+
+@pytest.fixture(scope="module")
+def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """API + reaper + echo worker + sleep worker, fresh Redis database, for a test module."""
+    flush(redis_url)
+    dep = Deployment(redis_url, tmp_path_factory.mktemp("deploy"))
+    try:
+        dep.start_api()
+        dep.start_reaper()
+        dep.start_worker("echo")
+        dep.start_worker("sleep")
+        yield dep
+    except BaseException:
+        print(dep.logs())
+        raise
+    finally:
+        dep.stop()
+
+
+class Api:
+    """An httpx client for one owner's API key."""
+
+    def __init__(self, base_url: str, key: str | None) -> None:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=30)
+
+    def submit(self, kind: str, priority: str = "normal", **inp: Any) -> dict[str, Any]:
+        r = self.http.post("/v1/jobs", json={"kind": kind, "input": inp, "priority": priority})
+        assert r.status_code == 202, r.text
+        return dict(r.json())
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        r = self.http.get(f"/v1/jobs/{job_id}")
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    def wait(self, job_id: str, timeout_s: float = 30) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            r = self.http.get(f"/v1/jobs/{job_id}", headers={"Prefer": "wait=5"})
+            if r.status_code == 200:
+                return dict(r.json())
+        raise TimeoutError(f"job {job_id} did not end in {timeout_s}s")
+
+
+def new_owner(redis_url: str, base_url: str, name: str) -> Api:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    return Api(base_url, create_key(client, name))
+
+
+@pytest.fixture
+def api(deployment: Deployment, request: pytest.FixtureRequest) -> Api:
+    """A client with a fresh owner for this test."""
+    name = "t" + str(abs(hash(request.node.nodeid)) % 10**10) + str(time.monotonic_ns() % 10**6)
+    return new_owner(deployment.redis_url, deployment.base_url, name)

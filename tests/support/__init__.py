@@ -1,0 +1,1 @@
+"""Test-only pipelines and helpers to run real deployments in tests."""

@@ -1,0 +1,175 @@
+"""Real deployments for tests: API under uvicorn, Celery workers, the reaper, as processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from workers.launcher import die_with_parent, mmq_command
+from workers.redis_server import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+TEST_CONFIG = """
+[kinds.echo]
+schema = "tests.support.pipelines:EchoInput"
+
+[kinds.sleep]
+schema = "tests.support.pipelines:SleepInput"
+
+[pipelines.echo]
+kind = "echo"
+impl = "tests.support.pipelines:EchoPipeline"
+max_batch = {echo_max_batch}
+max_wait_ms = {echo_max_wait_ms}
+concurrency = {echo_concurrency}
+
+[pipelines.sleep]
+kind = "sleep"
+impl = "tests.support.pipelines:SleepPipeline"
+max_batch = 1
+concurrency = 1
+"""
+
+
+@dataclass
+class Proc:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if not self.alive():
+            return
+        self.kill(signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill(signal.SIGKILL)
+            self.process.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class Deployment:
+    """Processes of one test deployment, all sharing one Redis and one config file."""
+
+    redis_url: str
+    tmp: Path
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    config_values: dict[str, Any] = field(default_factory=dict)
+    procs: list[Proc] = field(default_factory=list)
+    api_port: int = 0
+
+    def __post_init__(self) -> None:
+        values = {"echo_max_batch": 8, "echo_max_wait_ms": 50, "echo_concurrency": 8}
+        values.update(self.config_values)
+        self.config_path = self.tmp / "mmq.toml"
+        self.config_path.write_text(TEST_CONFIG.format(**values))
+        self.api_port = free_port()
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "MMQ_REDIS_URL": self.redis_url,
+            "MMQ_CONFIG_FILE": str(self.config_path),
+            "MMQ_DATA_DIR": str(self.tmp / "data"),
+            "MMQ_API__PORT": str(self.api_port),
+            "MMQ_AUTH__REQUIRED": "true",
+            "MMQ_LOG_LEVEL": "INFO",
+        }
+        env.update(self.env_overrides)
+        return env
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def spawn(self, name: str, *args: str) -> Proc:
+        log_path = self.tmp / f"{name.replace(' ', '_')}.log"
+        log_file = log_path.open("ab")
+        process = subprocess.Popen(
+            mmq_command(*args),
+            env=self.env,
+            cwd=REPO,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
+        )
+        proc = Proc(name, process, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def start_api(self) -> Proc:
+        proc = self.spawn("api", "api")
+        wait_until(lambda: _healthy(self.base_url), proc, timeout_s=30)
+        return proc
+
+    def start_worker(self, pipeline: str, instance: int = 0) -> Proc:
+        proc = self.spawn(
+            f"worker-{pipeline}-{instance}-{len(self.procs)}",
+            "worker",
+            "--pipeline",
+            pipeline,
+            "--instance",
+            str(instance),
+        )
+        wait_until(lambda: "ready." in proc.log(), proc, timeout_s=30)
+        return proc
+
+    def start_reaper(self) -> Proc:
+        return self.spawn("reaper", "reaper")
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+        self.procs.clear()
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {p.name}\n{p.log()[-4000:]}" for p in self.procs)
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        return httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_until(check: Any, proc: Proc | None = None, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if proc is not None and not proc.alive():
+            raise RuntimeError(f"{proc.name} exited with {proc.process.returncode}:\n{proc.log()}")
+        time.sleep(0.05)
+    detail = f":\n{proc.log()[-4000:]}" if proc is not None else ""
+    raise TimeoutError(f"condition not met in {timeout_s}s{detail}")
+
+
+def flush(redis_url: str) -> None:
+    redis.Redis.from_url(redis_url).flushdb()

@@ -1,0 +1,93 @@
+"""Test-only pipelines: an echo that batches by group, a sleep that checks for cancel,
+and failures on request (a raise, or the worker process dying)."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Hashable, Sequence
+
+from pydantic import Field
+
+from jobs.errors import InputError
+from jobs.schemas.base import JobInput
+from pipelines.base import Canceled, Pipeline, Request
+
+
+class EchoInput(JobInput):
+    text: str = Field(max_length=1000)
+    group: str = "a"
+    """Requests of the same group may share a batch."""
+    sleep_ms: int = Field(default=0, ge=0, le=60_000)
+    """Time the batch takes."""
+    fail: bool = False
+    """Raise inside the pipeline: the whole batch fails."""
+    reject: bool = False
+    """Fail this request alone as bad input (InputError)."""
+    crash: bool = False
+    """Kill the worker process in the middle of the batch."""
+
+
+class EchoPipeline(Pipeline):
+    kind = "echo"
+    input_model = EchoInput
+
+    def load(self) -> None:
+        pass
+
+    def batch_key(self, request: JobInput) -> Hashable | None:
+        assert isinstance(request, EchoInput)
+        return request.group
+
+    def run(self, batch: Sequence[Request]) -> None:
+        inputs = [r.input for r in batch]
+        assert all(isinstance(i, EchoInput) for i in inputs)
+        batch_id = uuid.uuid4().hex
+        longest = max(i.sleep_ms for i in inputs if isinstance(i, EchoInput))
+        if any(isinstance(i, EchoInput) and i.crash for i in inputs):
+            time.sleep(longest / 2000)
+            os._exit(17)
+        if any(isinstance(i, EchoInput) and i.fail for i in inputs):
+            raise RuntimeError("boom: the echo pipeline was asked to fail")
+        time.sleep(longest / 1000)
+        for request in batch:
+            assert isinstance(request.input, EchoInput)
+            if request.input.reject:
+                request.fail(InputError("text", "rejected by the pipeline"))
+                continue
+            request.partial({"text": request.input.text[:1]})
+            request.succeed(
+                {
+                    "text": request.input.text,
+                    "batch_id": batch_id,
+                    "batch_size": len(batch),
+                    "pid": os.getpid(),
+                }
+            )
+
+
+class SleepInput(JobInput):
+    steps: int = Field(default=10, ge=1, le=1000)
+    step_ms: int = Field(default=50, ge=0, le=10_000)
+
+
+class SleepPipeline(Pipeline):
+    """Sleeps step by step, one request at a time, and stops at the next step on cancel."""
+
+    kind = "sleep"
+    input_model = SleepInput
+
+    def load(self) -> None:
+        pass
+
+    def run(self, batch: Sequence[Request]) -> None:
+        (request,) = batch
+        assert isinstance(request.input, SleepInput)
+        total = request.input.steps
+        for step in range(1, total + 1):
+            if request.cancelled():
+                raise Canceled
+            time.sleep(request.input.step_ms / 1000)
+            request.progress(step, total)
+        request.succeed({"steps": total, "pid": os.getpid()})
