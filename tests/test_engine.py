@@ -1,0 +1,189 @@
+"""The engine: batches by key, max_batch, max_wait_ms, failures, cancel (in process)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Hashable, Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from jobs.models import EventType
+from jobs.schemas.base import JobInput
+from jobs.settings import PipelineConfig, Settings
+from pipelines.base import Pipeline, Request
+from workers.engine import Engine, WorkItem
+
+
+class Item(JobInput):
+    key: str = "a"
+    value: int = 0
+    fail: bool = False
+
+
+class Recorder(Pipeline):
+    """Records each batch it runs; optionally holds the first batch until released."""
+
+    kind = "test"
+    input_model = Item
+
+    def __init__(self, hold_first: bool = False) -> None:
+        super().__init__(PipelineConfig(kind="test", impl="x:y"), Settings())
+        self.batches: list[tuple[float, list[int]]] = []
+        self.release = threading.Event()
+        if not hold_first:
+            self.release.set()
+
+    def load(self) -> None:
+        pass
+
+    def batch_key(self, request: JobInput) -> Hashable | None:
+        assert isinstance(request, Item)
+        return request.key if request.key != "solo" else None
+
+    def run(self, batch: Sequence[Request]) -> None:
+        self.release.wait(5)
+        values = [r.input.value for r in batch if isinstance(r.input, Item)]
+        self.batches.append((time.monotonic(), values))
+        if any(isinstance(r.input, Item) and r.input.fail for r in batch):
+            raise ValueError("bad batch")
+        for request in batch:
+            request.partial({"seen": True})
+            request.succeed(
+                {"value": request.input.value if isinstance(request.input, Item) else 0}
+            )
+
+
+Events = list[tuple[str, EventType, dict[str, Any]]]
+
+
+@pytest.fixture
+def events() -> Events:
+    return []
+
+
+def _sink(events: Events) -> Any:
+    def sink(job_id: str, etype: EventType, data: dict[str, Any], output: bool) -> None:
+        events.append((job_id, etype, data))
+
+    return sink
+
+
+@pytest.fixture
+def make_engine() -> Iterator[Any]:
+    engines: list[Engine] = []
+
+    def make(pipeline: Recorder, **kw: Any) -> Engine:
+        engine = Engine(pipeline, name="test", **kw)
+        engine.start()
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.stop()
+
+
+def _submit(engine: Engine, events: Events, n: int, key: str = "a", **kw: Any) -> list[WorkItem]:
+    return [
+        engine.submit(f"j{key}{i}", Item(key=key, value=i, **kw), _sink(events), threading.Event())
+        for i in range(n)
+    ]
+
+
+def test_same_key_shares_one_batch(make_engine: Any, events: Events) -> None:
+    pipeline = Recorder()
+    engine = make_engine(pipeline, max_batch=8, max_wait_ms=200)
+    items = _submit(engine, events, 5)
+    outcomes = [item.wait(5) for item in items]
+    assert [o.status for o in outcomes if o] == ["succeeded"] * 5
+    assert [values for _, values in pipeline.batches] == [[0, 1, 2, 3, 4]]
+    assert len([e for e in events if e[1] is EventType.PARTIAL]) == 5
+
+
+def test_different_keys_never_share_a_batch(make_engine: Any, events: Events) -> None:
+    pipeline = Recorder()
+    engine = make_engine(pipeline, max_batch=8, max_wait_ms=50)
+    items = _submit(engine, events, 3, key="a") + _submit(engine, events, 3, key="b")
+    items += _submit(engine, events, 2, key="solo")
+    for item in items:
+        item.wait(5)
+    batches = sorted(values for _, values in pipeline.batches)
+    assert batches == [[0], [0, 1, 2], [0, 1, 2], [1]]
+
+
+def test_flushes_at_max_batch_without_waiting(make_engine: Any, events: Events) -> None:
+    pipeline = Recorder()
+    engine = make_engine(pipeline, max_batch=4, max_wait_ms=5000)
+    started = time.monotonic()
+    items = _submit(engine, events, 4)
+    for item in items:
+        item.wait(10)
+    assert time.monotonic() - started < 1.0
+    assert [values for _, values in pipeline.batches] == [[0, 1, 2, 3]]
+
+
+def test_max_wait_ms_is_honoured(make_engine: Any, events: Events) -> None:
+    pipeline = Recorder()
+    engine = make_engine(pipeline, max_batch=8, max_wait_ms=300)
+    submitted = time.monotonic()
+    (item,) = _submit(engine, events, 1)
+    item.wait(5)
+    ran_at = pipeline.batches[0][0]
+    assert 0.28 <= ran_at - submitted < 1.0
+    quick = make_engine(Recorder(), max_batch=8, max_wait_ms=0)
+    submitted = time.monotonic()
+    (fast,) = _submit(quick, events, 1, key="z")
+    fast.wait(5)
+    assert time.monotonic() - submitted < 0.2
+
+
+def test_batches_grow_while_the_runner_is_busy(make_engine: Any, events: Events) -> None:
+    pipeline = Recorder(hold_first=True)
+    engine = make_engine(pipeline, max_batch=3, max_wait_ms=0)
+    first = _submit(engine, events, 1)
+    time.sleep(0.05)
+    rest = [
+        engine.submit(f"r{i}", Item(value=10 + i), _sink(events), threading.Event())
+        for i in range(5)
+    ]
+    pipeline.release.set()
+    for item in first + rest:
+        item.wait(5)
+    assert [values for _, values in pipeline.batches] == [[0], [10, 11, 12], [13, 14]]
+
+
+def test_a_raising_pipeline_fails_its_batch_and_the_engine_goes_on(
+    make_engine: Any, events: Events
+) -> None:
+    pipeline = Recorder()
+    engine = make_engine(pipeline, max_batch=4, max_wait_ms=20)
+    bad = _submit(engine, events, 2, key="bad", fail=True)
+    for item in bad:
+        outcome = item.wait(5)
+        assert outcome is not None and outcome.status == "failed"
+        assert isinstance(outcome.error, ValueError)
+    (good,) = _submit(engine, events, 1, key="good")
+    outcome = good.wait(5)
+    assert outcome is not None and outcome.status == "succeeded"
+
+
+def test_a_canceled_request_is_dropped_before_its_batch_runs(
+    make_engine: Any, events: Events
+) -> None:
+    pipeline = Recorder(hold_first=True)
+    engine = make_engine(pipeline, max_batch=4, max_wait_ms=0)
+    (blocker,) = _submit(engine, events, 1, key="x")
+    time.sleep(0.05)
+    cancel = threading.Event()
+    dropped = engine.submit("drop", Item(value=7), _sink(events), cancel)
+    kept = engine.submit("keep", Item(value=8), _sink(events), threading.Event())
+    cancel.set()
+    pipeline.release.set()
+    outcome = dropped.wait(5)
+    assert outcome is not None and outcome.status == "canceled"
+    assert kept.wait(5) is not None
+    assert [values for _, values in pipeline.batches] == [[0], [8]]
+    assert not any(job_id == "drop" for job_id, _, _ in events)
+    assert blocker.done

@@ -1,0 +1,158 @@
+"""Leases and the reaper against real worker processes killed with SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from jobs import keys
+from jobs.broker import enqueue, make_celery
+from jobs.settings import load_settings
+from jobs.store import JobStore
+from tests.conftest import Api, new_owner
+from tests.support.deploy import Deployment, flush, wait_until
+from workers.launcher import ProcSpec, Supervisor, mmq_command
+
+LEASE = {"ttl_s": 2.0, "heartbeat_s": 0.4, "reaper_interval_s": 0.3, "max_attempts": 2}
+
+
+@pytest.fixture(scope="module")
+def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    flush(redis_url)
+    overrides = {f"MMQ_LEASE__{k.upper()}": str(v) for k, v in LEASE.items()}
+    deployment = Deployment(
+        redis_url,
+        tmp_path_factory.mktemp("leases"),
+        env_overrides=overrides,
+        config_values={"echo_max_batch": 4, "echo_max_wait_ms": 20, "echo_concurrency": 4},
+    )
+    try:
+        deployment.start_api()
+        deployment.start_reaper()
+        yield deployment
+    except BaseException:
+        print(deployment.logs())
+        raise
+    finally:
+        deployment.stop()
+
+
+@pytest.fixture
+def owner(dep: Deployment) -> Api:
+    return new_owner(dep.redis_url, dep.base_url, f"lease{time.monotonic_ns()}")
+
+
+def _status_events(r: redis.Redis, job_id: str) -> list[str]:
+    return [
+        json.loads(e["data"])["status"]
+        for _, e in r.xrange(keys.job_events(job_id))
+        if e["type"] == "status"
+    ]
+
+
+def test_sigkilled_worker_jobs_run_again_elsewhere_exactly_once(
+    dep: Deployment, owner: Api, rclient: redis.Redis
+) -> None:
+    victim = dep.start_worker("echo", 0)
+    survivor = dep.start_worker("echo", 1)
+    ids = [
+        owner.submit("echo", text=f"load {i}", group=f"g{i % 3}", sleep_ms=600)["id"]
+        for i in range(24)
+    ]
+    on_victim: list[str] = []
+
+    def victim_running() -> bool:
+        on_victim.clear()
+        for job_id in rclient.zrange(keys.RUNNING, 0, -1):
+            worker = rclient.hget(keys.job(job_id), "worker") or ""
+            if worker.endswith(f".{victim.process.pid}"):
+                on_victim.append(job_id)
+        return bool(on_victim)
+
+    wait_until(victim_running, victim, timeout_s=20)
+    victim.kill()
+    killed_at = time.time()
+    lost = list(on_victim)
+
+    jobs = {job_id: owner.wait(job_id, timeout_s=60) for job_id in ids}
+    assert {j["status"] for j in jobs.values()} == {"succeeded"}
+    for job_id in ids:
+        statuses = _status_events(rclient, job_id)
+        assert statuses.count("succeeded") == 1, statuses
+        assert statuses[-1] == "succeeded"
+        outputs = [e for _, e in rclient.xrange(keys.job_events(job_id)) if e["type"] == "output"]
+        assert len(outputs) == 1
+    budget_s = LEASE["ttl_s"] + LEASE["reaper_interval_s"] + LEASE["heartbeat_s"] + 1.5
+    for job_id in lost:
+        job = jobs[job_id]
+        assert job["attempts"] == 2
+        assert job["output"]["pid"] == survivor.process.pid
+        requeued = [
+            float(e["ts"])
+            for _, e in rclient.xrange(keys.job_events(job_id))
+            if e["type"] == "status" and json.loads(e["data"]).get("reason") == "worker_lost"
+        ]
+        assert len(requeued) == 1
+        delay = requeued[0] - killed_at
+        assert 0 < delay < budget_s, f"requeued {delay:.1f}s after the kill"
+        assert _status_events(rclient, job_id)[:4] == ["queued", "running", "queued", "running"]
+    survivor.stop()
+
+
+def test_redelivered_task_for_ended_or_held_job_is_dropped(
+    dep: Deployment, owner: Api, rclient: redis.Redis
+) -> None:
+    worker = dep.start_worker("echo", 2)
+    done = owner.wait(owner.submit("echo", text="once")["id"])
+    assert done["status"] == "succeeded"
+    settings = load_settings(dep.config_path, redis_url=dep.redis_url)
+    store = JobStore.connect(settings)
+    job = store.get(done["id"])
+    assert job is not None
+    events_before = len(rclient.xrange(keys.job_events(job.id)))
+    celery = make_celery(settings)
+    enqueue(celery, job)
+
+    held = owner.submit("echo", text="held", sleep_ms=3000, group="held")
+    wait_until(lambda: owner.get(held["id"])["status"] == "running", worker)
+    held_job = store.get(held["id"])
+    assert held_job is not None
+    enqueue(celery, held_job)
+
+    expected = [f"job {job.id}: dropped:succeeded", f"job {held_job.id}: dropped:running"]
+    wait_until(lambda: all(line in worker.log() for line in expected), worker, timeout_s=10)
+    again = owner.get(job.id)
+    assert again["attempts"] == 1 and again["output"] == done["output"]
+    assert len(rclient.xrange(keys.job_events(job.id))) == events_before
+    finished = owner.wait(held["id"])
+    assert finished["status"] == "succeeded" and finished["attempts"] == 1
+    worker.stop()
+
+
+def test_a_job_that_kills_every_worker_ends_failed_after_max_attempts(
+    dep: Deployment, owner: Api, rclient: redis.Redis
+) -> None:
+    spec = ProcSpec("echo", mmq_command("worker", "--pipeline", "echo"))
+    supervisor = Supervisor([spec], base_env=dep.env, backoff_s=0.2, max_backoff_s=1)
+    runner = threading.Thread(target=supervisor.run, kwargs={"poll_s": 0.1}, daemon=True)
+    runner.start()
+    try:
+        poison = owner.submit("echo", text="poison", crash=True, sleep_ms=200, group="poison")
+        job = owner.wait(poison["id"], timeout_s=60)
+        assert job["status"] == "failed"
+        assert job["error"]["type"] == "worker_lost"
+        assert "2 times" in job["error"]["message"]
+        assert job["attempts"] == LEASE["max_attempts"]
+        assert _status_events(rclient, job["id"])[-1] == "failed"
+        assert supervisor.children[0].restarts >= 2
+        healthy = owner.wait(owner.submit("echo", text="after the storm")["id"], timeout_s=30)
+        assert healthy["status"] == "succeeded"
+    finally:
+        supervisor.stop()
+        runner.join(20)
+    assert all(c.process is None for c in supervisor.children)
