@@ -1,0 +1,171 @@
+"""The state machine and the job store's guarded transitions, against real Redis."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from jobs import keys
+from jobs.codec import job_to_fields
+from jobs.models import EventType, Job
+from jobs.settings import Settings, load_settings
+from jobs.states import TRANSITIONS, InvalidTransition, JobStatus, check_transition
+from jobs.store import JobStore, Lease, transition
+
+ALLOWED = {
+    ("queued", "running"),
+    ("queued", "canceled"),
+    ("queued", "failed"),
+    ("running", "succeeded"),
+    ("running", "failed"),
+    ("running", "canceled"),
+    ("running", "queued"),
+}
+
+
+@pytest.mark.parametrize("current", list(JobStatus))
+@pytest.mark.parametrize("target", list(JobStatus))
+def test_the_table_allows_exactly_the_design_transitions(
+    current: JobStatus, target: JobStatus
+) -> None:
+    if (current.value, target.value) in ALLOWED:
+        check_transition(current, target)
+    else:
+        with pytest.raises(InvalidTransition):
+            check_transition(current, target)
+    assert (target in TRANSITIONS[current]) == ((current.value, target.value) in ALLOWED)
+
+
+@pytest.fixture
+def store(redis_url: str) -> JobStore:
+    settings = Settings(redis_url=redis_url, job_ttl_s=60)
+    return JobStore(redis.Redis.from_url(redis_url, decode_responses=True), settings)
+
+
+def _put(store: JobStore, status: JobStatus = JobStatus.QUEUED) -> Job:
+    now = time.time()
+    job = Job(
+        id=f"job_t{time.monotonic_ns()}",
+        kind="echo",
+        pipeline="echo",
+        status=status,
+        owner="o",
+        priority="normal",
+        input={},
+        created_at=now,
+        queued_at=now,
+    )
+    store.r.hset(keys.job(job.id), mapping=job_to_fields(job))
+    return job
+
+
+def test_start_takes_the_lease_once(store: JobStore) -> None:
+    job = _put(store)
+    first = Lease("a", 5000)
+    second = Lease("b", 5000)
+    q = frozenset({JobStatus.QUEUED})
+    ok = store.apply(
+        transition(job, JobStatus.RUNNING, sources=q, lease_mode="acquire", lease=first)
+    )
+    assert ok.ok and ok.event_id
+    again = store.apply(
+        transition(job, JobStatus.RUNNING, sources=q, lease_mode="acquire", lease=second)
+    )
+    assert not again.ok and again.reason == "status" and again.status == "running"
+    assert store.r.get(keys.lease(job.id)) == "a"
+    assert store.r.zscore(keys.RUNNING, job.id) is not None
+    stored = store.get(job.id)
+    assert stored is not None and stored.attempts == 1
+
+
+def test_only_the_lease_holder_records_the_end(store: JobStore) -> None:
+    job = _put(store)
+    lease = Lease("holder", 5000)
+    store.apply(transition(job, JobStatus.RUNNING, lease_mode="acquire", lease=lease))
+    r = frozenset({JobStatus.RUNNING})
+    stranger = store.apply(
+        transition(job, JobStatus.SUCCEEDED, sources=r, lease_mode="check", lease=Lease("x", 1))
+    )
+    assert not stranger.ok and stranger.reason == "lease"
+    done = store.apply(
+        transition(
+            job,
+            JobStatus.SUCCEEDED,
+            sources=r,
+            lease_mode="check",
+            lease=lease,
+            fields={"output": json.dumps({"v": 1})},
+            pre_event=(EventType.OUTPUT, {"v": 1}),
+        )
+    )
+    assert done.ok
+    assert store.r.exists(keys.lease(job.id)) == 0
+    assert 0 < store.r.ttl(keys.job(job.id)) <= 60
+    assert 0 < store.r.ttl(keys.job_events(job.id)) <= 60
+    events = store.events(job.id)
+    assert [(e.type.value, e.data.get("status")) for e in events] == [
+        ("status", "running"),
+        ("output", None),
+        ("status", "succeeded"),
+    ]
+    ended = store.get(job.id)
+    assert ended is not None and ended.first_output_at is not None
+    late = store.apply(transition(job, JobStatus.FAILED, sources=r))
+    assert not late.ok and late.reason == "status"
+
+
+def test_the_reaper_path_needs_an_expired_lease(store: JobStore) -> None:
+    job = _put(store)
+    store.apply(transition(job, JobStatus.RUNNING, lease_mode="acquire", lease=Lease("w", 300)))
+    r = frozenset({JobStatus.RUNNING})
+    early = store.apply(transition(job, JobStatus.QUEUED, sources=r, lease_mode="absent"))
+    assert not early.ok and early.reason == "lease"
+    time.sleep(0.4)
+    late = store.apply(transition(job, JobStatus.QUEUED, sources=r, lease_mode="absent"))
+    assert late.ok
+    assert store.r.sismember(keys.queued("echo"), job.id)
+
+
+def test_a_cancel_requested_before_start_wins(store: JobStore) -> None:
+    job = _put(store)
+    store.r.hset(keys.job(job.id), "cancel_requested", "1")
+    result = store.apply(
+        transition(job, JobStatus.RUNNING, lease_mode="acquire", lease=Lease("w", 1000))
+    )
+    assert not result.ok and result.reason == "canceled"
+
+
+def test_a_transition_the_table_refuses_never_reaches_redis(store: JobStore) -> None:
+    job = _put(store, JobStatus.SUCCEEDED)
+    with pytest.raises(InvalidTransition):
+        store.apply(transition(job, JobStatus.RUNNING, sources=frozenset({JobStatus.SUCCEEDED})))
+
+
+def test_settings_env_over_toml_over_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "mmq.toml"
+    config.write_text(
+        '[api]\nport = 9001\nmax_wait_s = 5\n[pipelines.x]\nkind = "noop"\n'
+        'impl = "pipelines.noop:NoopPipeline"\nmax_batch = 4\n'
+    )
+    monkeypatch.setenv("MMQ_API__PORT", "9002")
+    monkeypatch.setenv("MMQ_LEASE__TTL_S", "7.5")
+    settings = load_settings(config)
+    assert settings.api.port == 9002
+    assert settings.api.max_wait_s == 5
+    assert settings.lease.ttl_s == 7.5
+    assert settings.pipelines["x"].max_batch == 4
+    assert settings.enabled_kinds == ["noop"]
+
+
+def test_auth_may_be_off_only_on_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MMQ_API__HOST", "0.0.0.0")
+    with pytest.raises(ValueError, match=r"auth\.required"):
+        load_settings()
+    monkeypatch.setenv("MMQ_AUTH__REQUIRED", "true")
+    assert load_settings().api.host == "0.0.0.0"

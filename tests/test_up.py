@@ -1,0 +1,87 @@
+"""`mmq up` on a bare machine: embedded Redis, API, reaper, a worker; Ctrl-C stops all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.support.deploy import REPO, wait_until
+from workers.redis_server import free_port
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid:
+            found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state != "Z"
+
+
+def test_mmq_up_serves_jobs_and_ctrl_c_leaves_no_orphan(tmp_path: Path) -> None:
+    port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("MMQ_")},
+        "MMQ_API__PORT": str(port),
+        "MMQ_EMBEDDED_REDIS_PORT": str(free_port()),
+        "MMQ_DATA_DIR": str(tmp_path / "data"),
+        "PYTHONPATH": str(REPO),
+    }
+    log = (tmp_path / "up.log").open("w")
+    up = subprocess.Popen(
+        [sys.executable, "-m", "mmq.cli", "up", "--config", str(REPO / "mmq.toml")],
+        env=env,
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def ready() -> bool:
+            try:
+                return httpx.get(f"{base}/readyz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(ready, timeout_s=60)
+        r = httpx.post(
+            f"{base}/v1/jobs",
+            json={"kind": "noop", "input": {"payload": "hi"}},
+            headers={"Prefer": "wait=10"},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["output"] == {"payload": "hi"}
+        children = _children(up.pid)
+        assert len(children) >= 4  # redis, api, reaper, one worker
+        up.send_signal(signal.SIGINT)
+        assert up.wait(30) == 0
+        wait_until(lambda: not any(_alive(pid) for pid in children), timeout_s=10)
+        text = (tmp_path / "up.log").read_text()
+        assert f"api    {base}" in text and "stopped" in text
+        assert (tmp_path / "data" / "redis" / "appendonlydir").is_dir()
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
