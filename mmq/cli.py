@@ -104,7 +104,11 @@ def keys_create(name: str, config: ConfigOpt = None) -> None:
 
     settings = _settings(config)
     client = redis.Redis.from_url(_require_redis(settings), decode_responses=True)
-    typer.echo(create_key(client, name))
+    try:
+        typer.echo(create_key(client, name))
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
 
 
 @keys_app.command("revoke")

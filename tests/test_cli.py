@@ -1,0 +1,46 @@
+"""The `mmq keys` commands against a real Redis, and a created key used on the API."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import httpx
+import redis
+
+from jobs import keys
+from tests.support.deploy import REPO, Deployment
+
+
+def _mmq(*args: str, redis_url: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MMQ_REDIS_URL": redis_url, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "mmq.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_keys_create_prints_a_key_that_is_stored_only_as_a_hash(
+    deployment: Deployment, rclient: redis.Redis
+) -> None:
+    created = _mmq("keys", "create", "carol", redis_url=deployment.redis_url)
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip().splitlines()[-1]
+    assert key.startswith("mmq_")
+    stored = rclient.hgetall(keys.API_KEYS)
+    assert key not in stored and all(key not in v for v in stored.values())
+    r = httpx.get(f"{deployment.base_url}/v1/jobs", headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200
+
+    revoked = _mmq("keys", "revoke", "carol", redis_url=deployment.redis_url)
+    assert revoked.returncode == 0 and "revoked 1" in revoked.stdout
+    r = httpx.get(f"{deployment.base_url}/v1/jobs", headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 401
+
+    bad = _mmq("keys", "create", "no spaces allowed", redis_url=deployment.redis_url)
+    assert bad.returncode != 0
