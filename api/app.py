@@ -12,7 +12,7 @@ from api import errors
 from api.deps import AppState
 from api.hub import EventHub
 from api.limits import BodySizeLimit
-from api.routes import health, jobs
+from api.routes import events, health, jobs
 from api.service import JobService
 from jobs.broker import make_celery
 from jobs.settings import Settings
@@ -51,6 +51,7 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
     app.include_router(health.router)
     app.include_router(jobs.router)
+    app.include_router(events.router)
 
     def limit_for(path: str) -> int:
         if path.startswith(UPLOAD_PATHS):

@@ -35,6 +35,8 @@ class ApiSettings(BaseModel):
     """Cap on `Prefer: wait=N`."""
     retry_after_s: int = 2
     """Retry-After sent with 429 when a queue is full."""
+    keepalive_s: float = 15.0
+    """Seconds between keep-alive comments on an idle event stream."""
 
 
 class AuthSettings(BaseModel):

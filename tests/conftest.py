@@ -37,7 +37,9 @@ def rclient(redis_url: str) -> redis.Redis:
 def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     """API + reaper + echo worker + sleep worker, fresh Redis database, for a test module."""
     flush(redis_url)
-    dep = Deployment(redis_url, tmp_path_factory.mktemp("deploy"))
+    dep = Deployment(
+        redis_url, tmp_path_factory.mktemp("deploy"), env_overrides={"MMQ_API__KEEPALIVE_S": "1"}
+    )
     try:
         dep.start_api()
         dep.start_reaper()

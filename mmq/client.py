@@ -1,0 +1,214 @@
+"""A small Python client for the mmq API, sync (`Client`) and async (`AsyncClient`).
+
+```python
+from mmq.client import Client
+
+with Client("http://127.0.0.1:8000", api_key="mmq_…") as mmq:
+    job = mmq.submit("tts", {"text": "Hello there."})
+    for event in mmq.events(job["id"]):   # resumes by itself after a dropped connection
+        print(event["type"], event["data"])
+    print(mmq.get(job["id"])["output"])
+```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+
+from mmq.sse import SseMessage, aparse_lines, parse_lines
+
+JobDict = dict[str, Any]
+TERMINAL = {"succeeded", "failed", "canceled"}
+
+
+class MmqAPIError(Exception):
+    """An error answer of the API: `status`, `type`, `message`, `param`."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        error = body.get("error", {}) if isinstance(body, dict) else {}
+        self.status = status
+        self.type = str(error.get("type", "http_error"))
+        self.param = error.get("param")
+        self.message = str(error.get("message", body))
+        super().__init__(f"{status} {self.type}: {self.message}")
+
+
+def _check(response: httpx.Response) -> JobDict:
+    if response.status_code >= 400:
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"error": {"message": response.text}}
+        raise MmqAPIError(response.status_code, body)
+    return dict(response.json())
+
+
+def _submit_request(
+    kind: str,
+    input: dict[str, Any],
+    priority: str,
+    metadata: dict[str, str] | None,
+    idempotency_key: str | None,
+    wait_s: float | None,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    body: dict[str, Any] = {"kind": kind, "input": input, "priority": priority}
+    if metadata:
+        body["metadata"] = metadata
+    headers = {}
+    if idempotency_key:
+        headers["Idempotency-Key"] = idempotency_key
+    if wait_s is not None:
+        headers["Prefer"] = f"wait={wait_s:g}"
+    return body, headers
+
+
+def _event(message: SseMessage) -> dict[str, Any]:
+    return dict(json.loads(message.data))
+
+
+def _is_end(event: dict[str, Any]) -> bool:
+    return event.get("type") == "status" and event.get("data", {}).get("status") in TERMINAL
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+class Client:
+    def __init__(
+        self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:  # fmt: skip
+        self.http = httpx.Client(base_url=base_url, headers=_headers(api_key), timeout=timeout_s)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.close()
+
+    def submit(
+        self, kind: str, input: dict[str, Any], *, priority: str = "normal",
+        metadata: dict[str, str] | None = None, idempotency_key: str | None = None,
+        wait_s: float | None = None,
+    ) -> JobDict:  # fmt: skip
+        body, headers = _submit_request(kind, input, priority, metadata, idempotency_key, wait_s)
+        return _check(self.http.post("/v1/jobs", json=body, headers=headers))
+
+    def get(self, job_id: str) -> JobDict:
+        return _check(self.http.get(f"/v1/jobs/{job_id}"))
+
+    def wait(self, job_id: str, timeout_s: float | None = None, step_s: float = 20) -> JobDict:
+        """The job once it has ended (or as it is when `timeout_s` runs out)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = step_s if deadline is None else min(step_s, deadline - time.monotonic())
+            job = _check(
+                self.http.get(f"/v1/jobs/{job_id}", headers={"Prefer": f"wait={max(0, left):g}"})
+            )
+            if job["status"] in TERMINAL or (deadline and time.monotonic() >= deadline):
+                return job
+
+    def cancel(self, job_id: str) -> JobDict:
+        return _check(self.http.post(f"/v1/jobs/{job_id}/cancel"))
+
+    def events(
+        self, job_id: str, after: str | None = None, *, retries: int = 5
+    ) -> Iterator[dict[str, Any]]:
+        """Every event of the job after `after`, until it ends; reconnects with
+        Last-Event-ID after a dropped connection, so no event is lost or repeated."""
+        last, failures = after, 0
+        while True:
+            headers = {"Last-Event-ID": last} if last else {}
+            try:
+                with self.http.stream(
+                    "GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=None
+                ) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        _check(response)
+                    for message in parse_lines(response.iter_lines()):
+                        event = _event(message)
+                        last, failures = event["id"], 0
+                        yield event
+                        if _is_end(event):
+                            return
+            except (httpx.TransportError, httpx.StreamError):
+                failures += 1
+                if failures > retries:
+                    raise
+                time.sleep(min(2.0, 0.1 * 2**failures))
+
+
+class AsyncClient:
+    def __init__(
+        self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:  # fmt: skip
+        self.http = httpx.AsyncClient(
+            base_url=base_url, headers=_headers(api_key), timeout=timeout_s
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.http.aclose()
+
+    async def submit(
+        self, kind: str, input: dict[str, Any], *, priority: str = "normal",
+        metadata: dict[str, str] | None = None, idempotency_key: str | None = None,
+        wait_s: float | None = None,
+    ) -> JobDict:  # fmt: skip
+        body, headers = _submit_request(kind, input, priority, metadata, idempotency_key, wait_s)
+        return _check(await self.http.post("/v1/jobs", json=body, headers=headers))
+
+    async def get(self, job_id: str) -> JobDict:
+        return _check(await self.http.get(f"/v1/jobs/{job_id}"))
+
+    async def wait(
+        self, job_id: str, timeout_s: float | None = None, step_s: float = 20
+    ) -> JobDict:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = step_s if deadline is None else min(step_s, deadline - time.monotonic())
+            response = await self.http.get(
+                f"/v1/jobs/{job_id}", headers={"Prefer": f"wait={max(0, left):g}"}
+            )
+            job = _check(response)
+            if job["status"] in TERMINAL or (deadline and time.monotonic() >= deadline):
+                return job
+
+    async def cancel(self, job_id: str) -> JobDict:
+        return _check(await self.http.post(f"/v1/jobs/{job_id}/cancel"))
+
+    async def events(
+        self, job_id: str, after: str | None = None, *, retries: int = 5
+    ) -> AsyncIterator[dict[str, Any]]:
+        last, failures = after, 0
+        while True:
+            headers = {"Last-Event-ID": last} if last else {}
+            try:
+                async with self.http.stream(
+                    "GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=None
+                ) as response:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        _check(response)
+                    async for message in aparse_lines(response.aiter_lines()):
+                        event = _event(message)
+                        last, failures = event["id"], 0
+                        yield event
+                        if _is_end(event):
+                            return
+            except (httpx.TransportError, httpx.StreamError):
+                failures += 1
+                if failures > retries:
+                    raise
+                await asyncio.sleep(min(2.0, 0.1 * 2**failures))
