@@ -95,6 +95,71 @@ def up(config: ConfigOpt = None) -> None:
     run_up(_settings(config), config)
 
 
+@app.command()
+def submit(
+    kind: str,
+    input: Annotated[
+        str, typer.Option("--input", "-i", help="Input as JSON, or @file.json")
+    ] = "{}",
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", "-s", help="One input field: name=value")
+    ] = None,
+    priority: Annotated[str, typer.Option(help="high, normal or low")] = "normal",
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Print events until it ends")
+    ] = False,
+    url: Annotated[str | None, typer.Option(help="API base URL (default: from settings)")] = None,
+    key: Annotated[str | None, typer.Option(envvar="MMQ_API_KEY", help="API key")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Submit a job; with --follow, print its events and exit non-zero unless it succeeds."""
+    from rich.console import Console
+
+    from mmq.client import Client, MmqAPIError
+    from mmq.follow import follow_job
+
+    settings = load_settings(config)
+    console = Console()
+    payload = _parse_input(input, set_ or [])
+    with Client(url or settings.public_url, key) as client:
+        try:
+            job = client.submit(kind, payload, priority=priority)
+            console.print(f"[bold]job[/] {job['id']}")
+            if not follow:
+                console.print_json(data=job)
+                return
+            job = follow_job(client, job["id"], console)
+        except MmqAPIError as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from None
+    console.print_json(
+        data={"status": job["status"], "output": job["output"], "error": job["error"]}
+    )
+    if job["status"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def _parse_input(raw: str, fields: list[str]) -> dict[str, object]:
+    import json
+
+    text = Path(raw[1:]).read_text() if raw.startswith("@") else raw
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"--input is not JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise typer.BadParameter("--input must be a JSON object")
+    for field in fields:
+        name, sep, value = field.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"--set {field!r} is not name=value")
+        try:
+            payload[name] = json.loads(value)
+        except json.JSONDecodeError:
+            payload[name] = value
+    return payload
+
+
 @keys_app.command("create")
 def keys_create(name: str, config: ConfigOpt = None) -> None:
     """Create an API key for owner NAME and print it (it is stored only as a hash)."""

@@ -44,3 +44,32 @@ def test_keys_create_prints_a_key_that_is_stored_only_as_a_hash(
 
     bad = _mmq("keys", "create", "no spaces allowed", redis_url=deployment.redis_url)
     assert bad.returncode != 0
+
+
+def test_submit_follow_prints_events_and_exit_code_tells_the_end(
+    deployment: Deployment, rclient: redis.Redis
+) -> None:
+    from jobs.apikeys import create_key
+
+    key = create_key(rclient, "follower")
+    env = {"url": deployment.base_url, "key": key}
+    ok = _mmq(
+        "submit", "sleep", "--set", "steps=3", "--set", "step_ms=50", "--follow",
+        "--url", env["url"], "--key", env["key"], redis_url=deployment.redis_url,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "status running" in ok.stdout and "status succeeded" in ok.stdout
+    assert '"steps": 3' in ok.stdout
+
+    failed = _mmq(
+        "submit", "echo", "-i", '{"text": "x", "fail": true, "group": "cli"}', "--follow",
+        "--url", env["url"], "--key", env["key"], redis_url=deployment.redis_url,
+    )  # fmt: skip
+    assert failed.returncode == 1
+    assert "status failed" in failed.stdout and "boom" in failed.stdout
+
+    bad = _mmq(
+        "submit", "echo", "--set", "colour=red", "--url", env["url"], "--key", env["key"],
+        redis_url=deployment.redis_url,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "422 invalid_input: input." in bad.stdout
