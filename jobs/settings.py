@@ -89,6 +89,26 @@ class Limits(BaseModel):
     """LLM prompt size (all messages)."""
 
 
+class NetSettings(BaseModel):
+    allow_private_addresses: bool = False
+    """Let webhook and input URLs reach loopback, private and link-local addresses."""
+
+
+class WebhookSettings(BaseModel):
+    secret: str | None = None
+    """Signing secret, `whsec_` + base64 (Standard Webhooks). Unset: webhooks refused."""
+    timeout_s: float = 10.0
+    """Timeout of one delivery attempt."""
+    max_attempts: int = 6
+    """Attempts per event (retries on 5xx, 408, 429 and timeouts)."""
+    backoff_s: float = 1.0
+    """First retry delay; doubles each attempt, with jitter."""
+    backoff_max_s: float = 300.0
+    """Cap on the retry delay."""
+    concurrency: int = 16
+    """Deliveries in flight in one webhook worker process."""
+
+
 class PipelineConfig(BaseModel):
     """One pipeline: a model behind a kind, with its batching knobs and workers."""
 
@@ -149,6 +169,8 @@ class Settings(BaseSettings):
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
     limits: Limits = Field(default_factory=Limits)
+    net: NetSettings = Field(default_factory=NetSettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     kinds: dict[str, KindConfig] = Field(default_factory=dict)
     """Extra job kinds and their input schemas."""
     pipelines: dict[str, PipelineConfig] = Field(default_factory=dict)
