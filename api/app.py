@@ -14,7 +14,7 @@ from api.hub import EventHub
 from api.limits import BodySizeLimit
 from api.routes import events, health, jobs
 from api.service import JobService
-from jobs.broker import make_celery
+from jobs.broker import make_celery, webhook_sender
 from jobs.settings import Settings
 from jobs.store import AsyncJobStore
 
@@ -30,8 +30,8 @@ def create_app(settings: Settings) -> FastAPI:
         client = aredis.Redis.from_url(
             settings.redis_url or "", decode_responses=True, max_connections=256
         )
-        store = AsyncJobStore(client, settings)
         celery = make_celery(settings)
+        store = AsyncJobStore(client, settings, on_event=webhook_sender(celery))
         hub = EventHub(client)
         await hub.start()
         service = JobService(settings, store, celery, hub)

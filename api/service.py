@@ -14,6 +14,7 @@ from celery import Celery
 from pydantic import ValidationError
 
 from api.hub import EventHub
+from api.streams import is_terminal
 from jobs.broker import enqueue
 from jobs.codec import dumps
 from jobs.errors import Conflict, InputError, NotFound, QueueFull, Unavailable
@@ -23,6 +24,7 @@ from jobs.schemas import schema_for, validation_error_field
 from jobs.settings import Settings
 from jobs.states import JobStatus
 from jobs.store import AsyncJobStore, transition
+from jobs.webhooks import check_public_url
 
 
 def new_job_id() -> str:
@@ -64,6 +66,8 @@ class JobService:
     ) -> tuple[Job, bool]:
         """Store and enqueue a job; returns (job, created). Raises QueueFull, InputError."""
         pipeline, normalised = self.validate(body)
+        if body.webhook is not None:
+            await self._check_webhook(body.webhook.url)
         now = time.time()
         job = Job(
             id=new_job_id(),
@@ -74,6 +78,7 @@ class JobService:
             priority=body.priority,
             input=normalised,
             metadata=body.metadata,
+            webhook=body.webhook,
             created_at=now,
             queued_at=now,
         )
@@ -97,6 +102,16 @@ class JobService:
             )
         await self._enqueue(job)
         return job, True
+
+    async def _check_webhook(self, url: str) -> None:
+        if not self.settings.webhooks.secret:
+            raise InputError("webhook", "webhooks are not enabled here (no signing secret)")
+        allow = self.settings.net.allow_private_addresses
+        await asyncio.to_thread(check_public_url, url, "webhook.url", allow)
+
+    async def deliveries(self, owner: str, job_id: str) -> list[dict[str, object]]:
+        await self.get(owner, job_id)
+        return await self.store.deliveries(job_id)
 
     async def _enqueue(self, job: Job) -> None:
         try:
@@ -151,7 +166,7 @@ class JobService:
                     notice = await asyncio.wait_for(notices.get(), remaining)
                 except TimeoutError:
                     break
-                if notice.get("type") == "status" or notice.get("type") == "__resync__":
+                if notice.get("type") == "__resync__" or is_terminal(notice):
                     job = await self.get(owner, job_id)
             return job
 

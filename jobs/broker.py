@@ -5,6 +5,9 @@ Shared by the API and the reaper (which send tasks) and the workers (which run t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from celery import Celery
 
 from jobs.models import Job
@@ -51,3 +54,29 @@ def enqueue(app: Celery, job: Job) -> None:
         queue=queue_name(job.pipeline),
         priority=celery_priority(job.priority),
     )
+
+
+WEBHOOK_TASK = "mmq.deliver_webhook"
+WEBHOOK_QUEUE = "mmq.webhooks"
+
+
+def enqueue_webhook(
+    app: Celery, job_id: str, url: str, event: dict[str, object], attempt: int = 1,
+    countdown_s: float | None = None,
+) -> None:  # fmt: skip
+    """Send one webhook delivery (of one event) to the webhooks queue."""
+    app.send_task(
+        WEBHOOK_TASK,
+        args=[job_id, url, event, attempt],
+        queue=WEBHOOK_QUEUE,
+        countdown=countdown_s,
+    )
+
+
+def webhook_sender(app: Celery) -> Callable[[str, str, dict[str, Any]], None]:
+    """An event listener for the stores: enqueue a delivery of each event a webhook wants."""
+
+    def send(job_id: str, url: str, event: dict[str, Any]) -> None:
+        enqueue_webhook(app, job_id, url, event)
+
+    return send

@@ -7,7 +7,7 @@ from typing import Any
 
 from jobs.models import Event, EventType, Job
 
-_JSON_FIELDS = ("input", "output", "error", "metadata", "extra_timings")
+_JSON_FIELDS = ("input", "output", "error", "metadata", "extra_timings", "webhook")
 _FLOAT_FIELDS = ("created_at", "queued_at", "started_at", "first_output_at", "finished_at")
 
 

@@ -20,6 +20,14 @@ API_KEYS = f"{PREFIX}:apikeys"
 """Hash: sha256 of an API key -> JSON {name, created_at}."""
 
 
+UPLOADS = f"{PREFIX}:uploads"
+"""Sorted set: storage keys of uploads, scored by when the retention sweep looks at them."""
+
+ARTIFACTS = f"{PREFIX}:artifacts"
+"""Sorted set: `owner/jobs/job_id` folders of stored job outputs, scored by when the
+retention sweep looks at them (it deletes a folder once the job's record has expired)."""
+
+
 def job(job_id: str) -> str:
     """Hash: one job record."""
     return f"{PREFIX}:job:{job_id}"
@@ -53,3 +61,13 @@ def idempotency(owner: str, key: str) -> str:
 def worker(name: str) -> str:
     """Hash: what a live worker serves (kind, pipeline, device)."""
     return f"{PREFIX}:worker:{name}"
+
+
+def deliveries(job_id: str) -> str:
+    """List: JSON records of every webhook delivery attempt of the job."""
+    return f"{PREFIX}:job:{job_id}:deliveries"
+
+
+def upload_jobs(storage_key: str) -> str:
+    """Set: ids of the jobs whose input used an upload (it stays while one of them does)."""
+    return f"{PREFIX}:upload:{storage_key}:jobs"

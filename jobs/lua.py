@@ -65,13 +65,14 @@ local target = ARGV[3]
 redis.call('HSET', KEYS[1], 'status', target)
 for i = 15, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 local ttl = nil
+local pre_id = ''
 if ARGV[12] == '1' then ttl = ARGV[8] end
 if ARGV[13] ~= '' then
   if ARGV[13] == 'output' then
     local cur = redis.call('HGET', KEYS[1], 'first_output_at')
     if not cur or cur == '' then redis.call('HSET', KEYS[1], 'first_output_at', ARGV[4]) end
   end
-  announce(ARGV[10], KEYS[2], ARGV[9], ARGV[1], ARGV[13], ARGV[14], ARGV[4], nil)
+  pre_id = announce(ARGV[10], KEYS[2], ARGV[9], ARGV[1], ARGV[13], ARGV[14], ARGV[4], nil)
 end
 if target == 'queued' then
   redis.call('SADD', KEYS[5], ARGV[1])
@@ -86,7 +87,7 @@ else
 end
 if ttl then redis.call('EXPIRE', KEYS[1], ttl) end
 local id = announce(ARGV[10], KEYS[2], ARGV[9], ARGV[1], 'status', ARGV[11], ARGV[4], ttl)
-return {'ok', id}
+return {'ok', id, pre_id}
 """
 )
 

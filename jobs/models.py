@@ -6,10 +6,11 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from jobs.settings import Priority
 from jobs.states import JobStatus
+from jobs.webhooks import EVENT_CHOICES
 
 
 class EventType(StrEnum):
@@ -54,8 +55,19 @@ class Timings(BaseModel):
 class WebhookSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(max_length=2048)
-    events: list[str] = Field(default_factory=lambda: ["terminal"])
+    url: str = Field(min_length=1, max_length=2048)
+    """Where each event is POSTed (http or https; public addresses unless settings allow)."""
+    events: list[str] = Field(default_factory=lambda: ["terminal"], min_length=1, max_length=8)
+    """Event types to send: status, partial, progress, output, error, `terminal` (the last
+    status event only, the default) or `all`."""
+
+    @field_validator("events")
+    @classmethod
+    def _known(cls, events: list[str]) -> list[str]:
+        unknown = sorted(set(events) - EVENT_CHOICES)
+        if unknown:
+            raise ValueError(f"unknown event types {unknown}; use {sorted(EVENT_CHOICES)}")
+        return events
 
 
 class JobCreate(BaseModel):
@@ -67,6 +79,7 @@ class JobCreate(BaseModel):
     input: dict[str, Any]
     priority: Priority = "normal"
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+    webhook: WebhookSpec | None = None
 
 
 class Job(BaseModel):
@@ -89,6 +102,7 @@ class Job(BaseModel):
     first_output_at: float | None = None
     finished_at: float | None = None
     cancel_requested: bool = False
+    webhook: WebhookSpec | None = None
     extra_timings: dict[str, float] = Field(default_factory=dict)
     """Pipeline-specific timings (e.g. LLM tpot_ms), merged into `timings`."""
 

@@ -11,7 +11,7 @@ import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -89,11 +89,6 @@ class Limits(BaseModel):
     """LLM prompt size (all messages)."""
 
 
-class NetSettings(BaseModel):
-    allow_private_addresses: bool = False
-    """Let webhook and input URLs reach loopback, private and link-local addresses."""
-
-
 class WebhookSettings(BaseModel):
     secret: str | None = None
     """Signing secret, `whsec_` + base64 (Standard Webhooks). Unset: webhooks refused."""
@@ -107,6 +102,78 @@ class WebhookSettings(BaseModel):
     """Cap on the retry delay."""
     concurrency: int = 16
     """Deliveries in flight in one webhook worker process."""
+
+
+MIB = 1024 * 1024
+
+
+class S3Settings(BaseModel):
+    """Where the `s3` storage backend keeps objects. Credentials come from boto3's usual
+    chain: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws, an instance role."""
+
+    endpoint_url: str | None = None
+    """S3 API endpoint (MinIO, Ceph, R2...); unset: AWS itself, in `region`."""
+    public_endpoint_url: str | None = None
+    """Endpoint written into presigned URLs, where clients reach S3 by another address
+    than mmq does (a MinIO behind a proxy); unset: `endpoint_url`."""
+    bucket: str = ""
+    """The bucket (must exist; checked when the API starts)."""
+    prefix: str = ""
+    """Prefix of every object mmq writes, e.g. `mmq/`."""
+    region: str | None = None
+    """Region of the bucket; unset: boto3's default (AWS_DEFAULT_REGION, ~/.aws/config)."""
+    addressing_style: Literal["auto", "path", "virtual"] = "auto"
+    """`path` for most MinIO setups; `auto` lets botocore choose."""
+    multipart_threshold_bytes: int = Field(default=16 * MIB, ge=5 * MIB)
+    """Objects larger than this go up as a multipart upload."""
+    multipart_chunk_bytes: int = Field(default=8 * MIB, ge=5 * MIB)
+    """Size of each part of a multipart upload (S3's minimum is 5 MiB)."""
+
+
+class StorageSettings(BaseModel):
+    """Where job inputs (uploads) and outputs (audio, images) are stored."""
+
+    backend: Literal["local", "s3"] = "local"
+    """`local`: files under `data_dir/storage`; `s3`: a bucket (see `s3`)."""
+    signing_secret: SecretStr | None = Field(default=None, min_length=32)
+    """HMAC key of signed `/v1/files/...` URLs (local backend). Unset: a random key kept
+    in `data_dir/storage/signing.key`, shared by every process that shares the data dir."""
+    url_ttl_s: int = Field(default=3600, ge=1, le=7 * 24 * 3600)
+    """Lifetime of signed and presigned download URLs."""
+    upload_ttl_s: int = Field(default=24 * 3600, ge=1)
+    """An upload that no job used is deleted this long after it was made."""
+    max_upload_bytes: int = Field(default=256 * MIB, ge=1)
+    """Largest upload (413 above), and largest input fetched from an http(s) URL."""
+    sweep_interval_s: float = Field(default=60.0, gt=0)
+    """How often the reaper runs the retention sweep."""
+    s3: S3Settings = Field(default_factory=S3Settings)
+
+    @model_validator(mode="after")
+    def _check(self) -> StorageSettings:
+        if self.backend == "s3" and not self.s3.bucket:
+            raise ValueError("storage.backend is s3 but storage.s3.bucket is not set")
+        return self
+
+
+class NetSettings(BaseModel):
+    """Outbound HTTP from mmq (input URLs, webhooks)."""
+
+    allow_private_addresses: bool = False
+    """Let input and webhook URLs reach loopback, private, link-local and other
+    non-public addresses. Off: refused, checked again at connect time."""
+    allowed_networks: list[str] = Field(default_factory=list)
+    """CIDRs reachable even while private addresses are refused, e.g. `["10.1.2.0/24"]`."""
+    fetch_timeout_s: float = Field(default=30.0, gt=0)
+    """Connect and read timeout of an input URL fetch."""
+    fetch_max_redirects: int = Field(default=5, ge=0, le=20)
+    """Redirects an input URL fetch follows (each hop is checked)."""
+
+    @field_validator("allowed_networks")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            ipaddress.ip_network(cidr, strict=False)
+        return value
 
 
 class PipelineConfig(BaseModel):

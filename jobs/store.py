@@ -6,7 +6,10 @@ scripts and the argument builders below, so a transition is written in one place
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -15,11 +18,15 @@ import redis.asyncio as aredis
 
 from jobs import keys, lua
 from jobs.codec import dumps, event_from_entry, flat_pairs, job_from_fields, job_to_fields
-from jobs.models import Event, EventType, Job
+from jobs.models import Event, EventType, Job, WebhookSpec
 from jobs.settings import Settings
 from jobs.states import JobStatus, allowed_sources, check_transition
+from jobs.webhooks import wants
 
 LeaseMode = Literal["", "check", "absent", "acquire"]
+
+EventListener = Callable[[str, str, dict[str, Any]], None]
+"""(job_id, webhook url, event) -> None: hands an event to webhook delivery."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,7 @@ class Lease:
 class TransitionResult:
     ok: bool
     reason: str = ""
+    pre_event_id: str = ""
     """On failure: `missing`, `status`, `lease` or `canceled`."""
     status: str = ""
     """On failure: the status the job had."""
@@ -59,6 +67,17 @@ class Transition:
     kind: str = ""
     pre_event: tuple[EventType, dict[str, Any]] | None = None
     """An output or error event written atomically just before the status event."""
+    webhook: WebhookSpec | None = None
+
+    def written_events(self, result: TransitionResult, now: float) -> list[dict[str, Any]]:
+        """The events a successful transition wrote, as dicts."""
+        events = []
+        if self.pre_event is not None:
+            etype, data = self.pre_event
+            events.append(_event(result.pre_event_id, self.job_id, str(etype), data, now))
+        status = {"status": str(self.target), **self.event_data}
+        events.append(_event(result.event_id, self.job_id, "status", status, now))
+        return events
 
     def script_args(self, settings: Settings, now: float) -> tuple[list[str], list[str]]:
         for source in self.sources:
@@ -113,13 +132,34 @@ def transition(
         lease=lease,
         kind=job.kind,
         pre_event=pre_event,
+        webhook=job.webhook,
     )
+
+
+def _event(
+    event_id: str, job_id: str, etype: str, data: dict[str, Any], ts: float
+) -> dict[str, Any]:
+    return {"id": event_id, "job_id": job_id, "type": etype, "data": data, "ts": ts}
+
+
+def webhook_events(
+    change: Transition, result: TransitionResult, now: float
+) -> list[dict[str, Any]]:
+    """The events of a transition that its job's webhook wants."""
+    if change.webhook is None or not result.ok:
+        return []
+    spec = change.webhook
+    return [
+        e for e in change.written_events(result, now) if wants(spec.events, e["type"], e["data"])
+    ]
 
 
 def _decode_result(raw: list[Any]) -> TransitionResult:
     outcome, value = raw[0], raw[1]
     if outcome == "ok":
-        return TransitionResult(ok=True, event_id=value)
+        return TransitionResult(
+            ok=True, event_id=value, pre_event_id=raw[2] if len(raw) > 2 else ""
+        )
     return TransitionResult(ok=False, reason=outcome, status=value)
 
 
@@ -134,31 +174,47 @@ def _after(after: str | None) -> str:
 class JobStore:
     """Synchronous store, for worker processes, the reaper and the CLI."""
 
-    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+    def __init__(
+        self, client: redis.Redis, settings: Settings, on_event: EventListener | None = None
+    ) -> None:
         self.r = client
         self.settings = settings
+        self.on_event = on_event
         self._transition = client.register_script(lua.TRANSITION)
         self._append = client.register_script(lua.APPEND_EVENT)
         self._renew = client.register_script(lua.RENEW_LEASE)
 
     @classmethod
-    def connect(cls, settings: Settings) -> JobStore:
+    def connect(cls, settings: Settings, on_event: EventListener | None = None) -> JobStore:
         if not settings.redis_url:
             raise ValueError("redis_url is not set")
-        return cls(redis.Redis.from_url(settings.redis_url, decode_responses=True), settings)
+        client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        return cls(client, settings, on_event)
 
     def get(self, job_id: str) -> Job | None:
         fields = self.r.hgetall(keys.job(job_id))
         return job_from_fields(fields) if fields else None
 
     def apply(self, change: Transition) -> TransitionResult:
-        key_list, args = change.script_args(self.settings, time.time())
-        return _decode_result(self._transition(keys=key_list, args=args))
+        now = time.time()
+        key_list, args = change.script_args(self.settings, now)
+        result = _decode_result(self._transition(keys=key_list, args=args))
+        if self.on_event is not None and change.webhook is not None:
+            for event in webhook_events(change, result, now):
+                self.on_event(change.job_id, change.webhook.url, event)
+        return result
 
     def append_event(
-        self, job_id: str, etype: EventType, data: dict[str, Any], *, first_output: bool
+        self,
+        job_id: str,
+        etype: EventType,
+        data: dict[str, Any],
+        *,
+        first_output: bool,
+        webhook: WebhookSpec | None = None,
     ) -> str:
-        now = repr(time.time())
+        ts = time.time()
+        now = repr(ts)
         args = [
             keys.EVENTS_CHANNEL,
             str(self.settings.events_maxlen),
@@ -168,7 +224,10 @@ class JobStore:
             now,
             now if first_output else "",
         ]
-        return str(self._append(keys=[keys.job_events(job_id), keys.job(job_id)], args=args))
+        event_id = str(self._append(keys=[keys.job_events(job_id), keys.job(job_id)], args=args))
+        if webhook is not None and self.on_event is not None and wants(webhook.events, etype, data):
+            self.on_event(job_id, webhook.url, _event(event_id, job_id, str(etype), data, ts))
+        return event_id
 
     def renew_lease(self, job_id: str, lease: Lease) -> bool:
         deadline = time.time() + lease.ttl_ms / 1000
@@ -193,9 +252,12 @@ class JobStore:
 class AsyncJobStore:
     """Asynchronous store, for the API."""
 
-    def __init__(self, client: aredis.Redis, settings: Settings) -> None:
+    def __init__(
+        self, client: aredis.Redis, settings: Settings, on_event: EventListener | None = None
+    ) -> None:
         self.r = client
         self.settings = settings
+        self.on_event = on_event
         self._submit = client.register_script(lua.SUBMIT)
         self._transition = client.register_script(lua.TRANSITION)
 
@@ -224,6 +286,10 @@ class AsyncJobStore:
             *flat_pairs(job_to_fields(job)),
         ]
         outcome, value = await self._submit(keys=key_list, args=args)
+        if outcome == "ok" and job.webhook is not None and self.on_event is not None:
+            queued = _event(value, job.id, "status", {"status": "queued"}, job.created_at)
+            if wants(job.webhook.events, "status", queued["data"]):
+                await asyncio.to_thread(self.on_event, job.id, job.webhook.url, queued)
         if outcome == "dup":
             job_id, _, prev_hash = value.partition("|")
             return SubmitResult("dup", job_id, prev_hash)
@@ -234,8 +300,16 @@ class AsyncJobStore:
         return job_from_fields(fields) if fields else None
 
     async def apply(self, change: Transition) -> TransitionResult:
-        key_list, args = change.script_args(self.settings, time.time())
-        return _decode_result(await self._transition(keys=key_list, args=args))
+        now = time.time()
+        key_list, args = change.script_args(self.settings, now)
+        result = _decode_result(await self._transition(keys=key_list, args=args))
+        if self.on_event is not None and change.webhook is not None:
+            for event in webhook_events(change, result, now):
+                await asyncio.to_thread(self.on_event, change.job_id, change.webhook.url, event)
+        return result
+
+    async def deliveries(self, job_id: str) -> list[dict[str, Any]]:
+        return [json.loads(raw) for raw in await self.r.lrange(keys.deliveries(job_id), 0, -1)]
 
     async def request_cancel(self, job_id: str) -> None:
         await self.r.hset(keys.job(job_id), "cancel_requested", "1")

@@ -75,7 +75,7 @@ def worker(
 @app.command()
 def reaper(config: ConfigOpt = None) -> None:
     """Run the reaper: requeue the jobs of dead workers."""
-    from jobs.broker import make_celery
+    from jobs.broker import make_celery, webhook_sender
     from jobs.store import JobStore
     from workers.reaper import Reaper
 
@@ -84,7 +84,22 @@ def reaper(config: ConfigOpt = None) -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    Reaper(JobStore.connect(settings), settings, make_celery(settings)).run_forever(stop)
+    celery = make_celery(settings)
+    store = JobStore.connect(settings, on_event=webhook_sender(celery))
+    Reaper(store, settings, celery).run_forever(stop)
+
+
+@app.command()
+def webhooks(config: ConfigOpt = None) -> None:
+    """Run a webhook delivery worker (needs MMQ_WEBHOOKS__SECRET)."""
+    from workers.webhooks import run_webhook_worker
+
+    settings = _settings(config)
+    _require_redis(settings)
+    if not settings.webhooks.secret:
+        typer.echo("MMQ_WEBHOOKS__SECRET is not set (whsec_ + base64)", err=True)
+        raise typer.Exit(2)
+    run_webhook_worker(settings)
 
 
 @app.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +14,8 @@ import redis
 from jobs.apikeys import create_key
 from tests.support.deploy import Deployment, flush
 from workers.redis_server import RedisServer
+
+WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"mmq-test-webhook-secret-32-bytes").decode()
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +41,9 @@ def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     """API + reaper + echo worker + sleep worker, fresh Redis database, for a test module."""
     flush(redis_url)
     dep = Deployment(
-        redis_url, tmp_path_factory.mktemp("deploy"), env_overrides={"MMQ_API__KEEPALIVE_S": "1"}
+        redis_url,
+        tmp_path_factory.mktemp("deploy"),
+        env_overrides={"MMQ_API__KEEPALIVE_S": "1", "MMQ_WEBHOOKS__SECRET": WEBHOOK_SECRET},
     )
     try:
         dep.start_api()

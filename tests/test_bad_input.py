@@ -101,3 +101,18 @@ def test_full_queue_answers_429_with_retry_after(api: Api, rclient: redis.Redis)
         rclient.srem(keys.queued("sleep"), *fillers)
     ok = api.http.post("/v1/jobs", json={"kind": "sleep", "input": {"steps": 1, "step_ms": 1}})
     assert ok.status_code == 202
+
+
+def test_private_webhook_is_422_where_not_allowed(api: Api) -> None:
+    body = {
+        "kind": "echo",
+        "input": {"text": "x"},
+        "webhook": {"url": "http://127.0.0.1:9/hook"},
+    }
+    r = api.http.post("/v1/jobs", json=body)
+    assert r.status_code == 422
+    assert r.json()["error"]["param"] == "webhook.url"
+    bad_events = {**body, "webhook": {"url": "https://example.com/h", "events": ["nope"]}}
+    r = api.http.post("/v1/jobs", json=bad_events)
+    assert r.status_code == 422 and r.json()["error"]["param"] == "webhook.events"
+    assert api.http.get("/v1/jobs").json()["data"] == []

@@ -81,13 +81,14 @@ class JobRunner:
         except ValidationError as exc:
             self._record(job, held, Outcome("failed", error=validation_error_field(exc, "input")))
             return
-        item = self.engine.submit(job.id, request, self._emit, held.cancel)
+
+        def emit(job_id: str, etype: EventType, data: dict[str, Any], output: bool) -> None:
+            self.store.append_event(job_id, etype, data, first_output=output, webhook=job.webhook)
+
+        item = self.engine.submit(job.id, request, emit, held.cancel)
         outcome = item.wait()
         assert outcome is not None  # wait() without timeout returns only when finished
         self._record(job, held, outcome)
-
-    def _emit(self, job_id: str, etype: EventType, data: dict[str, Any], output: bool) -> None:
-        self.store.append_event(job_id, etype, data, first_output=output)
 
     def _record(self, job: Job, held: Held, outcome: Outcome) -> None:
         if held.lost.is_set():

@@ -92,9 +92,12 @@ class LeaseKeeper:
             held = dict(self._held)
         for job_id, entry in held.items():
             if not self.store.renew_lease(job_id, entry.lease):
-                log.warning("lost the lease of job %s; stopping it here", job_id)
-                entry.lost.set()
-                entry.cancel.set()
+                with self._lock:
+                    still_held = self._held.get(job_id) is entry
+                if still_held:  # not a job that ended between the copy and the renewal
+                    log.warning("lost the lease of job %s; stopping it here", job_id)
+                    entry.lost.set()
+                    entry.cancel.set()
         for job_id in self.store.cancel_requested(list(held)):
             held[job_id].cancel.set()
         self._mark_alive()

@@ -12,7 +12,7 @@ import socket
 
 from celery import Celery
 
-from jobs.broker import make_celery
+from jobs.broker import make_celery, webhook_sender
 from jobs.queues import TASK_NAME, queue_name
 from jobs.schemas import import_object, schema_for
 from jobs.settings import Settings
@@ -53,7 +53,8 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
     log.info("worker %s: loading %s (%s)", name, pipeline_name, config.model or config.impl)
     pipeline.load()
     pipeline.warmup()
-    store = JobStore.connect(settings)
+    app = make_celery(settings)
+    store = JobStore.connect(settings, on_event=webhook_sender(app))
     keeper = LeaseKeeper(
         store,
         settings,
@@ -68,7 +69,6 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
         runners=config.runners,
     )
     runner = JobRunner(store, engine, keeper, schema_for(config.kind, settings), name)
-    app = make_celery(settings)
     register_task(app, runner)
     engine.start()
     keeper.start()

@@ -19,6 +19,8 @@ def deployment_specs(settings: Settings, config: Path | None) -> list[ProcSpec]:
         ProcSpec("api", mmq_command("api", *extra)),
         ProcSpec("reaper", mmq_command("reaper", *extra)),
     ]
+    if settings.webhooks.secret:
+        specs.append(ProcSpec("webhooks", mmq_command("webhooks", *extra)))
     for name, pipeline in settings.enabled_pipelines.items():
         for instance in range(pipeline.instances):
             argv = mmq_command("worker", "--pipeline", name, "--instance", str(instance), *extra)

@@ -98,7 +98,7 @@ async def _read_commands(websocket: WebSocket, state: AppState, owner: str, job_
                 except MmqError as exc:
                     await websocket.send_text(json.dumps(error_body(exc.code, exc.message)))
             else:
-                message = "unknown command; send {\"type\": \"cancel\"}"
+                message = 'unknown command; send {"type": "cancel"}'
                 await websocket.send_text(json.dumps(error_body("invalid_input", message)))
 
 

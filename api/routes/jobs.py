@@ -98,6 +98,12 @@ async def get_job(
     return _answer(request, job, waited, pending_202=waited is not None)
 
 
+@router.get("/{job_id}/deliveries")
+async def job_deliveries(job_id: str, owner: Owner, service: Service) -> dict[str, object]:
+    """Every webhook delivery attempt of the job: status code or error, timing, retry."""
+    return {"data": await service.deliveries(owner, job_id)}
+
+
 @router.post("/{job_id}/cancel", response_model=JobView)
 async def cancel_job(request: Request, job_id: str, owner: Owner, service: Service) -> Response:
     """Cancel a job: a queued job never runs; a running one stops at its next step."""

@@ -1,0 +1,1 @@
+"""Benchmarks of mmq (run as modules: `python -m bench.overhead`)."""

@@ -1,0 +1,110 @@
+"""Shared pieces of the benchmarks: per-request results, per-level summaries, the driver.
+
+The driver runs N requests over `concurrency` lanes: each lane sends its next request as
+soon as its previous one has come back (a closed loop), so `concurrency` requests are in
+flight at any time until the last ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+Call = Callable[[], Awaitable[str | None]]
+"""One request: returns None on success or a short error description."""
+
+MAX_ERRORS_KEPT = 5
+
+
+@dataclass
+class RequestResult:
+    """One request: whether it succeeded and how long it took, send to completion."""
+
+    ok: bool
+    latency_s: float
+    error: str = ""
+
+
+@dataclass
+class LevelSummary:
+    """One target at one concurrency level."""
+
+    target: str
+    concurrency: int
+    requests: int
+    completed: int
+    failures: int
+    duration_s: float
+    throughput: float
+    """Completed requests per second over the whole level."""
+    mean_ms: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    errors: dict[str, int] = field(default_factory=dict)
+    """The most frequent error descriptions and their counts."""
+
+
+async def timed(call: Call) -> RequestResult:
+    """Run `call`, timing it; an exception becomes a failed result, never a raise."""
+    start = time.perf_counter()
+    try:
+        error = await call()
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"[:200]
+    return RequestResult(ok=error is None, latency_s=time.perf_counter() - start, error=error or "")
+
+
+async def run_level(
+    call: Call, requests: int, concurrency: int
+) -> tuple[list[RequestResult], float]:
+    """`requests` calls over `concurrency` closed-loop lanes; returns results and wall time."""
+    todo = iter(range(requests))
+    results: list[RequestResult] = []
+
+    async def lane() -> None:
+        for _ in todo:
+            results.append(await timed(call))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(lane() for _ in range(max(1, min(concurrency, requests)))))
+    return results, time.perf_counter() - start
+
+
+def percentile_ms(latencies: list[float], pct: int) -> float:
+    """The `pct`-th percentile of `latencies` (seconds) in milliseconds; NaN when empty."""
+    if not latencies:
+        return float("nan")
+    if len(latencies) == 1:
+        return latencies[0] * 1000
+    return statistics.quantiles(latencies, n=100, method="inclusive")[pct - 1] * 1000
+
+
+def summarize(
+    target: str, concurrency: int, results: list[RequestResult], duration_s: float
+) -> LevelSummary:
+    ok = [r.latency_s for r in results if r.ok]
+    errors = Counter(r.error for r in results if not r.ok)
+    return LevelSummary(
+        target=target,
+        concurrency=concurrency,
+        requests=len(results),
+        completed=len(ok),
+        failures=len(results) - len(ok),
+        duration_s=duration_s,
+        throughput=len(ok) / duration_s if duration_s > 0 else 0.0,
+        mean_ms=statistics.fmean(ok) * 1000 if ok else float("nan"),
+        p50_ms=percentile_ms(ok, 50),
+        p95_ms=percentile_ms(ok, 95),
+        p99_ms=percentile_ms(ok, 99),
+        errors=dict(errors.most_common(MAX_ERRORS_KEPT)),
+    )
+
+
+async def measure(target: str, call: Call, requests: int, concurrency: int) -> LevelSummary:
+    results, duration_s = await run_level(call, requests, concurrency)
+    return summarize(target, concurrency, results, duration_s)

@@ -1,0 +1,184 @@
+"""Webhooks against a real HTTP receiver: signatures, retries, timeouts, refusals."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from standardwebhooks.webhooks import Webhook
+
+from jobs.errors import InputError
+from jobs.webhooks import check_public_url
+from tests.conftest import WEBHOOK_SECRET, Api, new_owner
+from tests.support.deploy import Deployment, flush, wait_until
+from workers.redis_server import free_port
+
+
+@dataclass
+class Receiver:
+    port: int
+    calls: dict[str, list[tuple[dict[str, str], bytes]]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{path}"
+
+    def got(self, path: str) -> list[tuple[dict[str, str], bytes]]:
+        with self.lock:
+            return list(self.calls.get(path, []))
+
+
+def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["content-length"]))
+            path = self.path.strip("/").split("-")[0]
+            with receiver.lock:
+                calls = receiver.calls.setdefault(self.path.strip("/"), [])
+                calls.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                count = len(calls)
+            if path == "hang":
+                time.sleep(3)
+            status = {"flaky": 503 if count <= 2 else 200, "gone": 410}.get(path, 200)
+            self.send_response(status)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    rec = Receiver(free_port())
+    server = ThreadingHTTPServer(("127.0.0.1", rec.port), _handler(rec))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield rec
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    flush(redis_url)
+    overrides = {
+        "MMQ_WEBHOOKS__SECRET": WEBHOOK_SECRET,
+        "MMQ_WEBHOOKS__BACKOFF_S": "0.2",
+        "MMQ_WEBHOOKS__TIMEOUT_S": "1",
+        "MMQ_WEBHOOKS__MAX_ATTEMPTS": "3",
+        "MMQ_NET__ALLOW_PRIVATE_ADDRESSES": "true",
+    }
+    deployment = Deployment(redis_url, tmp_path_factory.mktemp("hooks"), env_overrides=overrides)
+    try:
+        deployment.start_api()
+        deployment.start_worker("echo")
+        hooks = deployment.spawn("webhooks", "webhooks")
+        wait_until(lambda: "ready." in hooks.log(), hooks, timeout_s=30)
+        yield deployment
+    except BaseException:
+        print(deployment.logs())
+        raise
+    finally:
+        deployment.stop()
+
+
+@pytest.fixture
+def owner(dep: Deployment) -> Api:
+    return new_owner(dep.redis_url, dep.base_url, f"hook{time.monotonic_ns()}")
+
+
+def _submit(owner: Api, url: str, events: list[str] | None = None, **inp: Any) -> str:
+    webhook: dict[str, Any] = {"url": url, **({"events": events} if events else {})}
+    body = {"kind": "echo", "input": {"text": "hi", **inp}, "webhook": webhook}
+    r = owner.http.post("/v1/jobs", json=body)
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+def _deliveries(owner: Api, job_id: str) -> list[dict[str, Any]]:
+    return list(owner.http.get(f"/v1/jobs/{job_id}/deliveries").json()["data"])
+
+
+def test_signed_delivery_retried_on_503_until_accepted(owner: Api, receiver: Receiver) -> None:
+    job_id = _submit(owner, receiver.url(f"flaky-{time.monotonic_ns()}"))
+    wait_until(lambda: len(_deliveries(owner, job_id)) == 3, timeout_s=20)
+    records = _deliveries(owner, job_id)
+    assert [r["status_code"] for r in records] == [503, 503, 200]
+    assert [r["attempt"] for r in records] == [1, 2, 3]
+    assert [r["retry"] for r in records] == [True, True, False]
+    assert len({r["webhook_id"] for r in records}) == 1
+    calls = next(v for k, v in receiver.calls.items() if k.startswith("flaky") and len(v) == 3)
+    verifier = Webhook(WEBHOOK_SECRET)
+    for headers, body in calls:
+        payload = verifier.verify(body, headers)
+        assert payload["job_id"] == job_id
+        assert payload["type"] == "status" and payload["data"]["status"] == "succeeded"
+
+
+def test_all_events_arrive_in_order(owner: Api, receiver: Receiver) -> None:
+    name = f"all-{time.monotonic_ns()}"
+    job_id = _submit(owner, receiver.url(name), events=["all"])
+    owner.wait(job_id)
+    wait_until(
+        lambda: any(
+            json.loads(b)["type"] == "status" and json.loads(b)["data"]["status"] == "succeeded"
+            for _, b in receiver.got(name)
+        ),
+        timeout_s=10,
+    )
+    events = [json.loads(body) for _, body in receiver.got(name)]
+    events.sort(key=lambda e: tuple(map(int, e["id"].split("-"))))
+    kinds = [(e["type"], e["data"].get("status")) for e in events]
+    assert kinds == [
+        ("status", "queued"), ("status", "running"), ("partial", None), ("output", None),
+        ("status", "succeeded"),
+    ]  # fmt: skip
+
+
+def test_a_receiver_that_never_answers_delays_no_other_job(owner: Api, receiver: Receiver) -> None:
+    hung = _submit(owner, receiver.url(f"hang-{time.monotonic_ns()}"))
+    owner.wait(hung)
+    started = time.monotonic()
+    quick = owner.wait(_submit(owner, receiver.url(f"ok-{time.monotonic_ns()}")))
+    assert quick["status"] == "succeeded"
+    wait_until(lambda: len(_deliveries(owner, quick["id"])) == 1, timeout_s=10)
+    assert time.monotonic() - started < 3
+    assert _deliveries(owner, quick["id"])[0]["status_code"] == 200
+    wait_until(lambda: len(_deliveries(owner, hung)) == 3, timeout_s=20)
+    assert {r["error"] for r in _deliveries(owner, hung)} == {"timeout"}
+
+
+def test_other_4xx_is_not_retried(owner: Api, receiver: Receiver) -> None:
+    job_id = _submit(owner, receiver.url(f"gone-{time.monotonic_ns()}"))
+    wait_until(lambda: len(_deliveries(owner, job_id)) == 1, timeout_s=10)
+    time.sleep(1)
+    (record,) = _deliveries(owner, job_id)
+    assert record["status_code"] == 410 and record["retry"] is False
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1/x",
+        "http://localhost:8080/x",
+        "http://10.1.2.3/x",
+        "http://192.168.0.10/x",
+        "http://169.254.169.254/latest/meta-data",
+        "http://[::1]/x",
+        "http://[::ffff:127.0.0.1]/x",
+        "http://0.0.0.0/x",
+        "ftp://example.com/x",
+    ],
+)
+def test_non_public_urls_are_refused(url: str) -> None:
+    with pytest.raises(InputError) as err:
+        check_public_url(url, "webhook.url", allow_private=False)
+    assert err.value.field == "webhook.url"

@@ -1,0 +1,132 @@
+"""Webhook delivery: a Celery task on its own queue, never in a model worker's path.
+
+Each attempt is recorded on the job (`GET /v1/jobs/{id}/deliveries`). 5xx, 408, 429 and
+network errors or timeouts are retried with exponential backoff and jitter (a
+Retry-After header is honoured up to the cap), up to `webhooks.max_attempts`; other
+answers end the delivery.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from typing import Any
+
+import httpx
+import redis
+from celery import Celery
+
+from jobs import keys
+from jobs.broker import WEBHOOK_QUEUE, WEBHOOK_TASK, enqueue_webhook, make_celery
+from jobs.errors import InputError
+from jobs.settings import Settings
+from jobs.webhooks import check_public_url, sign
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({408, 429})
+
+
+class Deliverer:
+    def __init__(self, settings: Settings, client: redis.Redis, app: Celery) -> None:
+        if not settings.webhooks.secret:
+            raise ValueError("webhooks.secret is not set (MMQ_WEBHOOKS__SECRET=whsec_...)")
+        self.settings = settings
+        self.secret = settings.webhooks.secret
+        self.r = client
+        self.app = app
+        self.http = httpx.Client(timeout=settings.webhooks.timeout_s, follow_redirects=False)
+
+    def deliver(self, job_id: str, url: str, event: dict[str, Any], attempt: int) -> str:
+        body = json.dumps(event, separators=(",", ":")).encode()
+        msg_id = f"{job_id}.{event['id']}"
+        started = time.monotonic()
+        record: dict[str, Any] = {
+            "webhook_id": msg_id, "event_id": event["id"], "event_type": event["type"],
+            "url": url, "attempt": attempt, "ts": time.time(), "status_code": None,
+            "error": None, "ok": False,
+        }  # fmt: skip
+        retry_after = self._attempt(url, msg_id, body, record)
+        record["duration_ms"] = round((time.monotonic() - started) * 1000, 2)
+        retry = record["retry"] = self._should_retry(record) and attempt < self._max_attempts
+        if retry:
+            record["next_attempt_in_s"] = self._delay(attempt, retry_after)
+        pipe = self.r.pipeline()
+        pipe.rpush(keys.deliveries(job_id), json.dumps(record))
+        pipe.expire(keys.deliveries(job_id), self.settings.job_ttl_s)
+        pipe.execute()
+        if retry:
+            enqueue_webhook(self.app, job_id, url, event, attempt + 1, record["next_attempt_in_s"])
+        return "delivered" if record["ok"] else "retrying" if retry else "given up"
+
+    @property
+    def _max_attempts(self) -> int:
+        return self.settings.webhooks.max_attempts
+
+    def _attempt(self, url: str, msg_id: str, body: bytes, record: dict[str, Any]) -> float | None:
+        timestamp = int(time.time())
+        headers = {
+            "content-type": "application/json",
+            "user-agent": "mmq-webhooks",
+            "webhook-id": msg_id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": sign(self.secret, msg_id, timestamp, body),
+        }
+        try:
+            check_public_url(url, "url", self.settings.net.allow_private_addresses)
+            response = self.http.post(url, content=body, headers=headers)
+        except InputError as exc:
+            record["error"], record["final"] = exc.reason, True
+            return None
+        except httpx.TimeoutException:
+            record["error"] = "timeout"
+            return None
+        except httpx.HTTPError as exc:
+            record["error"] = f"{type(exc).__name__}: {exc}"
+            return None
+        record["status_code"] = response.status_code
+        record["ok"] = 200 <= response.status_code < 300
+        raw = response.headers.get("retry-after", "")
+        return float(raw) if raw.isdigit() else None
+
+    @staticmethod
+    def _should_retry(record: dict[str, Any]) -> bool:
+        if record.get("final") or record["ok"]:
+            return False
+        status = record["status_code"]
+        return status is None or status >= 500 or status in RETRY_STATUSES
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        cap = self.settings.webhooks.backoff_max_s
+        base = min(cap, self.settings.webhooks.backoff_s * 2 ** (attempt - 1))
+        delay = base / 2 + random.uniform(0, base / 2)
+        return round(min(cap, max(delay, retry_after or 0.0)), 3)
+
+
+def run_webhook_worker(settings: Settings) -> None:
+    """A Celery worker for the webhooks queue (threads pool, `webhooks.concurrency`)."""
+    if not settings.redis_url:
+        raise ValueError("redis_url is not set")
+    app = make_celery(settings)
+    # Retries wait as countdown (ETA) messages, which a worker must be free to reserve.
+    app.conf.worker_disable_prefetch = False
+    app.conf.worker_prefetch_multiplier = 4
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    deliverer = Deliverer(settings, client, app)
+
+    @app.task(name=WEBHOOK_TASK, acks_late=True, ignore_result=True)
+    def deliver_webhook(job_id: str, url: str, event: dict[str, Any], attempt: int) -> str:
+        outcome = deliverer.deliver(job_id, url, event, attempt)
+        log.info("webhook %s %s attempt %d: %s", job_id, event.get("id"), attempt, outcome)
+        return outcome
+
+    app.worker_main(
+        [
+            "worker", "--pool=threads", f"--concurrency={settings.webhooks.concurrency}",
+            f"--queues={WEBHOOK_QUEUE}", "--hostname=webhooks@%h",
+            f"--loglevel={settings.log_level}", "--without-gossip", "--without-mingle",
+            "--without-heartbeat",
+        ]
+    )  # fmt: skip
