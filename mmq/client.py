@@ -76,6 +76,15 @@ def _is_end(event: dict[str, Any]) -> bool:
     return event.get("type") == "status" and event.get("data", {}).get("status") in TERMINAL
 
 
+def _prefer_wait(deadline: float | None, step_s: float) -> dict[str, str]:
+    left = step_s if deadline is None else min(step_s, deadline - time.monotonic())
+    return {"Prefer": f"wait={max(0.0, left):g}"}
+
+
+def _waited_enough(job: JobDict, deadline: float | None) -> bool:
+    return job["status"] in TERMINAL or (deadline is not None and time.monotonic() >= deadline)
+
+
 def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
@@ -108,11 +117,9 @@ class Client:
         """The job once it has ended (or as it is when `timeout_s` runs out)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            left = step_s if deadline is None else min(step_s, deadline - time.monotonic())
-            job = _check(
-                self.http.get(f"/v1/jobs/{job_id}", headers={"Prefer": f"wait={max(0, left):g}"})
-            )
-            if job["status"] in TERMINAL or (deadline and time.monotonic() >= deadline):
+            headers = _prefer_wait(deadline, step_s)
+            job = _check(self.http.get(f"/v1/jobs/{job_id}", headers=headers))
+            if _waited_enough(job, deadline):
                 return job
 
     def cancel(self, job_id: str) -> JobDict:
@@ -177,12 +184,9 @@ class AsyncClient:
     ) -> JobDict:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            left = step_s if deadline is None else min(step_s, deadline - time.monotonic())
-            response = await self.http.get(
-                f"/v1/jobs/{job_id}", headers={"Prefer": f"wait={max(0, left):g}"}
-            )
-            job = _check(response)
-            if job["status"] in TERMINAL or (deadline and time.monotonic() >= deadline):
+            headers = _prefer_wait(deadline, step_s)
+            job = _check(await self.http.get(f"/v1/jobs/{job_id}", headers=headers))
+            if _waited_enough(job, deadline):
                 return job
 
     async def cancel(self, job_id: str) -> JobDict:

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from jobs.apikeys import create_key
-from tests.support.deploy import Deployment, flush
+from tests.support.deploy import Deployment, flush, serving
 from workers.redis_server import RedisServer
 
 WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"mmq-test-webhook-secret-32-bytes").decode()
@@ -45,17 +45,12 @@ def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         tmp_path_factory.mktemp("deploy"),
         env_overrides={"MMQ_API__KEEPALIVE_S": "1", "MMQ_WEBHOOKS__SECRET": WEBHOOK_SECRET},
     )
-    try:
+    with serving(dep):
         dep.start_api()
         dep.start_reaper()
         dep.start_worker("echo")
         dep.start_worker("sleep")
         yield dep
-    except BaseException:
-        print(dep.logs())
-        raise
-    finally:
-        dep.stop()
 
 
 class Api:

@@ -15,7 +15,7 @@ from jobs.broker import enqueue, make_celery
 from jobs.settings import load_settings
 from jobs.store import JobStore
 from tests.conftest import Api, new_owner
-from tests.support.deploy import Deployment, flush, wait_until
+from tests.support.deploy import Deployment, flush, serving, wait_until
 from workers.launcher import ProcSpec, Supervisor, mmq_command
 
 LEASE = {"ttl_s": 2.0, "heartbeat_s": 0.4, "reaper_interval_s": 0.3, "max_attempts": 2}
@@ -31,15 +31,10 @@ def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
         env_overrides=overrides,
         config_values={"echo_max_batch": 4, "echo_max_wait_ms": 20, "echo_concurrency": 4},
     )
-    try:
+    with serving(deployment):
         deployment.start_api()
         deployment.start_reaper()
         yield deployment
-    except BaseException:
-        print(deployment.logs())
-        raise
-    finally:
-        deployment.stop()
 
 
 @pytest.fixture

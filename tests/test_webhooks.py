@@ -16,7 +16,7 @@ from standardwebhooks.webhooks import Webhook
 from jobs.errors import InputError
 from jobs.webhooks import check_public_url
 from tests.conftest import WEBHOOK_SECRET, Api, new_owner
-from tests.support.deploy import Deployment, flush, wait_until
+from tests.support.deploy import Deployment, flush, serving, wait_until
 from workers.redis_server import free_port
 
 
@@ -77,17 +77,12 @@ def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
         "MMQ_NET__ALLOW_PRIVATE_ADDRESSES": "true",
     }
     deployment = Deployment(redis_url, tmp_path_factory.mktemp("hooks"), env_overrides=overrides)
-    try:
+    with serving(deployment):
         deployment.start_api()
         deployment.start_worker("echo")
         hooks = deployment.spawn("webhooks", "webhooks")
         wait_until(lambda: "ready." in hooks.log(), hooks, timeout_s=30)
         yield deployment
-    except BaseException:
-        print(deployment.logs())
-        raise
-    finally:
-        deployment.stop()
 
 
 @pytest.fixture

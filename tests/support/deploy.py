@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,18 @@ class Deployment:
 
     def logs(self) -> str:
         return "\n".join(f"===== {p.name}\n{p.log()[-4000:]}" for p in self.procs)
+
+
+@contextlib.contextmanager
+def serving(dep: Deployment) -> Iterator[Deployment]:
+    """Stop the deployment's processes at the end; print their logs if something failed."""
+    try:
+        yield dep
+    except BaseException:
+        print(dep.logs())
+        raise
+    finally:
+        dep.stop()
 
 
 def _healthy(base_url: str) -> bool:
