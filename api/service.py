@@ -8,6 +8,7 @@ import hashlib
 import json
 import secrets
 import time
+from typing import Any
 
 import anyio
 from celery import Celery
@@ -62,7 +63,11 @@ class JobService:
         return pipeline, request.model_dump(mode="json")
 
     async def submit(
-        self, owner: str, body: JobCreate, idempotency_key: str | None = None
+        self,
+        owner: str,
+        body: JobCreate,
+        idempotency_key: str | None = None,
+        job_id: str | None = None,
     ) -> tuple[Job, bool]:
         """Store and enqueue a job; returns (job, created). Raises QueueFull, InputError."""
         pipeline, normalised = self.validate(body)
@@ -70,7 +75,7 @@ class JobService:
             await self._check_webhook(body.webhook.url)
         now = time.time()
         job = Job(
-            id=new_job_id(),
+            id=job_id or new_job_id(),
             kind=body.kind,
             pipeline=pipeline,
             status=JobStatus.QUEUED,
@@ -152,23 +157,40 @@ class JobService:
             )
         return await self.get(owner, job_id)
 
+    async def submit_and_wait(
+        self, owner: str, body: JobCreate, idempotency_key: str | None, timeout_s: float
+    ) -> Job:
+        """Submit, then wait up to `timeout_s` for the end; subscribed before the job
+        exists, so no notice can be missed and the new job needs no second read."""
+        job_id = new_job_id()
+        async with self.hub.subscribe(job_id) as notices:
+            job, created = await self.submit(owner, body, idempotency_key, job_id=job_id)
+            if not created:
+                return await self.wait(owner, job.id, timeout_s)
+            return await self._wait_on(owner, job, notices, timeout_s)
+
     async def wait(self, owner: str, job_id: str, timeout_s: float) -> Job:
         """The job once it has ended, or as it is after `timeout_s`."""
+        async with self.hub.subscribe(job_id) as notices:
+            return await self._wait_on(owner, await self.get(owner, job_id), notices, timeout_s)
+
+    async def _wait_on(
+        self, owner: str, job: Job, notices: asyncio.Queue[dict[str, Any]], timeout_s: float
+    ) -> Job:
         timeout_s = max(0.0, min(timeout_s, self.settings.api.max_wait_s))
         deadline = time.monotonic() + timeout_s
-        async with self.hub.subscribe(job_id) as notices:
-            job = await self.get(owner, job_id)
-            while not job.status.terminal:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:
-                    notice = await asyncio.wait_for(notices.get(), remaining)
-                except TimeoutError:
-                    break
-                if notice.get("type") == "__resync__" or is_terminal(notice):
-                    job = await self.get(owner, job_id)
-            return job
+        job_id = job.id
+        while not job.status.terminal:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                notice = await asyncio.wait_for(notices.get(), remaining)
+            except TimeoutError:
+                break
+            if notice.get("type") == "__resync__" or is_terminal(notice):
+                job = await self.get(owner, job_id)
+        return job
 
     async def list(
         self,

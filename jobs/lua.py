@@ -25,7 +25,7 @@ if ARGV[5] ~= '' then
   if prev then return {'dup', prev} end
 end
 if redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[2]) then return {'full', ''} end
-for i = 10, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('HSET', KEYS[1], unpack(ARGV, 10))
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
 if ARGV[5] ~= '' then redis.call('SET', KEYS[4], ARGV[5], 'EX', ARGV[4]) end
@@ -63,7 +63,7 @@ elseif mode == 'acquire' then
 end
 local target = ARGV[3]
 redis.call('HSET', KEYS[1], 'status', target)
-for i = 15, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+if #ARGV >= 15 then redis.call('HSET', KEYS[1], unpack(ARGV, 15)) end
 local ttl = nil
 local pre_id = ''
 if ARGV[12] == '1' then ttl = ARGV[8] end

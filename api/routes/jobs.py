@@ -56,10 +56,11 @@ async def submit_job(
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> JSONResponse:
     """Submit a job. 202 at once; with `Prefer: wait=N`, 200 if it ends within N seconds."""
-    job, _created = await service.submit(owner, body, idempotency_key)
     waited = prefer_wait(prefer)
-    if waited is not None and not job.status.terminal:
-        job = await service.wait(owner, job.id, waited)
+    if waited is None:
+        job, _created = await service.submit(owner, body, idempotency_key)
+    else:
+        job = await service.submit_and_wait(owner, body, idempotency_key, waited)
     return _answer(request, job, waited, pending_202=True)
 
 
