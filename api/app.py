@@ -5,20 +5,25 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 import redis.asyncio as aredis
 from fastapi import FastAPI
 
 from api import errors
 from api.deps import AppState
+from api.files import FileService, JobServiceWithFiles
 from api.hub import EventHub
 from api.limits import BodySizeLimit
-from api.routes import events, health, jobs
-from api.service import JobService
+from api.routes import events, files, health, jobs
 from jobs.broker import make_celery, webhook_sender
 from jobs.settings import Settings
 from jobs.store import AsyncJobStore
+from storage.factory import make_storage
 
 UPLOAD_PATHS = ("/v1/files", "/v1/audio/")
+FILES_PATH = "/v1/files"
+MULTIPART_SLACK_BYTES = 1_048_576
+"""Room for multipart boundaries and part headers above a file's own size limit."""
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -27,6 +32,9 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        storage = make_storage(settings)
+        # A missing or forbidden bucket stops the API here, with the reason.
+        await anyio.to_thread.run_sync(storage.check)
         client = aredis.Redis.from_url(
             settings.redis_url or "", decode_responses=True, max_connections=256
         )
@@ -34,8 +42,9 @@ def create_app(settings: Settings) -> FastAPI:
         store = AsyncJobStore(client, settings, on_event=webhook_sender(celery))
         hub = EventHub(client)
         await hub.start()
-        service = JobService(settings, store, celery, hub)
-        app.state.mmq = AppState(settings, client, store, celery, hub, service)
+        file_service = FileService(settings, storage, client)
+        service = JobServiceWithFiles(settings, store, celery, hub, files=file_service)
+        app.state.mmq = AppState(settings, client, store, celery, hub, service, storage)
         try:
             yield
         finally:
@@ -52,10 +61,13 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(events.router)
+    app.include_router(files.router)
 
     def limit_for(path: str) -> int:
+        if path.startswith(FILES_PATH):
+            return settings.storage.max_upload_bytes + MULTIPART_SLACK_BYTES
         if path.startswith(UPLOAD_PATHS):
-            return settings.limits.audio_max_bytes + 1_048_576
+            return settings.limits.audio_max_bytes + MULTIPART_SLACK_BYTES
         return settings.api.max_body_bytes
 
     app.add_middleware(BodySizeLimit, limit_for=limit_for)

@@ -15,6 +15,7 @@ from jobs.store import AsyncJobStore
 if TYPE_CHECKING:
     from api.hub import EventHub
     from api.service import JobService
+    from storage.base import Storage
 
 
 @dataclass
@@ -25,6 +26,7 @@ class AppState:
     celery: Celery
     hub: EventHub
     service: JobService
+    storage: Storage
 
 
 def get_state(request: Request) -> AppState:

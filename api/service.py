@@ -20,12 +20,12 @@ from jobs.broker import enqueue
 from jobs.codec import dumps
 from jobs.errors import Conflict, InputError, NotFound, QueueFull, Unavailable
 from jobs.models import Job, JobCreate
+from jobs.netguard import NetPolicy, check_url
 from jobs.queues import pipeline_for
 from jobs.schemas import schema_for, validation_error_field
 from jobs.settings import Settings
 from jobs.states import JobStatus
 from jobs.store import AsyncJobStore, transition
-from jobs.webhooks import check_public_url
 
 
 def new_job_id() -> str:
@@ -111,8 +111,8 @@ class JobService:
     async def _check_webhook(self, url: str) -> None:
         if not self.settings.webhooks.secret:
             raise InputError("webhook", "webhooks are not enabled here (no signing secret)")
-        allow = self.settings.net.allow_private_addresses
-        await asyncio.to_thread(check_public_url, url, "webhook.url", allow)
+        policy = NetPolicy.from_settings(self.settings.net)
+        await asyncio.to_thread(check_url, url, "webhook.url", policy)
 
     async def deliveries(self, owner: str, job_id: str) -> list[dict[str, object]]:
         await self.get(owner, job_id)

@@ -236,6 +236,7 @@ class Settings(BaseSettings):
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
     limits: Limits = Field(default_factory=Limits)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
     net: NetSettings = Field(default_factory=NetSettings)
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     kinds: dict[str, KindConfig] = Field(default_factory=dict)

@@ -10,12 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import ipaddress
-import socket
 from typing import Any
-from urllib.parse import urlsplit
-
-from jobs.errors import InputError
 
 EVENT_CHOICES = frozenset({"terminal", "status", "partial", "progress", "output", "error", "all"})
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "canceled"})
@@ -37,25 +32,3 @@ def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     signed = f"{msg_id}.{timestamp}.".encode() + body
     digest = hmac.new(secret_bytes(secret), signed, hashlib.sha256).digest()
     return "v1," + base64.b64encode(digest).decode()
-
-
-def check_public_url(url: str, field: str, allow_private: bool) -> None:
-    """Raise `InputError` unless `url` is http(s) and resolves to public addresses only
-    (loopback, private, link-local and other special ranges refused unless allowed)."""
-    parts = urlsplit(url)
-    if parts.scheme not in {"http", "https"} or not parts.hostname:
-        raise InputError(field, "must be an http:// or https:// URL")
-    if allow_private:
-        return
-    try:
-        infos = socket.getaddrinfo(parts.hostname, parts.port or 443, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise InputError(field, f"host {parts.hostname!r} does not resolve") from exc
-    for info in infos:
-        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-            address = address.ipv4_mapped
-        if not address.is_global or address.is_multicast:
-            raise InputError(
-                field, f"{parts.hostname} resolves to a non-public address ({address})"
-            )

@@ -74,10 +74,16 @@ def worker(
 
 @app.command()
 def reaper(config: ConfigOpt = None) -> None:
-    """Run the reaper: requeue the jobs of dead workers."""
+    """Run the reaper: requeue the jobs of dead workers.
+
+    A second thread runs the retention sweep every `storage.sweep_interval_s`: it deletes
+    uploads that no live job used once past `storage.upload_ttl_s`, and the stored outputs
+    of jobs whose records have expired. Several reapers may run at once.
+    """
     from jobs.broker import make_celery, webhook_sender
     from jobs.store import JobStore
     from workers.reaper import Reaper
+    from workers.retention import start_sweeper
 
     settings = _settings(config)
     _require_redis(settings)
@@ -86,7 +92,9 @@ def reaper(config: ConfigOpt = None) -> None:
         signal.signal(sig, lambda *_: stop.set())
     celery = make_celery(settings)
     store = JobStore.connect(settings, on_event=webhook_sender(celery))
+    sweeper = start_sweeper(settings, stop)
     Reaper(store, settings, celery).run_forever(stop)
+    sweeper.join(timeout=10)
 
 
 @app.command()

@@ -14,7 +14,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from jobs.errors import InputError
-from jobs.webhooks import check_public_url
+from jobs.netguard import NetPolicy, check_url
 from tests.conftest import WEBHOOK_SECRET, Api, new_owner
 from tests.support.deploy import Deployment, flush, serving, wait_until
 from workers.redis_server import free_port
@@ -175,5 +175,5 @@ def test_other_4xx_is_not_retried(owner: Api, receiver: Receiver) -> None:
 )
 def test_non_public_urls_are_refused(url: str) -> None:
     with pytest.raises(InputError) as err:
-        check_public_url(url, "webhook.url", allow_private=False)
+        check_url(url, "webhook.url", NetPolicy())
     assert err.value.field == "webhook.url"

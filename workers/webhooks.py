@@ -21,8 +21,9 @@ from celery import Celery
 from jobs import keys
 from jobs.broker import WEBHOOK_QUEUE, WEBHOOK_TASK, enqueue_webhook, make_celery
 from jobs.errors import InputError
+from jobs.netguard import AddressRefused, GuardedTransport, NetPolicy, check_url
 from jobs.settings import Settings
-from jobs.webhooks import check_public_url, sign
+from jobs.webhooks import sign
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,13 @@ class Deliverer:
         self.secret = settings.webhooks.secret
         self.r = client
         self.app = app
-        self.http = httpx.Client(timeout=settings.webhooks.timeout_s, follow_redirects=False)
+        self.policy = NetPolicy.from_settings(settings.net)
+        # The guard checks the address again at connect time (DNS rebinding).
+        self.http = httpx.Client(
+            transport=GuardedTransport(self.policy),
+            timeout=settings.webhooks.timeout_s,
+            follow_redirects=False,
+        )
 
     def deliver(self, job_id: str, url: str, event: dict[str, Any], attempt: int) -> str:
         body = json.dumps(event, separators=(",", ":")).encode()
@@ -75,10 +82,13 @@ class Deliverer:
             "webhook-signature": sign(self.secret, msg_id, timestamp, body),
         }
         try:
-            check_public_url(url, "url", self.settings.net.allow_private_addresses)
+            check_url(url, "url", self.policy)
             response = self.http.post(url, content=body, headers=headers)
         except InputError as exc:
             record["error"], record["final"] = exc.reason, True
+            return None
+        except AddressRefused as exc:
+            record["error"], record["final"] = f"refused: {exc}", True
             return None
         except httpx.TimeoutException:
             record["error"] = "timeout"

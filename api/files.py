@@ -1,0 +1,156 @@
+"""The files service: uploads, downloads and deletes for owners, and the file references
+in job inputs (checked at submit, and noted so that a used upload outlives its TTL)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import anyio
+import redis.asyncio as aredis
+from pydantic import BaseModel
+from starlette.datastructures import UploadFile
+
+from api.service import JobService
+from jobs import keys
+from jobs.errors import InputError, NotFound, TooLarge
+from jobs.filerefs import file_ref_fields
+from jobs.models import Job, JobCreate
+from jobs.netguard import NetPolicy, check_url
+from jobs.schemas import schema_for
+from jobs.settings import Settings
+from storage.base import (
+    Storage,
+    StoredObject,
+    check_content_type,
+    owner_of,
+    upload_key,
+    validate_key,
+)
+from storage.refs import parse_ref
+
+
+class FileInfo(BaseModel):
+    key: str
+    """Name it in a job's input, or GET /v1/files/{key} with your API key."""
+    bytes: int
+    content_type: str
+    sha256: str | None
+    url: str
+    """A download URL that needs no API key, valid for `storage.url_ttl_s`."""
+
+
+class FileService:
+    def __init__(self, settings: Settings, storage: Storage, client: aredis.Redis) -> None:
+        self.settings = settings
+        self.storage = storage
+        self.r = client
+        self.policy = NetPolicy.from_settings(settings.net)
+
+    async def upload(self, owner: str, upload: UploadFile) -> FileInfo:
+        """Store an uploaded file of `owner` under a new key. `TooLarge` over the limit."""
+        limit = self.settings.storage.max_upload_bytes
+        if upload.size is not None and upload.size > limit:
+            raise TooLarge("file", f"is {upload.size} bytes, over the limit of {limit} bytes")
+        content_type = check_content_type(upload.content_type, "file.content_type")
+        key = upload_key(owner, upload.filename)
+        # Noted before the write: a crash in between leaves an entry, not an orphan file.
+        await self.r.zadd(keys.UPLOADS, {key: time.time() + self.settings.storage.upload_ttl_s})
+        put = partial(self.storage.put, key, upload.file, content_type, max_bytes=limit)
+        try:
+            info = await anyio.to_thread.run_sync(put)
+        except BaseException:
+            await self.r.zrem(keys.UPLOADS, key)
+            raise
+        return await self.describe(info)
+
+    async def describe(self, info: StoredObject) -> FileInfo:
+        sign = partial(self.storage.signed_url, info.key, self.settings.storage.url_ttl_s)
+        return FileInfo(
+            key=info.key,
+            bytes=info.size_bytes,
+            content_type=info.content_type,
+            sha256=info.sha256,
+            url=await anyio.to_thread.run_sync(sign),
+        )
+
+    def owned_or_404(self, key: str, owner: str) -> str:
+        """`key` if it is valid (else `InputError`) and `owner`'s (else `NotFound`)."""
+        validate_key(key)
+        if owner_of(key) != owner:
+            raise NotFound(f"no file {key!r}")
+        return key
+
+    def verify_signed(self, key: str, expires: str, signature: str) -> str:
+        validate_key(key)
+        self.storage.verify_signed(key, expires, signature)
+        return key
+
+    async def open(self, key: str) -> tuple[StoredObject, Iterator[bytes]]:
+        """The object's info and its content (opened now: `NotFound` is raised here)."""
+        info = await anyio.to_thread.run_sync(self.storage.stat, key)
+        chunks = await anyio.to_thread.run_sync(self.storage.iter_chunks, key)
+        return info, chunks
+
+    async def delete(self, key: str) -> None:
+        if not await anyio.to_thread.run_sync(self.storage.delete, key):
+            raise NotFound(f"no file {key!r}")
+        pipe = self.r.pipeline(transaction=True)
+        pipe.zrem(keys.UPLOADS, key)
+        pipe.delete(keys.upload_jobs(key))
+        await pipe.execute()
+
+    async def check_input_refs(self, owner: str, kind: str, data: dict[str, Any]) -> list[str]:
+        """Check every file reference of a job input; returns the stored keys it names."""
+        try:
+            fields = file_ref_fields(schema_for(kind, self.settings))
+        except KeyError:
+            return []  # an unknown kind: the job service says so
+        used: list[str] = []
+        for name in fields:
+            value = data.get(name)
+            if isinstance(value, str) and value:
+                used += await self._check_ref(owner, f"input.{name}", value)
+        return used
+
+    async def _check_ref(self, owner: str, field: str, value: str) -> list[str]:
+        ref = parse_ref(value, field, owner, self.settings)
+        if ref.kind == "url":
+            await anyio.to_thread.run_sync(check_url, ref.value, field, self.policy)
+            return []
+        if not await anyio.to_thread.run_sync(self.storage.exists, ref.value):
+            raise InputError(field, f"no stored file {ref.value!r}")
+        return [ref.value]
+
+    async def note_used(self, used: list[str], job_id: str) -> None:
+        """Let each upload in `used` live as long as the job `job_id` does."""
+        if not used:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for key in used:
+            pipe.zscore(keys.UPLOADS, key)
+        scores = await pipe.execute()
+        for key, score in zip(used, scores, strict=True):
+            if score is not None:
+                await self.r.sadd(keys.upload_jobs(key), job_id)
+
+
+class JobServiceWithFiles(JobService):
+    """The job service, with the file references of each input checked at submit and the
+    uploads it uses noted for retention."""
+
+    def __init__(self, *args: Any, files: FileService, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.files = files
+
+    async def submit(
+        self, owner: str, body: JobCreate, *args: Any, **kwargs: Any
+    ) -> tuple[Job, bool]:
+        self.validate(body)  # schema errors first, as without files
+        used = await self.files.check_input_refs(owner, body.kind, body.input)
+        job, created = await super().submit(owner, body, *args, **kwargs)
+        if created:
+            await self.files.note_used(used, job.id)
+        return job, created

@@ -1,0 +1,125 @@
+"""Resolving a job input's file reference into a stream or a local path, for workers.
+
+A stored key (or an `s3://` URL on the configured bucket) is read from storage; an
+http(s) URL is downloaded with httpx, streaming, through the SSRF guard at connect time
+(every redirect hop too), into an unnamed temp file, and refused past
+`storage.max_upload_bytes`. Every failure is an `InputError` naming the field, so the
+job fails as bad input and is never retried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import urlsplit
+
+import httpx
+
+from jobs.errors import InputError, NotFound, TooLarge
+from jobs.netguard import AddressRefused, GuardedTransport, NetPolicy
+from jobs.settings import Settings
+from storage.base import CHUNK_BYTES, Storage
+from storage.local import LocalStorage
+from storage.refs import parse_ref
+
+_SUFFIX = re.compile(r"^\.[A-Za-z0-9]{1,10}$")
+
+
+class InputFetcher:
+    def __init__(self, settings: Settings, storage: Storage, *, verify_tls: bool = True) -> None:
+        self.settings = settings
+        self.storage = storage
+        self.policy = NetPolicy.from_settings(settings.net)
+        self.verify_tls = verify_tls
+
+    def open(self, ref: str, *, owner: str, field: str) -> BinaryIO:
+        """A readable stream of the referenced file. Close it."""
+        parsed = parse_ref(ref, field, owner, self.settings)
+        if parsed.kind == "key":
+            try:
+                return self.storage.open(parsed.value)
+            except NotFound:
+                raise InputError(field, f"no stored file {parsed.value!r}") from None
+        spool = tempfile.TemporaryFile()  # noqa: SIM115 - the caller closes it
+        try:
+            self.download(parsed.value, field, spool)
+            spool.seek(0)
+        except BaseException:
+            spool.close()
+            raise
+        return spool
+
+    @contextlib.contextmanager
+    def local_path(self, ref: str, *, owner: str, field: str) -> Iterator[Path]:
+        """A path to the referenced file while the block runs (a temp copy where needed;
+        a local stored file is used in place: read it, never change it)."""
+        parsed = parse_ref(ref, field, owner, self.settings)
+        if parsed.kind == "key" and isinstance(self.storage, LocalStorage):
+            yield _local_file(self.storage, parsed.value, field)
+            return
+        fd, name = tempfile.mkstemp(suffix=_suffix(parsed.value), prefix="mmq-input-")
+        try:
+            with os.fdopen(fd, "wb") as out, self.open(ref, owner=owner, field=field) as src:
+                shutil.copyfileobj(src, out, CHUNK_BYTES)
+            yield Path(name)
+        finally:
+            Path(name).unlink(missing_ok=True)
+
+    def download(self, url: str, field: str, out: BinaryIO) -> int:
+        """Stream `url` into `out`; returns the byte count."""
+        try:
+            with self._client() as client, client.stream("GET", url) as response:
+                return self._copy(response, field, out)
+        except AddressRefused as exc:
+            raise InputError(field, f"is not allowed: {exc}") from None
+        except httpx.TooManyRedirects:
+            raise InputError(field, "redirects too many times") from None
+        except (httpx.HTTPError, OSError) as exc:
+            raise InputError(field, f"could not be fetched: {exc}") from None
+
+    def _client(self) -> httpx.Client:
+        net = self.settings.net
+        return httpx.Client(
+            transport=GuardedTransport(self.policy, verify=self.verify_tls),
+            follow_redirects=True,
+            max_redirects=net.fetch_max_redirects,
+            timeout=net.fetch_timeout_s,
+            trust_env=False,
+        )
+
+    def _copy(self, response: httpx.Response, field: str, out: BinaryIO) -> int:
+        if response.status_code != 200:
+            raise InputError(field, f"GET answered {response.status_code}")
+        limit = self.settings.storage.max_upload_bytes
+        length = response.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise TooLarge(field, f"is {length} bytes, over the limit of {limit} bytes")
+        size = 0
+        for chunk in response.iter_bytes(CHUNK_BYTES):
+            size += len(chunk)
+            if size > limit:
+                raise TooLarge(field, f"is over the limit of {limit} bytes")
+            out.write(chunk)
+        return size
+
+
+def _local_file(storage: LocalStorage, key: str, field: str) -> Path:
+    try:
+        path = storage.path_of(key)
+        if path.is_file():
+            return path
+    except NotFound:
+        pass
+    raise InputError(field, f"no stored file {key!r}")
+
+
+def _suffix(ref: str) -> str:
+    """The extension of a key or URL path, where it looks like one (decoders use it)."""
+    suffix = Path(urlsplit(ref).path).suffix
+    return suffix if _SUFFIX.match(suffix) else ""

@@ -1,0 +1,81 @@
+"""Resolving job input references (stored keys, http(s) URLs) as a worker does."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from jobs.errors import InputError, TooLarge
+from jobs.settings import Settings
+from storage.factory import make_storage
+from storage.fetch import InputFetcher
+from storage.local import LocalStorage
+from tests.support.files import MIB, http_server, pattern_sha256
+
+
+def _fetcher(tmp_path: Path, **net: object) -> InputFetcher:
+    settings = Settings(
+        data_dir=tmp_path, storage={"max_upload_bytes": 2 * MIB}, net={"fetch_timeout_s": 5, **net}
+    )
+    return InputFetcher(settings, make_storage(settings))
+
+
+def _sha(fetcher: InputFetcher, ref: str, owner: str = "alice") -> str:
+    with fetcher.open(ref, owner=owner, field="input.audio") as stream:
+        return hashlib.sha256(stream.read()).hexdigest()
+
+
+def test_stored_keys_resolve_for_their_owner_only(tmp_path: Path) -> None:
+    fetcher = _fetcher(tmp_path)
+    assert isinstance(fetcher.storage, LocalStorage)
+    fetcher.storage.put("alice/uploads/u1/a.wav", b"RIFF....", "audio/wav")
+    with fetcher.local_path("alice/uploads/u1/a.wav", owner="alice", field="input.audio") as path:
+        assert path == fetcher.storage.path_of("alice/uploads/u1/a.wav")
+        assert path.read_bytes() == b"RIFF...."
+    for ref, owner in [
+        ("alice/uploads/u1/a.wav", "bob"),
+        ("alice/uploads/u1/missing.wav", "alice"),
+        ("alice/../bob/x.wav", "alice"),
+        ("s3://bucket/alice/uploads/u1/a.wav", "alice"),
+        ("ftp://example.com/a.wav", "alice"),
+    ]:
+        with pytest.raises(InputError) as caught:
+            fetcher.open(ref, owner=owner, field="input.audio")
+        assert caught.value.field == "input.audio"
+        with pytest.raises(InputError):  # noqa: SIM117 - the error comes from entering
+            with fetcher.local_path(ref, owner=owner, field="input.audio"):
+                pass
+
+
+def test_urls_download_streaming_under_the_size_limit(tmp_path: Path) -> None:
+    fetcher = _fetcher(tmp_path, allowed_networks=["127.0.0.1/32"])
+    with http_server() as base:
+        assert _sha(fetcher, f"{base}/bytes/{MIB + 7}") == pattern_sha256(MIB + 7)
+        assert _sha(fetcher, f"{base}/chunked/{MIB}") == pattern_sha256(MIB)
+        with fetcher.local_path(f"{base}/bytes/1000?x=1.wav", owner="a", field="f") as path:
+            assert path.stat().st_size == 1000 and path.exists()
+        assert not path.exists()
+        for url in (f"{base}/bytes/{3 * MIB}", f"{base}/chunked/{3 * MIB}"):
+            with pytest.raises(TooLarge, match="over the limit"):
+                fetcher.open(url, owner="a", field="input.audio")
+        with pytest.raises(InputError, match="answered 404"):
+            fetcher.open(f"{base}/nothing", owner="a", field="input.audio")
+
+
+def test_urls_to_private_addresses_are_refused_at_connect_time(tmp_path: Path) -> None:
+    with http_server() as base, http_server("127.0.0.2") as other:
+        fetcher = _fetcher(tmp_path)
+        with pytest.raises(InputError, match="loopback") as caught:
+            fetcher.open(f"{base}/bytes/10", owner="a", field="input.audio")
+        assert caught.value.field == "input.audio"
+
+        first_only = _fetcher(tmp_path, allowed_networks=["127.0.0.1/32"])
+        with pytest.raises(InputError, match=r"127\.0\.0\.2"):
+            first_only.open(f"{base}/redirect?to={other}/bytes/10", owner="a", field="f")
+
+        few_hops = _fetcher(tmp_path, allow_private_addresses=True, fetch_max_redirects=1)
+        hop = f"{base}/redirect?to={base}/redirect?to={base}/bytes/1"
+        with pytest.raises(InputError, match="redirects too many times"):
+            few_hops.open(hop, owner="a", field="f")
