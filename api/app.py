@@ -11,10 +11,11 @@ from fastapi import FastAPI
 
 from api import errors
 from api.deps import AppState
-from api.files import FileService, JobServiceWithFiles
+from api.files import FileService
 from api.hub import EventHub
 from api.limits import BodySizeLimit
 from api.routes import events, files, health, jobs
+from api.service import JobService
 from jobs.broker import make_celery, webhook_sender
 from jobs.settings import Settings
 from jobs.store import AsyncJobStore
@@ -43,7 +44,7 @@ def create_app(settings: Settings) -> FastAPI:
         hub = EventHub(client)
         await hub.start()
         file_service = FileService(settings, storage, client)
-        service = JobServiceWithFiles(settings, store, celery, hub, files=file_service)
+        service = JobService(settings, store, celery, hub, files=file_service)
         app.state.mmq = AppState(settings, client, store, celery, hub, service, storage)
         try:
             yield

@@ -13,11 +13,9 @@ import redis.asyncio as aredis
 from pydantic import BaseModel
 from starlette.datastructures import UploadFile
 
-from api.service import JobService
 from jobs import keys
 from jobs.errors import InputError, NotFound, TooLarge
 from jobs.filerefs import file_ref_fields
-from jobs.models import Job, JobCreate
 from jobs.netguard import NetPolicy, check_url
 from jobs.schemas import schema_for
 from jobs.settings import Settings
@@ -135,22 +133,3 @@ class FileService:
         for key, score in zip(used, scores, strict=True):
             if score is not None:
                 await self.r.sadd(keys.upload_jobs(key), job_id)
-
-
-class JobServiceWithFiles(JobService):
-    """The job service, with the file references of each input checked at submit and the
-    uploads it uses noted for retention."""
-
-    def __init__(self, *args: Any, files: FileService, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.files = files
-
-    async def submit(
-        self, owner: str, body: JobCreate, *args: Any, **kwargs: Any
-    ) -> tuple[Job, bool]:
-        self.validate(body)  # schema errors first, as without files
-        used = await self.files.check_input_refs(owner, body.kind, body.input)
-        job, created = await super().submit(owner, body, *args, **kwargs)
-        if created:
-            await self.files.note_used(used, job.id)
-        return job, created

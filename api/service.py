@@ -14,6 +14,7 @@ import anyio
 from celery import Celery
 from pydantic import ValidationError
 
+from api.files import FileService
 from api.hub import EventHub
 from api.streams import is_terminal
 from jobs.broker import enqueue
@@ -38,12 +39,19 @@ def body_hash(body: JobCreate) -> str:
 
 class JobService:
     def __init__(
-        self, settings: Settings, store: AsyncJobStore, celery: Celery, hub: EventHub
+        self,
+        settings: Settings,
+        store: AsyncJobStore,
+        celery: Celery,
+        hub: EventHub,
+        files: FileService | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.celery = celery
         self.hub = hub
+        self.files = files
+        """Checks the file references of an input at submit and notes the uploads used."""
 
     def validate(self, body: JobCreate) -> tuple[str, dict[str, object]]:
         """Validate the input against its kind; returns (pipeline, normalised input)."""
@@ -71,6 +79,7 @@ class JobService:
     ) -> tuple[Job, bool]:
         """Store and enqueue a job; returns (job, created). Raises QueueFull, InputError."""
         pipeline, normalised = self.validate(body)
+        used = await self.files.check_input_refs(owner, body.kind, body.input) if self.files else []
         if body.webhook is not None:
             await self._check_webhook(body.webhook.url)
         now = time.time()
@@ -105,6 +114,8 @@ class JobService:
                 "jobs waiting); retry later",
                 self.settings.api.retry_after_s,
             )
+        if used and self.files is not None:
+            await self.files.note_used(used, job.id)
         await self._enqueue(job)
         return job, True
 
