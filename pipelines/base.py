@@ -6,9 +6,11 @@ its model, which requests may share a batch (`batch_key`), and how to run a batc
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
-from typing import Any, ClassVar, Protocol
+from pathlib import Path
+from typing import Any, BinaryIO, ClassVar, Protocol
 
 from jobs.schemas.base import JobInput
 from jobs.settings import PipelineConfig, Settings
@@ -16,6 +18,23 @@ from jobs.settings import PipelineConfig, Settings
 
 class Canceled(Exception):
     """Raised by a pipeline that stopped because every request of its batch was canceled."""
+
+
+class Files(Protocol):
+    """A job's files: its inputs by reference, its outputs by name (in storage)."""
+
+    def input_path(self, ref: str, field: str) -> contextlib.AbstractContextManager[Path]:
+        """A local path of the file that input field `field` references, inside a `with`."""
+        ...
+
+    def open_input(self, ref: str, field: str) -> BinaryIO:
+        """A stream of the file that input field `field` references. Close it."""
+        ...
+
+    def put_output(self, name: str, data: Any, content_type: str) -> dict[str, Any]:
+        """Store output `name` (bytes or a binary stream); returns its key, signed url,
+        bytes, content_type and sha256 for the job's output."""
+        ...
 
 
 class Request(Protocol):
@@ -29,6 +48,11 @@ class Request(Protocol):
 
     @property
     def done(self) -> bool: ...
+
+    @property
+    def files(self) -> Files:
+        """The job's files (raises where the worker has no storage)."""
+        ...
 
     def cancelled(self) -> bool:
         """True once the job's owner asked to cancel it: stop at the next step."""

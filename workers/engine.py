@@ -18,7 +18,7 @@ from typing import Any
 
 from jobs.models import EventType
 from jobs.schemas.base import JobInput
-from pipelines.base import Canceled, Pipeline
+from pipelines.base import Canceled, Files, Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class WorkItem:
     sink: EventSink
     key: Hashable
     cancel_event: threading.Event = field(default_factory=threading.Event)
+    job_files: Files | None = None
     submitted_at: float = field(default_factory=time.monotonic)
     outcome: Outcome | None = None
     _finished: threading.Event = field(default_factory=threading.Event)
@@ -54,6 +55,12 @@ class WorkItem:
     @property
     def done(self) -> bool:
         return self.outcome is not None
+
+    @property
+    def files(self) -> Files:
+        if self.job_files is None:
+            raise RuntimeError("this worker has no storage for job files")
+        return self.job_files
 
     def cancelled(self) -> bool:
         return self.cancel_event.is_set()
@@ -131,12 +138,19 @@ class Engine:
             thread.join(timeout_s)
 
     def submit(
-        self, job_id: str, request: JobInput, sink: EventSink, cancel: threading.Event
+        self,
+        job_id: str,
+        request: JobInput,
+        sink: EventSink,
+        cancel: threading.Event,
+        files: Files | None = None,
     ) -> WorkItem:
         key = self.pipeline.batch_key(request)
         if key is None:
             key = ("__solo__", next(self._solo))
-        item = WorkItem(job_id=job_id, input=request, sink=sink, key=key, cancel_event=cancel)
+        item = WorkItem(
+            job_id=job_id, input=request, sink=sink, key=key, cancel_event=cancel, job_files=files
+        )
         with self._cv:
             self._groups.setdefault(key, []).append(item)
             self._cv.notify()

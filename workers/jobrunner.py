@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,6 +21,7 @@ from jobs.schemas import validation_error_field
 from jobs.schemas.base import JobInput
 from jobs.states import JobStatus
 from jobs.store import JobStore, Lease, transition
+from pipelines.base import Files
 from workers.engine import Engine, Outcome
 from workers.leases import Held, LeaseKeeper
 
@@ -37,7 +39,9 @@ class JobRunner:
         keeper: LeaseKeeper,
         schema: type[JobInput],
         worker_name: str,
+        files_for: Callable[[Job], Files] | None = None,
     ) -> None:
+        self.files_for = files_for
         self.store = store
         self.engine = engine
         self.keeper = keeper
@@ -85,7 +89,8 @@ class JobRunner:
         def emit(job_id: str, etype: EventType, data: dict[str, Any], output: bool) -> None:
             self.store.append_event(job_id, etype, data, first_output=output, webhook=job.webhook)
 
-        item = self.engine.submit(job.id, request, emit, held.cancel)
+        files = self.files_for(job) if self.files_for else None
+        item = self.engine.submit(job.id, request, emit, held.cancel, files)
         outcome = item.wait()
         assert outcome is not None  # wait() without timeout returns only when finished
         self._record(job, held, outcome)

@@ -13,14 +13,18 @@ import socket
 from celery import Celery
 
 from jobs.broker import make_celery, webhook_sender
+from jobs.models import Job
 from jobs.queues import TASK_NAME, queue_name
 from jobs.schemas import import_object, schema_for
 from jobs.settings import Settings
 from jobs.store import JobStore
 from pipelines.base import Pipeline
+from storage.factory import make_storage
 from workers.engine import Engine
+from workers.jobfiles import JobFiles
 from workers.jobrunner import JobRunner
 from workers.leases import LeaseKeeper
+from workers.retention import RetentionIndex
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +72,14 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
         max_wait_ms=config.max_wait_ms,
         runners=config.runners,
     )
-    runner = JobRunner(store, engine, keeper, schema_for(config.kind, settings), name)
+    storage = make_storage(settings)
+    index = RetentionIndex(store.r)
+
+    def files_for(job: Job) -> JobFiles:
+        return JobFiles(settings, storage, index, owner=job.owner, job_id=job.id)
+
+    schema = schema_for(config.kind, settings)
+    runner = JobRunner(store, engine, keeper, schema, name, files_for)
     register_task(app, runner)
     engine.start()
     keeper.start()
