@@ -36,9 +36,11 @@ def create_app(settings: Settings) -> FastAPI:
         storage = make_storage(settings)
         # A missing or forbidden bucket stops the API here, with the reason.
         await anyio.to_thread.run_sync(storage.check)
-        client = aredis.Redis.from_url(
-            settings.redis_url or "", decode_responses=True, max_connections=256
+        # Blocking pool: a burst of requests waits for a connection instead of failing.
+        pool = aredis.BlockingConnectionPool.from_url(
+            settings.redis_url or "", decode_responses=True, max_connections=256, timeout=10
         )
+        client = aredis.Redis(connection_pool=pool)
         celery = make_celery(settings)
         store = AsyncJobStore(client, settings, on_event=webhook_sender(celery))
         hub = EventHub(client)
@@ -51,6 +53,7 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             await hub.stop()
             await client.aclose()
+            await pool.aclose()
 
     app = FastAPI(
         title="mmq",

@@ -22,6 +22,16 @@ from jobs import keys
 log = logging.getLogger(__name__)
 
 RESYNC: dict[str, Any] = {"type": "__resync__"}
+_JOB_ID = '"job_id":"'
+
+
+def _job_id_of(raw: str) -> str:
+    """The job id of a notice without parsing it: most notices have no local subscriber."""
+    start = raw.find(_JOB_ID)
+    if start < 0:
+        return ""
+    start += len(_JOB_ID)
+    return raw[start : raw.find('"', start)]
 
 
 class EventHub:
@@ -74,11 +84,12 @@ class EventHub:
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()
 
-    def _dispatch(self, raw: str | bytes) -> None:
-        if not self._subscribers:
+    def _dispatch(self, raw: str) -> None:
+        queues = self._subscribers.get(_job_id_of(raw))
+        if not queues:
             return
         event = json.loads(raw)
-        for queue in self._subscribers.get(event.get("job_id", ""), ()):
+        for queue in queues:
             queue.put_nowait(event)
 
     def _broadcast_resync(self) -> None:

@@ -1,0 +1,928 @@
+"""Event delivery delay: a worker's publish to an SSE client's receipt, through one API process.
+
+    python -m bench.events [--url http://127.0.0.1:8000 --redis-url redis://...]
+                           [--streams 1,1000] [--rounds N] [--out bench/results/events.json]
+
+For each level of N concurrent streams it submits N `noop` jobs through the API (no worker
+runs, so they stay queued), opens one `GET /v1/jobs/{id}/events` SSE stream per job and
+waits until each stream has replayed its `queued` status event. Then a publisher process
+acts as the worker: each round it calls `JobStore.append_event(job, PROGRESS, {"sent_ns":
+time.time_ns(), ...})` once per job, and each stream notes `time.time_ns()` when the event
+arrives (same machine, same clock). The delay of an event is receipt minus `sent_ns`: the
+Lua XADD + PUBLISH, the API's one pub/sub connection and its fan-out, the SSE write, and
+the client's read. Rounds do not overlap: the next one starts after every event of the
+last one has arrived (or the round timed out) and a short pause. A warm-up round is not
+counted. At the end each job is cancelled, so its stream ends on the terminal status.
+
+Goal: p50 <= 2 ms at 1 stream and <= 20 ms at 1000 streams. It also reports the API
+process's RSS (when it started the API) and the Redis connections during each level, to
+show that an idle stream costs little memory and no Redis connection of its own.
+
+Without `--url` it starts Redis and one API process on free ports (auth off, 127.0.0.1)
+and stops them at the end. Each stream is a socket on both sides: the open-file limit of
+this process is raised to its hard limit, and the API started here inherits it. With
+`--url` the API must allow as many open files as streams, its queue limit for `noop`
+(`queue.max_queued`) must admit the largest level, and no `noop` worker may be running
+(it would finish the jobs and end the streams before the rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import functools
+import gc
+import json
+import math
+import multiprocessing
+import os
+import platform
+import resource
+import secrets
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import AsyncExitStack, ExitStack
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import httpx
+import redis
+from redis.exceptions import RedisError
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import percentile_ms
+from bench.overhead import check_alive, child_env, jsonable, parse_levels, resolve_redis
+from jobs.models import EventType
+from jobs.settings import load_settings
+from jobs.states import TERMINAL
+from jobs.store import JobStore
+from mmq.sse import SseMessage, SseParser
+from workers.launcher import ProcSpec, Supervisor, mmq_command
+from workers.redis_server import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = REPO / "mmq.toml"
+DEFAULT_OUT = Path("bench/results/events.json")
+NOOP_KIND = "noop"
+GOALS_P50_MS = {1: 2.0, 1000: 20.0}
+"""Streams -> the p50 delay goal in milliseconds."""
+BENCH_CLIENT_PREFIX = "mmq-bench"
+"""Redis client names of this process's own connections (told apart in CLIENT LIST)."""
+PUBLISHER_CLIENT = f"{BENCH_CLIENT_PREFIX}-publisher"
+PROBE_CLIENT = f"{BENCH_CLIENT_PREFIX}-probe"
+REQUEST_LANES = 32
+"""Concurrent submits and cancels."""
+FDS_PER_STREAM = 2
+FD_MARGIN = 512
+MAX_ERRORS_KEPT = 8
+
+console = Console(width=None if sys.stdout.isatty() else 120)
+"""Tables stay unwrapped when the output goes to a file or a pipe."""
+T = TypeVar("T")
+
+
+# --- command line ----------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.events", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--url", help="base URL of a running API (default: start one here)")
+    parser.add_argument(
+        "--redis-url", help="its Redis (default with --url: MMQ_REDIS_URL or the config's)"
+    )
+    parser.add_argument("--streams", type=parse_levels, default=[1, 1000], help="e.g. 1,1000")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        help="measured rounds per level (default: 50 at 1 stream, down to 10 at 1000)",
+    )
+    parser.add_argument("--gap-ms", type=float, default=50.0, help="pause between rounds")
+    parser.add_argument("--round-timeout-s", type=float, default=10.0)
+    parser.add_argument(
+        "--open-lanes", type=int, default=64, help="streams opened at a time (default 64)"
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="mmq TOML config")
+    parser.add_argument(
+        "--log-level", default="WARNING", help="log level of the processes started here"
+    )
+    args = parser.parse_args(argv)
+    if args.rounds is not None and args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    if args.open_lanes < 1:
+        parser.error("--open-lanes must be >= 1")
+    return args
+
+
+def rounds_for(args: argparse.Namespace, streams: int) -> int:
+    if args.rounds is not None:
+        return int(args.rounds)
+    return max(10, min(50, 10_000 // streams))
+
+
+# --- results ---------------------------------------------------------------------------
+
+
+@dataclass
+class RedisClients:
+    """Redis connections seen by `CLIENT LIST` while a level's streams were open."""
+
+    total: int
+    bench: int
+    """This process's own: the publisher and the probe that counts."""
+    others: int
+    """Everything else: the API's (its pub/sub one, its pool, Celery's) and any others."""
+    subscribers: int
+    """Connections in pub/sub mode (the API's hub holds one per process)."""
+
+
+@dataclass
+class LevelResult:
+    streams: int
+    rounds: int
+    published: int
+    """Events published in the measured rounds: one per open stream per round (a stream
+    that failed to open gets none and counts as a failure)."""
+    received: int
+    failures: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+    mean_ms: float
+    events_per_s: float
+    """Received events over the summed spans of the rounds (first send to last receipt)."""
+    publish_per_s: float
+    """Events the publisher wrote per second (its own pace: one append at a time)."""
+    open_s: float
+    """Time to open every stream and see its replayed `queued` event."""
+    goal_p50_ms: float | None
+    goal_met: bool | None
+    api_cpu_us_per_event: float | None = None
+    """The API process's CPU time over the rounds per event published (warm-up included)."""
+    api_rss_kb: dict[str, int | None] = field(default_factory=dict)
+    """The API process's RSS: before opening the streams, with them open, after the rounds."""
+    redis_clients: RedisClients | None = None
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+# --- publisher process (the worker) ----------------------------------------------------
+
+
+@dataclass
+class PublishReport:
+    published: int
+    elapsed_s: float
+    errors: dict[str, int]
+
+
+def publish_round(store: JobStore, round_no: int, job_ids: list[str]) -> PublishReport:
+    """One PROGRESS event per job, one append at a time, each stamped just before it."""
+    errors: Counter[str] = Counter()
+    start = time.perf_counter()
+    for job_id in job_ids:
+        data = {"sent_ns": time.time_ns(), "round": round_no}
+        try:
+            store.append_event(job_id, EventType.PROGRESS, data, first_output=False)
+        except RedisError as exc:
+            errors[f"publish: {type(exc).__name__}: {exc}"[:200]] += 1
+    published = len(job_ids) - sum(errors.values())
+    return PublishReport(published, time.perf_counter() - start, dict(errors))
+
+
+def publisher_main(conn: Connection, config: str, redis_url: str) -> None:
+    """Child process: answers each (round, job ids) order with a PublishReport."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    settings = load_settings(Path(config), redis_url=redis_url)
+    client = redis.Redis.from_url(redis_url, decode_responses=True, client_name=PUBLISHER_CLIENT)
+    store = JobStore(client, settings)
+    client.ping()
+    conn.send("ready")
+    with contextlib.suppress(EOFError, KeyboardInterrupt):
+        while (order := conn.recv()) is not None:
+            round_no, job_ids = order
+            conn.send(publish_round(store, round_no, job_ids))
+    client.close()
+
+
+class Publisher:
+    """The parent's handle on the publisher process."""
+
+    def __init__(self, config: Path, redis_url: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child_conn = context.Pipe()
+        self._process = context.Process(
+            target=publisher_main,
+            args=(child_conn, str(config.resolve()), redis_url),
+            name="mmq-bench-publisher",
+            daemon=True,
+        )
+        self._process.start()
+        child_conn.close()
+        try:
+            ready = self._conn.poll(60) and self._conn.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            self.stop()
+            raise RuntimeError(f"the publisher process did not start ({self._process.exitcode})")
+
+    def publish(self, round_no: int, job_ids: list[str]) -> PublishReport:
+        self._conn.send((round_no, job_ids))
+        report: PublishReport = self._conn.recv()
+        return report
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError, BrokenPipeError):
+            self._conn.send(None)
+        self._process.join(5)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._conn.close()
+
+
+@contextlib.contextmanager
+def publisher_process(config: Path, redis_url: str) -> Iterator[Publisher]:
+    publisher = Publisher(config, redis_url)
+    try:
+        yield publisher
+    finally:
+        publisher.stop()
+
+
+# --- SSE streams (the clients) ---------------------------------------------------------
+
+
+class Tracker:
+    """Counts progress receipts over all streams; `done` is set once `expect`'s target is hit."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.target = 0
+        self.done = asyncio.Event()
+
+    def expect(self, more: int) -> None:
+        self.target = self.count + more
+        self.done.clear()
+
+    def hit(self) -> None:
+        self.count += 1
+        if self.count >= self.target:
+            self.done.set()
+
+    def forgo(self, fewer: int) -> None:
+        """`fewer` of the expected events were never published."""
+        self.target -= fewer
+        if self.count >= self.target:
+            self.done.set()
+
+
+@dataclass
+class Stream:
+    """One SSE client: what it received, raw, and how it ended."""
+
+    job_id: str
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the replayed `queued` event arrived, or the stream failed first."""
+    ready: bool = False
+    ended: bool = False
+    """The terminal status event arrived."""
+    error: str = ""
+    received: list[tuple[int, str]] = field(default_factory=list)
+    """(receipt time.time_ns(), SSE data) of each progress event; parsed after the level."""
+
+
+def on_status(stream: Stream, message: SseMessage) -> None:
+    status = json.loads(message.data).get("data", {}).get("status")
+    if status == "queued":
+        stream.ready = True
+        stream.settled.set()
+    elif status in TERMINAL:
+        stream.ended = True
+
+
+async def read_stream(client: httpx.AsyncClient, stream: Stream, tracker: Tracker) -> None:
+    """Follow the job's events until the server ends the stream; never raises."""
+    try:
+        async with client.stream("GET", f"/v1/jobs/{stream.job_id}/events") as response:
+            if response.status_code != 200:
+                body = (await response.aread()).decode(errors="replace")
+                stream.error = f"open: HTTP {response.status_code} {body[:120]}"
+                return
+            parser = SseParser()
+            async for line in response.aiter_lines():
+                message = parser.feed(line)
+                if message is None:
+                    continue
+                if message.event == "progress":
+                    stream.received.append((time.time_ns(), message.data))
+                    tracker.hit()
+                elif message.event == "status":
+                    on_status(stream, message)
+        if not stream.ended:
+            stream.error = "stream closed before the terminal status"
+    except Exception as exc:
+        stream.error = f"stream: {type(exc).__name__}: {exc}"[:200]
+    finally:
+        stream.settled.set()
+
+
+async def open_streams(
+    stack: AsyncExitStack, api_url: str, job_ids: list[str], tracker: Tracker, lanes: int
+) -> tuple[list[Stream], list[asyncio.Task[None]]]:
+    """One stream per job, `lanes` opening at a time, each until its `queued` replay.
+
+    Each batch of `lanes` streams has an httpx client of its own (closed by `stack`):
+    httpx's pool scans all its connections whenever one is released, so one pool of
+    1000 streams makes the bench itself slow (and would bias its receipt times)."""
+    streams = [Stream(job_id) for job_id in job_ids]
+    tasks: list[asyncio.Task[None]] = []
+    for start in range(0, len(streams), lanes):
+        batch = streams[start : start + lanes]
+        client = await stack.enter_async_context(http_client(api_url, len(batch)))
+        tasks += [asyncio.create_task(read_stream(client, s, tracker)) for s in batch]
+        waits = [asyncio.wait_for(s.settled.wait(), 30) for s in batch]
+        for stream, outcome in zip(
+            batch, await asyncio.gather(*waits, return_exceptions=True), strict=True
+        ):
+            if isinstance(outcome, BaseException) and not stream.error:
+                stream.error = "open: no queued event within 30s"
+    return streams, tasks
+
+
+# --- API calls -------------------------------------------------------------------------
+
+
+def http_client(api_url: str, connections: int) -> httpx.AsyncClient:
+    """A client with room for `connections` at once; no read timeout (streams idle)."""
+    return httpx.AsyncClient(
+        base_url=api_url,
+        timeout=httpx.Timeout(30.0, read=None),
+        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        trust_env=False,
+    )
+
+
+async def in_lanes(calls: Sequence[Callable[[], Awaitable[T]]], lanes: int) -> list[T]:
+    """Run `calls` with at most `lanes` in flight; results in order."""
+    gate = asyncio.Semaphore(lanes)
+
+    async def gated(call: Callable[[], Awaitable[T]]) -> T:
+        async with gate:
+            return await call()
+
+    return await asyncio.gather(*(gated(call) for call in calls))
+
+
+async def submit_job(client: httpx.AsyncClient, attempts: int = 3) -> str:
+    """A queued noop job's id, or raises RuntimeError with the API's answer. A lost
+    connection is retried under the same Idempotency-Key, so no job is made twice."""
+    body = {"kind": NOOP_KIND, "input": {"payload": "events bench"}}
+    headers = {"Idempotency-Key": secrets.token_hex(16)}
+    for attempt in range(1, attempts + 1):
+        try:
+            response = await client.post("/v1/jobs", json=body, headers=headers)
+            break
+        except httpx.TransportError as exc:
+            if attempt == attempts:
+                raise RuntimeError(f"submit: {type(exc).__name__}: {exc}") from exc
+    if response.status_code not in (200, 201, 202):
+        raise RuntimeError(f"submit: HTTP {response.status_code} {response.text[:200]}")
+    return str(response.json()["id"])
+
+
+async def submit_jobs(client: httpx.AsyncClient, count: int) -> list[str]:
+    return await in_lanes([lambda: submit_job(client)] * count, REQUEST_LANES)
+
+
+async def cancel_job(client: httpx.AsyncClient, job_id: str) -> str | None:
+    try:
+        response = await client.post(f"/v1/jobs/{job_id}/cancel")
+    except httpx.HTTPError as exc:
+        return f"cancel: {type(exc).__name__}: {exc}"[:200]
+    return None if response.status_code == 200 else f"cancel: HTTP {response.status_code}"
+
+
+async def cancel_jobs(client: httpx.AsyncClient, job_ids: list[str]) -> list[str]:
+    calls = [functools.partial(cancel_job, client, job_id) for job_id in job_ids]
+    return [error for error in await in_lanes(calls, REQUEST_LANES) if error]
+
+
+# --- probes: the API's memory, Redis's connections -------------------------------------
+
+
+def rss_kb(pid: int | None) -> int | None:
+    """VmRSS of a process in kB; None when unknown."""
+    if pid is None:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds a process has used; None when unknown."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def redis_clients(probe: redis.Redis) -> RedisClients:
+    clients = probe.client_list()
+    bench = sum(1 for c in clients if str(c.get("name", "")).startswith(BENCH_CLIENT_PREFIX))
+    subscribers = sum(1 for c in clients if int(c.get("sub", 0)) + int(c.get("psub", 0)) > 0)
+    return RedisClients(len(clients), bench, len(clients) - bench, subscribers)
+
+
+# --- one level -------------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    """What every level uses."""
+
+    args: argparse.Namespace
+    api_url: str
+    publisher: Publisher
+    probe: redis.Redis
+    api_pid: int | None
+    check: Callable[[], None]
+    """Raises when a process started here died."""
+
+
+@dataclass
+class Rounds:
+    """The publisher's side of a level's measured rounds."""
+
+    published: int = 0
+    publish_s: float = 0.0
+    all_published: int = 0
+    """Warm-up round included (the API's CPU is measured over every round)."""
+    timeouts: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+
+
+async def run_round(
+    ctx: Context, round_no: int, live: list[Stream], tracker: Tracker, rounds: Rounds
+) -> None:
+    """Publish one event per live stream and wait until all have arrived (or time out)."""
+    tracker.expect(len(live))
+    report = await asyncio.to_thread(ctx.publisher.publish, round_no, [s.job_id for s in live])
+    tracker.forgo(len(live) - report.published)
+    try:
+        await asyncio.wait_for(tracker.done.wait(), ctx.args.round_timeout_s)
+    except TimeoutError:
+        rounds.timeouts += 1
+    rounds.all_published += report.published
+    if round_no > 0:
+        rounds.published += report.published
+        rounds.publish_s += report.elapsed_s
+        rounds.errors.update(report.errors)
+    await asyncio.sleep(ctx.args.gap_ms / 1000)
+    ctx.check()
+
+
+@dataclass
+class Receipts:
+    """The measured events of a level, parsed after its rounds."""
+
+    delays_s: list[float] = field(default_factory=list)
+    received: int = 0
+    duplicates: int = 0
+    misrouted: int = 0
+    spans: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Round -> (first sent_ns, last receipt ns)."""
+
+
+def collect(streams: list[Stream]) -> Receipts:
+    out = Receipts()
+    for stream in streams:
+        seen: set[int] = set()
+        for received_ns, raw in stream.received:
+            event = json.loads(raw)
+            data = event["data"]
+            round_no, sent_ns = int(data["round"]), int(data["sent_ns"])
+            if event["job_id"] != stream.job_id:
+                out.misrouted += 1
+                continue
+            if round_no in seen:
+                out.duplicates += 1
+                continue
+            seen.add(round_no)
+            if round_no == 0:
+                continue  # warm-up
+            out.received += 1
+            out.delays_s.append((received_ns - sent_ns) / 1e9)
+            first, last = out.spans.get(round_no, (sent_ns, received_ns))
+            out.spans[round_no] = (min(first, sent_ns), max(last, received_ns))
+    return out
+
+
+def level_errors(streams: list[Stream], receipts: Receipts, rounds: Rounds) -> Counter[str]:
+    errors: Counter[str] = Counter(s.error for s in streams if s.error)
+    errors.update(rounds.errors)
+    if receipts.duplicates:
+        errors["duplicate events"] += receipts.duplicates
+    if receipts.misrouted:
+        errors["events on the wrong stream"] += receipts.misrouted
+    if rounds.timeouts:
+        errors["rounds that timed out"] += rounds.timeouts
+    return errors
+
+
+def summarize(
+    streams: list[Stream],
+    rounds_count: int,
+    rounds: Rounds,
+    open_s: float,
+    extra_errors: list[str],
+) -> LevelResult:
+    receipts = collect(streams)
+    errors = level_errors(streams, receipts, rounds)
+    errors.update(extra_errors)
+    missing = max(0, rounds.published - receipts.received)
+    if missing:
+        errors["events published but not received"] += missing
+    broken = sum(1 for s in streams if s.error)
+    failures = missing + broken + len(extra_errors) + sum(rounds.errors.values())
+    span_s = sum(last - first for first, last in receipts.spans.values()) / 1e9
+    delays = receipts.delays_s
+    goal = GOALS_P50_MS.get(len(streams))
+    p50 = percentile_ms(delays, 50)
+    return LevelResult(
+        streams=len(streams),
+        rounds=rounds_count,
+        published=rounds.published,
+        received=receipts.received,
+        failures=failures,
+        p50_ms=p50,
+        p90_ms=percentile_ms(delays, 90),
+        p99_ms=percentile_ms(delays, 99),
+        max_ms=max(delays) * 1000 if delays else math.nan,
+        mean_ms=statistics.fmean(delays) * 1000 if delays else math.nan,
+        events_per_s=receipts.received / span_s if span_s > 0 else 0.0,
+        publish_per_s=rounds.published / rounds.publish_s if rounds.publish_s > 0 else 0.0,
+        open_s=open_s,
+        goal_p50_ms=goal,
+        goal_met=None if goal is None else p50 <= goal,
+        errors=dict(errors.most_common(MAX_ERRORS_KEPT)),
+    )
+
+
+async def close_streams(
+    control: httpx.AsyncClient, streams: list[Stream], tasks: list[asyncio.Task[None]]
+) -> list[str]:
+    """Cancel every job (a terminal status ends its stream); wait for the streams to end."""
+    errors = await cancel_jobs(control, [s.job_id for s in streams])
+    if tasks:
+        _done, pending = await asyncio.wait(tasks, timeout=30)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        errors += ["stream still open 30s after its job was cancelled"] * len(pending)
+    return errors
+
+
+@contextlib.contextmanager
+def quiet_gc() -> Iterator[None]:
+    """No garbage collection in this process while it measures: a full collection over
+    1000 streams' objects pauses the client for milliseconds, which would be counted as
+    delivery delay. The rounds make few objects and no cycles worth collecting."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+async def measure_rounds(
+    ctx: Context, streams: list[Stream], tracker: Tracker, rounds_count: int
+) -> Rounds:
+    rounds = Rounds()
+    live = [s for s in streams if s.ready and not s.error]
+    if not live:
+        return rounds
+    with quiet_gc():
+        for round_no in range(rounds_count + 1):  # round 0: warm-up
+            live = [s for s in live if not s.error]
+            await run_round(ctx, round_no, live, tracker, rounds)
+    return rounds
+
+
+async def run_level(ctx: Context, count: int) -> LevelResult:
+    """Submit, open, measure, cancel (submits and cancels on a small client of their own)."""
+    rounds_count = rounds_for(ctx.args, count)
+    tracker = Tracker()
+    rss: dict[str, int | None] = {}
+    async with AsyncExitStack() as stack:
+        control = await stack.enter_async_context(http_client(ctx.api_url, REQUEST_LANES))
+        job_ids = await submit_jobs(control, count)
+        rss["before_streams"] = rss_kb(ctx.api_pid)
+        start = time.perf_counter()
+        lanes = ctx.args.open_lanes
+        streams, tasks = await open_streams(stack, ctx.api_url, job_ids, tracker, lanes)
+        open_s = time.perf_counter() - start
+        ctx.check()
+        rss["streams_open"] = rss_kb(ctx.api_pid)
+        clients = redis_clients(ctx.probe)
+        cpu_before = cpu_s(ctx.api_pid)
+        rounds = await measure_rounds(ctx, streams, tracker, rounds_count)
+        cpu_after = cpu_s(ctx.api_pid)
+        rss["after_rounds"] = rss_kb(ctx.api_pid)
+        close_errors = await close_streams(control, streams, tasks)
+    result = summarize(streams, rounds_count, rounds, open_s, close_errors)
+    result.api_rss_kb = rss
+    result.redis_clients = clients
+    if cpu_before is not None and cpu_after is not None and rounds.all_published:
+        result.api_cpu_us_per_event = (cpu_after - cpu_before) / rounds.all_published * 1e6
+    return result
+
+
+async def run_levels(ctx: Context) -> list[LevelResult]:
+    results = []
+    for count in ctx.args.streams:
+        console.print(f"  {count} stream(s): submitting, opening, measuring...")
+        result = await run_level(ctx, count)
+        print_progress(result)
+        results.append(result)
+    return results
+
+
+# --- deployment ------------------------------------------------------------------------
+
+
+def raise_nofile_limit(needed: int) -> tuple[int, int]:
+    """Raise this process's open-file limit to its hard limit; children inherit it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, needed)
+    if soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed:
+        console.print(f"[yellow]open-file limit {soft} < {needed} needed; streams may fail")
+    return soft, hard
+
+
+def wait_healthy(api_url: str, supervisor: Supervisor, timeout_s: float = 60.0) -> None:
+    """Poll GET /healthz until 200 (no worker runs here, so /readyz would stay 503)."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    with httpx.Client(base_url=api_url, timeout=2.0, trust_env=False) as client:
+        while time.monotonic() < deadline:
+            check_alive(supervisor)
+            try:
+                response = client.get("/healthz")
+                if response.status_code == 200:
+                    return
+                last = f"{response.status_code} {response.text[:200]}"
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            time.sleep(0.1)
+    raise RuntimeError(f"{api_url}/healthz not ready after {timeout_s:g}s: {last}")
+
+
+@dataclass
+class Deployment:
+    api_url: str
+    redis_url: str
+    api_pid: int | None
+    """The API process when started here (its RSS is reported), else None."""
+    supervisor: Supervisor | None
+
+
+def start_api(args: argparse.Namespace, stack: ExitStack, redis_url: str, tmp: Path) -> Deployment:
+    port = free_port()
+    api_url = f"http://127.0.0.1:{port}"
+    env = {
+        "MMQ_API__PORT": str(port),
+        "MMQ_QUEUE__MAX_QUEUED": str(2 * max(args.streams) + 100),
+    }
+    supervisor = Supervisor(
+        [ProcSpec("api", mmq_command("api"), env)], base_env=child_env(args, redis_url, tmp)
+    )
+    stack.callback(supervisor.terminate)
+    supervisor.start()
+    wait_healthy(api_url, supervisor)
+    process = supervisor.children[0].process
+    return Deployment(api_url, redis_url, process.pid if process else None, supervisor)
+
+
+def deploy(args: argparse.Namespace, stack: ExitStack) -> Deployment:
+    """Redis and the API, started here unless given (each stop registered on `stack`)."""
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-")))
+    redis_url = resolve_redis(args, stack, tmp)
+    if args.url:
+        return Deployment(str(args.url).rstrip("/"), redis_url, None, None)
+    return start_api(args, stack, redis_url, tmp)
+
+
+def make_check(deployment: Deployment) -> Callable[[], None]:
+    supervisor = deployment.supervisor
+    if supervisor is None:
+        return lambda: None
+    return lambda: check_alive(supervisor)
+
+
+def run_async(ctx: Context) -> list[LevelResult]:
+    """The levels on uvloop when it is installed (less client-side overhead), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(run_levels(ctx))
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(run_levels(ctx))
+
+
+def bench(args: argparse.Namespace) -> tuple[Deployment, list[LevelResult]]:
+    """Start what is needed, measure every level, stop what was started."""
+    with ExitStack() as stack:
+        deployment = deploy(args, stack)
+        console.print(f"api {deployment.api_url}  redis {deployment.redis_url}")
+        publisher = stack.enter_context(publisher_process(args.config, deployment.redis_url))
+        probe = redis.Redis.from_url(
+            deployment.redis_url, decode_responses=True, client_name=PROBE_CLIENT
+        )
+        stack.callback(probe.close)
+        ctx = Context(
+            args, deployment.api_url, publisher, probe, deployment.api_pid, make_check(deployment)
+        )
+        results = run_async(ctx)
+        console.print("stopping...")
+    return deployment, results
+
+
+# --- report ----------------------------------------------------------------------------
+
+DELAY_COLUMNS = ("streams", "rounds", "events", "p50 ms", "p90 ms", "p99 ms", "max ms",
+                 "events/s", "p50 goal", "fail")  # fmt: skip
+COST_COLUMNS = ("streams", "API RSS MiB", "KiB/stream", "API CPU us/event", "Redis conns",
+                "bench", "API+other", "pub/sub", "open s")  # fmt: skip
+RSS_POINTS = ("before_streams", "streams_open", "after_rounds")
+
+
+def print_progress(r: LevelResult) -> None:
+    console.print(
+        f"  {r.streams} stream(s): p50 {r.p50_ms:.2f} ms  p99 {r.p99_ms:.2f} ms  "
+        f"{r.received}/{r.published} events  failures {r.failures}",
+        highlight=False,
+    )
+
+
+def fmt_mib(kb: int | None) -> str:
+    return "-" if kb is None else f"{kb / 1024:,.1f}"
+
+
+def goal_text(r: LevelResult) -> str:
+    if r.goal_p50_ms is None or r.goal_met is None:
+        return "-"
+    verdict = "[green]met[/green]" if r.goal_met else "[red]not met[/red]"
+    return f"<={r.goal_p50_ms:g} {verdict}"
+
+
+def new_table(title: str, columns: tuple[str, ...]) -> Table:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="right")
+    return table
+
+
+def delay_row(r: LevelResult) -> list[str]:
+    return [
+        str(r.streams),
+        str(r.rounds),
+        f"{r.received}/{r.published}",
+        *(f"{ms:.2f}" for ms in (r.p50_ms, r.p90_ms, r.p99_ms, r.max_ms)),
+        f"{r.events_per_s:,.0f}",
+        goal_text(r),
+        str(r.failures),
+    ]
+
+
+def delay_table(results: list[LevelResult]) -> Table:
+    table = new_table("Event delay: worker publish -> SSE receipt, one API process", DELAY_COLUMNS)
+    for r in results:
+        table.add_row(*delay_row(r), style="red" if r.failures else None)
+    return table
+
+
+def per_stream_kib(r: LevelResult) -> str:
+    before, opened = r.api_rss_kb.get("before_streams"), r.api_rss_kb.get("streams_open")
+    if before is None or opened is None:
+        return "-"
+    return f"{(opened - before) / r.streams:,.1f}"
+
+
+def cost_row(r: LevelResult) -> list[str]:
+    rss = " / ".join(fmt_mib(r.api_rss_kb.get(point)) for point in RSS_POINTS)
+    cpu = "-" if r.api_cpu_us_per_event is None else f"{r.api_cpu_us_per_event:,.0f}"
+    c = r.redis_clients
+    conns = [str(c.total), str(c.bench), str(c.others), str(c.subscribers)] if c else ["-"] * 4
+    return [str(r.streams), rss, per_stream_kib(r), cpu, *conns, f"{r.open_s:.2f}"]
+
+
+def cost_table(results: list[LevelResult]) -> Table:
+    title = "What the streams cost (API RSS: before / streams open / after rounds)"
+    table = new_table(title, COST_COLUMNS)
+    for r in results:
+        table.add_row(*cost_row(r))
+    return table
+
+
+def print_report(results: list[LevelResult], out: Path) -> None:
+    console.print()
+    console.print(delay_table(results))
+    console.print(cost_table(results))
+    for r in results:
+        console.print(
+            f"{r.streams} stream(s): publisher {r.publish_per_s:,.0f} appends/s",
+            highlight=False,
+        )
+        for error, count in r.errors.items():
+            console.print(f"[red]{r.streams} stream(s): {count} x {error}[/red]")
+    console.print(f"results written to {out}")
+
+
+def run_meta(args: argparse.Namespace, deployment: Deployment) -> dict[str, Any]:
+    return {
+        "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "api_url": deployment.api_url,
+        "redis_url": deployment.redis_url,
+        "started_api": deployment.api_pid is not None,
+        "streams_levels": args.streams,
+        "gap_ms": args.gap_ms,
+        "round_timeout_s": args.round_timeout_s,
+        "open_lanes": args.open_lanes,
+        "bench_gc": "frozen and disabled in this process during the rounds",
+        "nofile_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        "log_level": args.log_level,
+    }
+
+
+def write_json(out: Path, meta: dict[str, Any], results: list[LevelResult]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "meta": meta,
+        "goals": {"p50_ms_by_streams": {str(k): v for k, v in GOALS_P50_MS.items()}},
+        "results": [asdict(r) for r in results],
+    }
+    out.write_text(json.dumps(jsonable(payload), indent=2) + "\n")
+
+
+# --- main ------------------------------------------------------------------------------
+
+
+def _sigterm_as_sigint(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM stops the run as Ctrl-C does (everything started here is stopped)."""
+    signal.raise_signal(signal.SIGINT)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _sigterm_as_sigint)
+    raise_nofile_limit(FDS_PER_STREAM * max(args.streams) + FD_MARGIN)
+    try:
+        deployment, results = bench(args)
+    except KeyboardInterrupt:
+        console.print("[red]interrupted; everything started here is stopped[/red]")
+        return 130
+    except (RuntimeError, RedisError, httpx.HTTPError) as exc:
+        console.print(f"[red]bench failed: {type(exc).__name__}: {exc}[/red]")
+        return 1
+    write_json(args.out, run_meta(args, deployment), results)
+    print_report(results, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
