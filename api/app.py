@@ -14,6 +14,9 @@ from api.deps import AppState
 from api.files import FileService
 from api.hub import EventHub
 from api.limits import BodySizeLimit
+from api.openai import audio as openai_audio
+from api.openai import images as openai_images
+from api.openai import speech as openai_speech
 from api.routes import events, files, health, jobs
 from api.service import JobService
 from jobs.broker import make_celery, webhook_sender
@@ -21,7 +24,7 @@ from jobs.settings import Settings
 from jobs.store import AsyncJobStore
 from storage.factory import make_storage
 
-UPLOAD_PATHS = ("/v1/files", "/v1/audio/")
+UPLOAD_PATHS = ("/v1/audio/transcriptions", "/v1/audio/translations")
 FILES_PATH = "/v1/files"
 MULTIPART_SLACK_BYTES = 1_048_576
 """Room for multipart boundaries and part headers above a file's own size limit."""
@@ -66,6 +69,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(events.router)
     app.include_router(files.router)
+    app.include_router(openai_speech.router)
+    app.include_router(openai_audio.router)
+    app.include_router(openai_images.router)
 
     def limit_for(path: str) -> int:
         if path.startswith(FILES_PATH):

@@ -15,7 +15,8 @@ ANONYMOUS_OWNER = "local"
 
 
 async def owner_from_key(state: AppState, authorization: str | None) -> str:
-    """The owner that `Authorization` names; `local` when auth is off and no key is sent."""
+    """The owner that `Authorization` names; `local` when auth is off and the key is
+    missing or unknown (a known key still scopes jobs to its owner)."""
     if not authorization:
         if state.settings.auth.required:
             raise Unauthorized("missing API key: send Authorization: Bearer <key>")
@@ -25,7 +26,11 @@ async def owner_from_key(state: AppState, authorization: str | None) -> str:
         raise Unauthorized("Authorization must be 'Bearer <key>'")
     record = await state.redis.hget(keys.API_KEYS, hash_key(token.strip()))
     if record is None:
-        raise Unauthorized("unknown API key")
+        if state.settings.auth.required:
+            raise Unauthorized("unknown API key")
+        # Auth off (loopback only): clients that always send some key (the openai
+        # client does) act as the anonymous owner, as vLLM without --api-key does.
+        return ANONYMOUS_OWNER
     return str(json.loads(record)["owner"])
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import secrets
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -27,6 +29,15 @@ from jobs.schemas import schema_for, validation_error_field
 from jobs.settings import Settings
 from jobs.states import JobStatus
 from jobs.store import AsyncJobStore, transition
+
+
+@contextlib.contextmanager
+def _fields_of(parent: str) -> Iterator[None]:
+    """Prefix the field of an `InputError` raised inside with `parent.`."""
+    try:
+        yield
+    except InputError as exc:
+        raise type(exc)(f"{parent}.{exc.field}", exc.reason) from None
 
 
 def new_job_id() -> str:
@@ -63,11 +74,11 @@ class JobService:
             request = schema.model_validate(body.input)
         except ValidationError as exc:
             raise validation_error_field(exc, "input") from None
-        try:
+        with _fields_of("input"):
             request.check_limits(self.settings.limits)
-        except InputError as exc:
-            raise InputError(f"input.{exc.field}", exc.reason) from None
         pipeline = pipeline_for(self.settings, body.kind, request.model)
+        with _fields_of("input"):
+            request.check_pipeline(self.settings.pipelines[pipeline])
         return pipeline, request.model_dump(mode="json")
 
     async def submit(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import redis
 
 from jobs import keys
 from tests.conftest import Api, new_owner
-from tests.support.deploy import Deployment
+from tests.support.deploy import Deployment, serving
 
 
 def test_submit_then_poll_until_succeeded(api: Api) -> None:
@@ -134,6 +135,27 @@ def test_other_owner_gets_404_and_missing_or_wrong_key_401(
     assert wrong.get("/v1/jobs").status_code == 401
     basic = httpx.Client(base_url=deployment.base_url, headers={"Authorization": "Basic eA=="})
     assert basic.get("/v1/jobs").status_code == 401
+
+
+def test_with_auth_off_unknown_keys_act_as_the_anonymous_owner(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """Auth off (loopback only): clients that always send a key (the openai client) work,
+    and their jobs are the anonymous owner's; a real key still scopes its own jobs."""
+    open_api = Deployment(
+        deployment.redis_url, tmp_path, env_overrides={"MMQ_AUTH__REQUIRED": "false"}
+    )
+    with serving(open_api):
+        open_api.start_api()
+        none = httpx.Client(base_url=open_api.base_url)
+        made_up = httpx.Client(
+            base_url=open_api.base_url, headers={"Authorization": "Bearer sk-anything"}
+        )
+        job = made_up.post("/v1/jobs", json={"kind": "echo", "input": {"text": "x"}}).json()
+        assert none.get(f"/v1/jobs/{job['id']}").status_code == 200
+        keyed = new_owner(deployment.redis_url, open_api.base_url, "keyed")
+        assert keyed.http.get(f"/v1/jobs/{job['id']}").status_code == 404
+        assert made_up.get("/v1/jobs", headers={"Authorization": "Basic eA=="}).status_code == 401
 
 
 def test_failing_pipeline_fails_the_batch_and_the_worker_lives_on(api: Api) -> None:

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict
 
 from jobs.errors import InputError
-from jobs.settings import Limits
+from jobs.settings import Limits, PipelineConfig, Settings
+
+
+@dataclass(frozen=True)
+class CachePolicy:
+    """Where a deterministic request's answer is cached, and for how long."""
+
+    digest: str
+    """Hash of everything that decides the answer (model and parameters)."""
+    ttl_s: float
 
 
 class JobInput(BaseModel):
@@ -18,6 +29,19 @@ class JobInput(BaseModel):
 
     def check_limits(self, limits: Limits) -> None:
         """Raise `InputError` for a value over a deployment limit (settings)."""
+
+    def check_pipeline(self, config: PipelineConfig) -> None:
+        """Raise `InputError` for a value that the chosen pipeline does not serve (a voice,
+        a scheduler); reads settings only, so the API calls it at submit."""
+
+    def route(self, pipeline: str, settings: Settings) -> str:
+        """The pipeline that runs this request, given the one its kind and model chose
+        (e.g. long LLM prompts go to their own engine); the API calls it at submit."""
+        return pipeline
+
+    def cache_policy(self, config: PipelineConfig) -> CachePolicy | None:
+        """How to cache this request's answer; None (the default): never cached."""
+        return None
 
 
 def over_limit(field: str, value: float, limit: float, unit: str = "") -> InputError:

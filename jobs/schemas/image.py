@@ -1,13 +1,40 @@
-"""Image generation job input."""
+"""Image generation job input, and the options of image pipelines (read by the API too)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from jobs.errors import InputError
 from jobs.schemas.base import JobInput, over_limit
-from jobs.settings import Limits
+from jobs.settings import Limits, PipelineConfig
+
+
+class SchedulerSpec(BaseModel):
+    """A diffusers scheduler by class name (the API never imports diffusers)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cls: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+SCHEDULERS: dict[str, SchedulerSpec] = {
+    "ddim": SchedulerSpec(cls="DDIMScheduler"),
+    "ddpm": SchedulerSpec(cls="DDPMScheduler"),
+    "pndm": SchedulerSpec(cls="PNDMScheduler"),
+    "lms": SchedulerSpec(cls="LMSDiscreteScheduler"),
+    "euler": SchedulerSpec(cls="EulerDiscreteScheduler"),
+    "euler_a": SchedulerSpec(cls="EulerAncestralDiscreteScheduler"),
+    "heun": SchedulerSpec(cls="HeunDiscreteScheduler"),
+    "dpm++_2m": SchedulerSpec(cls="DPMSolverMultistepScheduler"),
+    "dpm++_2m_karras": SchedulerSpec(
+        cls="DPMSolverMultistepScheduler", kwargs={"use_karras_sigmas": True}
+    ),
+    "unipc": SchedulerSpec(cls="UniPCMultistepScheduler"),
+}
+"""Scheduler names a request may give; a pipeline's `options.schedulers` may narrow them."""
 
 
 class ImageInput(JobInput):
@@ -18,13 +45,24 @@ class ImageInput(JobInput):
     steps: int = Field(default=30, ge=1)
     guidance_scale: float = Field(default=7.5, ge=0.0, le=30.0)
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    """Seed of the first image (image i gets seed + i); unset: picked, and reported."""
     n: int = Field(default=1, ge=1)
     scheduler: str | None = Field(default=None, max_length=64)
+    """One of `SCHEDULERS`; unset: the pipeline's default (the model's own scheduler)."""
     format: Literal["png", "jpeg", "webp"] = "png"
     response_format: Literal["url", "b64_json"] = "url"
+    """`b64_json`: the output also carries each image base64-encoded."""
     init_image: str | None = Field(default=None, max_length=4096)
     """Stored file key of a start image (image-to-image)."""
     strength: float = Field(default=0.8, gt=0.0, le=1.0)
+    """Image-to-image: how far from the start image (1.0: all `steps` run)."""
+
+    @field_validator("scheduler")
+    @classmethod
+    def _known_scheduler(cls, value: str | None) -> str | None:
+        if value is not None and value not in SCHEDULERS:
+            raise ValueError(f"unknown scheduler {value!r}; use one of {sorted(SCHEDULERS)}")
+        return value
 
     @field_validator("width", "height")
     @classmethod
@@ -34,11 +72,66 @@ class ImageInput(JobInput):
         return value
 
     def check_limits(self, limits: Limits) -> None:
-        for field in ("width", "height"):
-            value = getattr(self, field)
+        for name in ("width", "height"):
+            value = getattr(self, name)
             if value > limits.image_max_side:
-                raise over_limit(field, value, limits.image_max_side, "pixels")
+                raise over_limit(name, value, limits.image_max_side, "pixels")
         if self.steps > limits.image_max_steps:
             raise over_limit("steps", self.steps, limits.image_max_steps)
         if self.n > limits.image_max_n:
             raise over_limit("n", self.n, limits.image_max_n)
+
+    def check_pipeline(self, config: PipelineConfig) -> None:
+        """Raise `InputError("scheduler")` for a scheduler that the pipeline `config` does
+        not serve; reads settings only, so the API can call it."""
+        options = ImageOptions.model_validate(config.options)
+        if self.scheduler is not None and self.scheduler not in options.schedulers:
+            allowed = ", ".join(options.schedulers)
+            raise InputError("scheduler", f"{self.scheduler!r} is not served here ({allowed})")
+
+
+class ImageOptions(BaseModel):
+    """`options` of an image pipeline (`[pipelines.NAME.options]`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    """Weights and compute dtype; auto: float32 on a CPU, float16 on CUDA."""
+    variant: str | None = None
+    """Weights variant to load (e.g. `fp16`), where the model has one."""
+    attention_slicing: bool = False
+    """Saves memory, costs speed: leave it off on a GPU with room."""
+    channels_last: bool | Literal["auto"] = "auto"
+    """UNet and VAE in channels-last memory format; auto: on CUDA."""
+    compile: bool = False
+    """`torch.compile` the UNet (the first batch of each new shape is slow)."""
+    compile_mode: str = "max-autotune-no-cudagraphs"
+    vae_tiling: bool | Literal["auto"] = "auto"
+    """Decode large images in tiles; auto: on where `limits.image_max_side` exceeds the
+    model's native size (images up to the tile size are decoded whole either way)."""
+    vae_slicing: bool = False
+    """Decode a batch one image at a time (lower peak memory for large batches)."""
+    img2img: bool = True
+    """Serve `init_image` requests, where the model family has an image-to-image pipeline."""
+    safety_checker: bool = True
+    """Keep the model's safety checker, where it has one (flagged images come back black,
+    with `nsfw: true`)."""
+    schedulers: list[str] = Field(default_factory=lambda: list(SCHEDULERS))
+    """Scheduler names requests may use here (a subset of `SCHEDULERS`)."""
+    default_scheduler: str | None = None
+    """Scheduler of requests that name none; unset: the model's own."""
+    preview_every_steps: int = Field(default=0, ge=0)
+    """Attach a small JPEG preview (data URI) to every Nth progress event; 0: none."""
+    preview_max_side: int = Field(default=64, ge=8, le=512)
+    warmup: bool = True
+    """Generate one 1-step image at load, before the first job."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ImageOptions:
+        names = [*self.schedulers, *([self.default_scheduler] if self.default_scheduler else [])]
+        unknown = sorted(set(names) - set(SCHEDULERS))
+        if unknown:
+            raise ValueError(f"unknown schedulers {unknown}; known: {sorted(SCHEDULERS)}")
+        if self.default_scheduler and self.default_scheduler not in self.schedulers:
+            raise ValueError("default_scheduler is not one of schedulers")
+        return self

@@ -1,0 +1,1 @@
+"""OpenAI-compatible routes: thin adapters that submit jobs and stream their events."""

@@ -1,0 +1,257 @@
+"""`POST /v1/audio/transcriptions` and `/v1/audio/translations`, OpenAI-compatible.
+
+The upload is stored through the storage (as `POST /v1/files` would), then an `asr` job
+that names its key goes through the JobService: the same queues, batching, limits and
+auth as `/v1/jobs`. The route then follows the job's events: without `stream` it answers
+once the job has ended (json, text, srt, vtt or verbose_json); with `stream=true` each
+decoded segment is a `transcript.text.delta` SSE event, then `transcript.text.done`.
+`model` names an ASR pipeline (or alias); `whisper-1` means the default one. A client
+that goes away before the end cancels its job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+import anyio
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.datastructures import FormData, UploadFile
+
+from api.auth import current_owner
+from api.deps import AppState, get_state
+from api.errors import error_body
+from api.files import FileService
+from api.openai.transcripts import ResponseFormat, transcript_response
+from api.streams import follow
+from jobs.errors import Conflict, InputError, MmqError, NotFound, TooLarge
+from jobs.models import Event, EventType, Job, JobCreate
+from jobs.schemas import validation_error_field
+
+router = APIRouter(prefix="/v1/audio", tags=["openai"])
+
+Owner = Annotated[str, Depends(current_owner)]
+
+DEFAULT_MODELS = frozenset({"whisper-1"})
+"""OpenAI model names that mean "the default ASR pipeline"."""
+PARAMS = {
+    "audio": "file",
+    "initial_prompt": "prompt",
+    "word_timestamps": "timestamp_granularities",
+    "kind": "model",
+}
+"""Job input fields under another name in OpenAI's request."""
+PENDING_KEY = "pending/uploads/0/audio"
+"""Stands in for the upload's key while the rest of the request is validated."""
+UPLOAD_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "model"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "model": {"type": "string"},
+                        "language": {"type": "string"},
+                        "prompt": {"type": "string"},
+                        "response_format": {"type": "string"},
+                        "temperature": {"type": "number"},
+                        "timestamp_granularities[]": {"type": "array", "items": {"type": "string"}},
+                        "stream": {"type": "boolean"},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+class TranscriptionForm(BaseModel):
+    """The form fields of a transcription or translation request (not the file)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1, max_length=256)
+    language: str | None = None
+    prompt: str | None = None
+    response_format: ResponseFormat = "json"
+    temperature: float = Field(default=0.0, ge=0.0, le=1.0)
+    timestamp_granularities: list[Literal["word", "segment"]] = Field(default_factory=list)
+    stream: bool = False
+    beam_size: int | None = None
+    """mmq extension: beam width (default 5)."""
+    vad_filter: bool | None = None
+    """mmq extension: skip silence with Silero VAD before decoding."""
+
+    @field_validator("language", "prompt", mode="before")
+    @classmethod
+    def _blank_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+    def job_input(self, task: str, audio_key: str) -> dict[str, Any]:
+        extras = {"beam_size": self.beam_size, "vad_filter": self.vad_filter}
+        return {
+            "model": None if self.model in DEFAULT_MODELS else self.model,
+            "audio": audio_key,
+            "task": task,
+            "language": self.language,
+            "initial_prompt": self.prompt,
+            "temperature": self.temperature,
+            "word_timestamps": "word" in self.timestamp_granularities,
+            **{k: v for k, v in extras.items() if v is not None},
+        }
+
+
+@router.post("/transcriptions", responses={413: {}, 422: {}, 429: {}}, openapi_extra=UPLOAD_BODY)
+async def create_transcription(request: Request, owner: Owner) -> Response:
+    """Speech to text in the audio's language (OpenAI's audio.transcriptions.create)."""
+    return await _transcribe(request, owner, "transcribe")
+
+
+@router.post("/translations", responses={413: {}, 422: {}, 429: {}}, openapi_extra=UPLOAD_BODY)
+async def create_translation(request: Request, owner: Owner) -> Response:
+    """Speech to English text (OpenAI's audio.translations.create)."""
+    return await _transcribe(request, owner, "translate")
+
+
+async def _transcribe(request: Request, owner: str, task: str) -> Response:
+    state = get_state(request)
+    # Parsed here, after the API key is checked, not by FastAPI before it.
+    form = await request.form(max_files=1, max_fields=32)
+    try:
+        fields, upload = _parse(form, state)
+        job = await _submit(state, owner, fields, upload, task)
+    except InputError as exc:
+        raise _openai_error(exc) from None
+    finally:
+        await form.close()
+    headers = {"X-Job-Id": job.id}
+    if fields.stream:
+        events = _stream(state, owner, job.id)
+        headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+    ended = await _wait(request, state, owner, job.id)
+    if ended.status != "succeeded" or ended.output is None:
+        return _failure(ended)
+    words = "word" in fields.timestamp_granularities
+    return transcript_response(ended.output, fields.response_format, task, words, headers)
+
+
+def _parse(form: FormData, state: AppState) -> tuple[TranscriptionForm, UploadFile]:
+    upload = form.get("file")
+    if not isinstance(upload, UploadFile):
+        raise InputError("file", "send the audio as the multipart/form-data field 'file'")
+    limit = state.settings.limits.audio_max_bytes
+    if upload.size is not None and upload.size > limit:
+        raise TooLarge("file", f"is {upload.size} bytes, over the limit of {limit} bytes")
+    values: dict[str, Any] = {k: v for k, v in form.items() if isinstance(v, str)}
+    grains = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
+    values["timestamp_granularities"] = grains
+    try:
+        return TranscriptionForm.model_validate(values), upload
+    except ValidationError as exc:
+        raise validation_error_field(exc, "") from None
+
+
+async def _submit(
+    state: AppState, owner: str, fields: TranscriptionForm, upload: UploadFile, task: str
+) -> Job:
+    """Check the request, store the upload, submit the job naming it."""
+    service = state.service
+    service.validate(JobCreate(kind="asr", input=fields.job_input(task, PENDING_KEY)))
+    files = FileService(state.settings, state.storage, state.redis)
+    stored = await files.upload(owner, upload)
+    body = JobCreate(kind="asr", input=fields.job_input(task, stored.key))
+    try:
+        job, _ = await service.submit(owner, body)
+    except MmqError:
+        with contextlib.suppress(NotFound):
+            await files.delete(stored.key)
+        raise
+    return job
+
+
+def _openai_error(exc: InputError) -> InputError:
+    """The same error, naming the field as OpenAI's request does (`prompt`, not
+    `input.initial_prompt`)."""
+    field = exc.field.removeprefix("input.")
+    return type(exc)(PARAMS.get(field, field), exc.reason)
+
+
+async def _wait(request: Request, state: AppState, owner: str, job_id: str) -> Job:
+    """The job once it has ended; cancels it if the client goes away first."""
+    ended = False
+    try:
+        async for event in follow(state.store, state.hub, job_id, None, keepalive_s=1.0):
+            if event is None and await request.is_disconnected():
+                break
+        else:
+            ended = True
+    finally:
+        if not ended:
+            await _cancel_shielded(state, owner, job_id)
+    return await state.service.get(owner, job_id)
+
+
+async def _stream(state: AppState, owner: str, job_id: str) -> AsyncIterator[bytes]:
+    """SSE: a delta per segment as the worker decodes it, then done (or an error)."""
+    ended = False
+    text: list[str] = []
+    try:
+        async for event in follow(state.store, state.hub, job_id, None, 15.0):
+            if event is None:
+                yield b": keep-alive\n\n"
+            elif event.type is EventType.PARTIAL:
+                delta = str(event.data["segment"]["text"])
+                delta = delta if text else delta.lstrip()
+                text.append(delta)
+                yield _sse({"type": "transcript.text.delta", "delta": delta})
+            elif event.type is EventType.OUTPUT:
+                yield _sse({"type": "transcript.text.done", "text": event.data.get("text", "")})
+            elif _ended_badly(event):
+                yield _sse(_failure_body(event.data))
+        ended = True
+    finally:
+        if not ended:
+            await _cancel_shielded(state, owner, job_id)
+
+
+def _ended_badly(event: Event) -> bool:
+    return event.type is EventType.STATUS and event.data.get("status") in {"failed", "canceled"}
+
+
+async def _cancel_shielded(state: AppState, owner: str, job_id: str) -> None:
+    # A client that went away cancels this task: shield the clean-up from it.
+    with anyio.CancelScope(shield=True), contextlib.suppress(Conflict, NotFound):
+        await state.service.cancel(owner, job_id)
+
+
+def _failure(job: Job) -> JSONResponse:
+    data: dict[str, Any] = {"status": str(job.status)}
+    if job.error is not None:
+        data["error"] = job.error.model_dump()
+    body = _failure_body(data)
+    status = {"canceled": 409, "invalid_input": 422}.get(body["error"]["type"], 500)
+    return JSONResponse(body, status_code=status, headers={"X-Job-Id": job.id})
+
+
+def _failure_body(data: dict[str, Any]) -> dict[str, Any]:
+    if data.get("status") == "canceled":
+        return error_body("canceled", "the job was canceled")
+    error = data.get("error") or {}
+    if error.get("type") == "invalid_input":
+        field = str(error.get("field") or "audio")
+        reason = str(error.get("message", "")).removeprefix(f"{field}: ")
+        exc = _openai_error(InputError(field, reason))
+        return error_body(exc.code, exc.message, exc.field)
+    return error_body(error.get("type", "error"), error.get("message", "the job failed"))
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()

@@ -1,0 +1,328 @@
+"""Image batching: N requests one at a time vs all at once, through the service.
+
+    python -m bench.image [--model tiny|sd15|HUB_ID|DIR] [--device cpu|gpu:0]
+                          [--size 64] [--steps 8] [--requests 8] [--rounds 2]
+                          [--out bench/results/image.json]
+
+It starts Redis, the API and one image worker (its own config: `max_batch` = requests,
+`max_wait_ms` = `--max-wait-ms`, which every lone request waits too, `concurrency` =
+2 x requests) on free ports, then in the same run measures `--requests`
+image jobs (same size, steps, guidance: one batch key; a prompt and seed each):
+
+- one at a time: each submitted when the previous one has ended;
+- batched: all submitted at once, so the engine runs them as one pipeline call.
+
+Per mode: images/s over the mode's wall time, p50/p95 latency (submit to end, seen by the
+client), p50/p95 time to first progress event (the job's `time_to_first_output_ms`) and
+the batch sizes the worker reported. `--rounds` alternates the order of the two modes.
+Goal: batched images/s >= 1.5x one at a time.
+
+Models: `tiny` is the test fixture's tiny Stable Diffusion (random weights); `sd15` builds
+SD 1.5's full architecture from its published configs with random weights (the real
+model's compute, no download; float16 on disk, 2 GB; run it on a GPU: `--device gpu:0`);
+anything else is a hub id or a model directory. `--model-dir` keeps a built model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import percentile_ms
+from bench.overhead import check_alive, child_env, jsonable, resolve_redis, wait_api_ready
+from workers.launcher import ProcSpec, Supervisor, mmq_command
+from workers.redis_server import free_port
+
+DEFAULT_OUT = Path("bench/results/image.json")
+PIPELINE = "bench-image"
+GOAL_RATIO = 1.5
+JOB_TIMEOUT_S = 1800.0
+PROMPTS = [
+    "a lighthouse on a cliff at dusk",
+    "a bowl of ramen, studio photo",
+    "a red fox in fresh snow",
+    "an old map of an imaginary island",
+    "a robot watering plants",
+    "a city street in the rain at night",
+    "a watercolor of mountains",
+    "a cat sleeping on a windowsill",
+]
+console = Console(width=None if sys.stdout.isatty() else 120)
+
+
+@dataclass
+class Shot:
+    ok: bool
+    latency_s: float
+    ttfp_ms: float | None = None
+    batch_requests: int | None = None
+    error: str = ""
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    requests: int
+    failures: int
+    wall_s: float
+    images_per_s: float
+    p50_ms: float
+    p95_ms: float
+    ttfp_p50_ms: float
+    ttfp_p95_ms: float
+    batch_sizes: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.image", description=__doc__)
+    parser.add_argument("--model", default="tiny", help="tiny, sd15, a hub id or a directory")
+    parser.add_argument("--model-dir", type=Path, help="where to build tiny/sd15 (kept)")
+    parser.add_argument("--device", default="cpu", help="cpu, gpu:N (the worker's device)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, float16, bfloat16")
+    parser.add_argument("--size", type=int, default=64, help="image side in pixels")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--scheduler", default="euler", help="scheduler of every request")
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument(
+        "--max-wait-ms", type=float, default=50.0, help="the engine's wait for a batch to fill"
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of both modes")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the UNet")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
+    parser.add_argument("--log-level", default="WARNING")
+    args = parser.parse_args(argv)
+    if args.requests < 1 or args.rounds < 1 or args.size % 8:
+        parser.error("--requests and --rounds must be >= 1, --size a multiple of 8")
+    args.url, args.redis_url = None, None  # bench.overhead's helpers read these
+    return args
+
+
+# --- model and deployment --------------------------------------------------------------
+
+
+def model_path(args: argparse.Namespace, stack: ExitStack) -> tuple[str, bool]:
+    """The model to serve, and whether it was built here (then loaded offline)."""
+    if args.model not in {"tiny", "sd15"}:
+        return args.model, False
+    from tests.support.tiny_sd import build_sd15_random, build_tiny_sd
+
+    root = args.model_dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+    path = Path(root) / args.model
+    if not (path / "model_index.json").exists():
+        console.print(f"building {args.model} (random weights) in {path} ...")
+        (build_tiny_sd if args.model == "tiny" else build_sd15_random)(path)
+    return str(path), True
+
+
+def write_config(args: argparse.Namespace, model: str, path: Path) -> None:
+    options = {"dtype": args.dtype, "compile": args.compile, "schedulers": [args.scheduler]}
+    lines = [
+        f"[pipelines.{PIPELINE}]",
+        'kind = "image"',
+        'impl = "pipelines.image:ImagePipeline"',
+        f"model = {json.dumps(model)}",
+        f"device = {json.dumps(args.device)}",
+        f"max_batch = {args.requests}",
+        f"max_wait_ms = {args.max_wait_ms}",
+        f"concurrency = {2 * args.requests}",
+        f"[pipelines.{PIPELINE}.options]",
+        *(f"{key} = {json.dumps(value)}" for key, value in options.items()),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def deploy(args: argparse.Namespace, stack: ExitStack) -> tuple[str, Supervisor]:
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-image-")))
+    model, built = model_path(args, stack)
+    args.config = tmp / "mmq.toml"
+    write_config(args, model, args.config)
+    redis_url = resolve_redis(args, stack, tmp)
+    env = child_env(args, redis_url, tmp / "data")
+    env["MMQ_LIMITS__IMAGE_MAX_SIDE"] = str(max(1024, args.size))
+    env["MMQ_LIMITS__IMAGE_MAX_STEPS"] = str(max(100, args.steps))
+    if built:
+        env["HF_HUB_OFFLINE"] = "1"
+    port = free_port()
+    specs = [
+        ProcSpec("api", mmq_command("api"), {"MMQ_API__PORT": str(port)}),
+        ProcSpec("worker", mmq_command("worker", "--pipeline", PIPELINE)),
+    ]
+    supervisor = Supervisor(specs, base_env=env)
+    stack.callback(supervisor.terminate)
+    supervisor.start()
+    return f"http://127.0.0.1:{port}", supervisor
+
+
+# --- requests --------------------------------------------------------------------------
+
+
+async def one(client: httpx.AsyncClient, args: argparse.Namespace, i: int) -> Shot:
+    """One image job, submit to end."""
+    inp = {
+        "prompt": PROMPTS[i % len(PROMPTS)],
+        "seed": i,
+        "width": args.size,
+        "height": args.size,
+        "steps": args.steps,
+        "scheduler": args.scheduler,
+    }
+    start = time.perf_counter()
+    try:
+        r = await client.post("/v1/jobs", json={"kind": "image", "input": inp})
+        job = r.json()
+        while r.status_code < 300 and job["status"] not in {"succeeded", "failed", "canceled"}:
+            r = await client.get(f"/v1/jobs/{job['id']}", headers={"Prefer": "wait=30"})
+            job = r.json()
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        return Shot(False, time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}")
+    latency = time.perf_counter() - start
+    if job.get("status") != "succeeded":
+        return Shot(False, latency, error=json.dumps(job.get("error") or job)[:200])
+    ttfp = job["timings"].get("time_to_first_output_ms")
+    return Shot(True, latency, ttfp, job["output"]["batch"]["requests"])
+
+
+async def one_at_a_time(client: httpx.AsyncClient, args: argparse.Namespace) -> list[Shot]:
+    return [await one(client, args, i) for i in range(args.requests)]
+
+
+async def all_at_once(client: httpx.AsyncClient, args: argparse.Namespace) -> list[Shot]:
+    return list(await asyncio.gather(*(one(client, args, i) for i in range(args.requests))))
+
+
+MODES = {"one at a time": one_at_a_time, "batched": all_at_once}
+
+
+async def run_modes(api_url: str, args: argparse.Namespace) -> list[ModeResult]:
+    shots: dict[str, list[Shot]] = {mode: [] for mode in MODES}
+    walls: dict[str, float] = dict.fromkeys(MODES, 0.0)
+    async with httpx.AsyncClient(base_url=api_url, timeout=60, trust_env=False) as client:
+        console.print("warming up (one request, then one batch) ...")
+        await one(client, args, 0)
+        await all_at_once(client, args)
+        for round_no in range(args.rounds):
+            order = list(MODES) if round_no % 2 == 0 else list(reversed(MODES))
+            for mode in order:
+                start = time.perf_counter()
+                shots[mode] += await MODES[mode](client, args)
+                walls[mode] += time.perf_counter() - start
+                console.print(f"  round {round_no + 1} {mode}: done", highlight=False)
+    return [summarize(mode, shots[mode], walls[mode]) for mode in MODES]
+
+
+def summarize(mode: str, shots: list[Shot], wall_s: float) -> ModeResult:
+    ok = [s for s in shots if s.ok]
+    ttfp = [s.ttfp_ms / 1000 for s in ok if s.ttfp_ms is not None]
+    return ModeResult(
+        mode=mode,
+        requests=len(shots),
+        failures=len(shots) - len(ok),
+        wall_s=wall_s,
+        images_per_s=len(ok) / wall_s if wall_s > 0 else 0.0,
+        p50_ms=percentile_ms([s.latency_s for s in ok], 50),
+        p95_ms=percentile_ms([s.latency_s for s in ok], 95),
+        ttfp_p50_ms=percentile_ms(ttfp, 50),
+        ttfp_p95_ms=percentile_ms(ttfp, 95),
+        batch_sizes=sorted({s.batch_requests for s in ok if s.batch_requests is not None}),
+        errors=sorted({s.error for s in shots if not s.ok})[:5],
+    )
+
+
+# --- report ----------------------------------------------------------------------------
+
+
+def ratio_of(results: list[ModeResult]) -> float:
+    by_mode = {r.mode: r for r in results}
+    base = by_mode["one at a time"].images_per_s
+    return by_mode["batched"].images_per_s / base if base > 0 else float("nan")
+
+
+def print_report(args: argparse.Namespace, results: list[ModeResult], ratio: float) -> None:
+    title = (
+        f"{args.requests} image requests, {args.model} {args.size}x{args.size}, "
+        f"{args.steps} steps, {args.device}"
+    )
+    table = Table(title=title)
+    for column in ("mode", "images/s", "p50 ms", "p95 ms", "TTFP p50", "TTFP p95", "batches"):
+        table.add_column(column, justify="left" if column == "mode" else "right")
+    for r in results:
+        table.add_row(
+            r.mode,
+            f"{r.images_per_s:.2f}",
+            f"{r.p50_ms:,.0f}",
+            f"{r.p95_ms:,.0f}",
+            f"{r.ttfp_p50_ms:,.0f}",
+            f"{r.ttfp_p95_ms:,.0f}",
+            ",".join(map(str, r.batch_sizes)),
+            style="red" if r.failures else None,
+        )
+    console.print(table)
+    met = "[green]met[/green]" if ratio >= GOAL_RATIO else "[red]not met[/red]"
+    console.print(f"batched / one at a time: {ratio:.2f}x images/s (goal >= {GOAL_RATIO}x: {met})")
+    for r in results:
+        for error in r.errors:
+            console.print(f"[red]{r.mode}: {error}[/red]")
+
+
+def meta(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "load_avg": os.getloadavg(),
+        **{k: getattr(args, k) for k in ("model", "device", "dtype", "size", "steps")},
+        **{k: getattr(args, k) for k in ("scheduler", "requests", "rounds", "compile")},
+        "max_wait_ms": args.max_wait_ms,
+    }
+
+
+def write_json(args: argparse.Namespace, results: list[ModeResult], ratio: float) -> None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "meta": meta(args),
+        "goal": {"batched_over_one_at_a_time_min": GOAL_RATIO},
+        "ratio": ratio,
+        "goal_met": ratio >= GOAL_RATIO,
+        "results": [asdict(r) for r in results],
+    }
+    args.out.write_text(json.dumps(jsonable(payload), indent=2) + "\n")
+    console.print(f"results written to {args.out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with ExitStack() as stack:
+        api_url, supervisor = deploy(args, stack)
+        try:
+            wait_api_ready(api_url, supervisor, timeout_s=600)
+            results = asyncio.run(run_modes(api_url, args))
+            check_alive(supervisor)
+        except RuntimeError as exc:
+            console.print(f"[red]bench failed: {exc}[/red]")
+            return 1
+    ratio = ratio_of(results)
+    print_report(args, results, ratio)
+    write_json(args, results, ratio)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

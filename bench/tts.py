@@ -1,0 +1,342 @@
+"""TTS: time to first audio beside total synthesis, and throughput with 1 vs 2 instances.
+
+    python -m bench.tts [--jobs 16] [--concurrency 4] [--ttfa-runs 5]
+                        [--coqui-model PATH --coqui-config PATH --coqui-speaker NAME]
+                        [--device cpu]
+                        [--out bench/results/tts.json]
+
+In one run, on a private Redis, it starts the API and the `tts` workers three times:
+
+- `1x2`: one instance with every core (`threads = 0`), the default;
+- `1x1`: one instance on one thread;
+- `2x1`: two instances (two worker processes) of one thread each.
+
+On the first it streams a 5-sentence text from `POST /v1/audio/speech` (pcm) `--ttfa-runs`
+times, one at a time: time to the first byte against time to the last. On each it sends
+`--jobs` jobs over `--concurrency` lanes (`POST /v1/jobs`, `Prefer: wait`) and counts
+jobs and seconds of audio per second. Goals: first audio <= 25 % of the total; `2x1`
+>= 1.5x the throughput of `1x2`. With `--coqui-model` (e.g. on a CUDA host with
+`--device gpu:0`) a Coqui voice is measured beside Piper.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import LevelSummary, measure
+from jobs import keys
+from workers.launcher import ProcSpec, Supervisor, mmq_command
+from workers.redis_server import RedisServer, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+TEXT = (
+    "The meeting starts at nine in the morning. Please bring the report from last week. "
+    "We will talk about the budget and the new office. Lunch is served at noon in the hall. "
+    "Everyone should be home before six in the evening."
+)
+CONFIGS = {"1x2": (1, 0), "1x1": (1, 1), "2x1": (2, 1)}
+"""Name: (instances, threads per instance)."""
+FIRST_AUDIO_GOAL = 0.25
+INSTANCES_GOAL = 1.5
+console = Console()
+
+
+@dataclass
+class FirstAudio:
+    voice: str
+    runs: int
+    first_byte_ms: float
+    """Client side, p50: request sent to the first audio byte."""
+    last_byte_ms: float
+    """Client side, p50: request sent to the last audio byte."""
+    worker_first_ms: float
+    """Worker side, p50: run start to the first chunk (the job's `first_audio_ms`)."""
+    worker_total_ms: float
+    """Worker side, p50: run start to the last chunk (`synthesis_ms`)."""
+    ratio: float = 0.0
+    """first_byte_ms / last_byte_ms."""
+
+
+@dataclass
+class Throughput:
+    config: str
+    voice: str
+    instances: int
+    threads: int
+    summary: LevelSummary
+    audio_s_per_s: float
+    worker_rss_mib: list[float] = field(default_factory=list)
+
+
+def tts_config(instances: int, threads: int, args: argparse.Namespace) -> str:
+    text = f"""
+[pipelines.tts]
+kind = "tts"
+impl = "pipelines.tts:TtsPipeline"
+max_batch = 1
+concurrency = 1
+instances = {instances}
+device = "{args.device}"
+[pipelines.tts.options]
+threads = {threads}
+[pipelines.tts.options.voices.joe]
+engine = "piper"
+"""
+    if args.coqui_model:
+        text += '[pipelines.tts.options.voices.coqui]\nengine = "coqui"\n'
+        text += f'model = "{args.coqui_model}"\n'
+        for key in ("config", "speaker", "language"):
+            if value := getattr(args, f"coqui_{key}"):
+                text += f'{key} = "{value}"\n'
+    return text
+
+
+def start(
+    args: argparse.Namespace, stack: ExitStack, tmp: Path, name: str
+) -> tuple[str, Supervisor]:
+    instances, threads = CONFIGS[name]
+    config = tmp / f"{name}.toml"
+    config.write_text(tts_config(instances, threads, args))
+    port = free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "MMQ_CONFIG_FILE": str(config),
+        "MMQ_REDIS_URL": args.redis_url,
+        "MMQ_DATA_DIR": str(tmp / name),
+        "MMQ_LOG_LEVEL": "WARNING",
+        "MMQ_API__PORT": str(port),
+        "HF_HUB_OFFLINE": "1",
+    }
+    specs = [ProcSpec("api", mmq_command("api"))] + [
+        ProcSpec(f"tts#{i}", mmq_command("worker", "--pipeline", "tts", "--instance", str(i)))
+        for i in range(instances)
+    ]
+    supervisor = Supervisor(specs, base_env=env)
+    stack.callback(supervisor.terminate)
+    supervisor.start()
+    wait_ready(f"http://127.0.0.1:{port}", args.redis_url, instances, supervisor)
+    return f"http://127.0.0.1:{port}", supervisor
+
+
+def wait_ready(api_url: str, redis_url: str, workers: int, supervisor: Supervisor) -> None:
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        for child in supervisor.children:
+            if child.process is not None and child.process.poll() is not None:
+                raise RuntimeError(f"{child.spec.name} exited with {child.process.returncode}")
+        try:
+            healthy = httpx.get(f"{api_url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            healthy = False
+        if healthy and client.zcard(keys.WORKERS) >= workers:
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the deployment was not ready in 180 s")
+
+
+def rss_mib(supervisor: Supervisor) -> list[float]:
+    found = []
+    for child in supervisor.children:
+        if child.spec.name.startswith("tts#") and child.process is not None:
+            status = Path(f"/proc/{child.process.pid}/status").read_text()
+            kib = next(
+                int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS")
+            )
+            found.append(round(kib / 1024, 1))
+    return found
+
+
+async def first_audio(api_url: str, voice: str, runs: int) -> FirstAudio:
+    body = {"model": "tts", "voice": voice, "input": TEXT, "response_format": "pcm"}
+    client_first, client_last, worker_first, worker_total = [], [], [], []
+    async with httpx.AsyncClient(base_url=api_url, timeout=120) as client:
+        for _ in range(runs + 1):  # the first run warms up and is not counted
+            start = time.perf_counter()
+            first = 0.0
+            async with client.stream("POST", "/v1/audio/speech", json=body) as response:
+                response.raise_for_status()
+                async for _chunk in response.aiter_bytes():
+                    first = first or time.perf_counter() - start
+                job_id = response.headers["x-job-id"]
+            last = time.perf_counter() - start
+            job = (await client.get(f"/v1/jobs/{job_id}", headers={"Prefer": "wait=30"})).json()
+            client_first.append(first * 1000)
+            client_last.append(last * 1000)
+            worker_first.append(job["output"]["first_audio_ms"])
+            worker_total.append(job["output"]["synthesis_ms"])
+    p50 = [
+        statistics.median(xs[1:]) for xs in (client_first, client_last, worker_first, worker_total)
+    ]
+    first, last, w_first, w_total = p50
+    return FirstAudio(voice, runs, first, last, w_first, w_total, ratio=first / last)
+
+
+async def throughput(api_url: str, name: str, voice: str, args: argparse.Namespace) -> Throughput:
+    audio_s: list[float] = []
+    body = {"kind": "tts", "input": {"text": TEXT, "voice": voice, "format": "pcm"}}
+
+    async with httpx.AsyncClient(base_url=api_url, timeout=300) as client:
+
+        async def call() -> str | None:
+            r = await client.post("/v1/jobs", json=body, headers={"Prefer": "wait=60"})
+            job = r.json()
+            if r.status_code != 200 or job.get("status") != "succeeded":
+                return f"{r.status_code} {job.get('status')} {job.get('error')}"
+            audio_s.append(job["output"]["duration_s"])
+            return None
+
+        await measure(f"{name} warm-up", call, 2, 2)
+        audio_s.clear()
+        summary = await measure(name, call, args.jobs, args.concurrency)
+    instances, threads = CONFIGS[name]
+    return Throughput(name, voice, instances, threads, summary, sum(audio_s) / summary.duration_s)
+
+
+def run(args: argparse.Namespace) -> tuple[list[FirstAudio], list[Throughput]]:
+    voices = ["joe", *(["coqui"] if args.coqui_model else [])]
+    firsts: list[FirstAudio] = []
+    rates: list[Throughput] = []
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-tts-")))
+        server = RedisServer(tmp / "redis", persist=False)
+        server.start()
+        stack.callback(server.stop)
+        args.redis_url = server.url
+        for name in CONFIGS:
+            with ExitStack() as deployment:
+                redis.Redis.from_url(server.url).flushdb()
+                api_url, supervisor = start(args, deployment, tmp, name)
+                console.print(f"[bold]{name}[/bold]: ready at {api_url}")
+                for voice in voices:
+                    if name == "1x2":
+                        firsts.append(asyncio.run(first_audio(api_url, voice, args.ttfa_runs)))
+                    result = asyncio.run(throughput(api_url, name, voice, args))
+                    result.worker_rss_mib = rss_mib(supervisor)
+                    rates.append(result)
+    return firsts, rates
+
+
+def report(firsts: list[FirstAudio], rates: list[Throughput], out: Path) -> dict[str, Any]:
+    table = Table(title="Time to first audio (5 sentences, pcm, p50)")
+    for column in (
+        "voice",
+        "first byte ms",
+        "last byte ms",
+        "first/last",
+        "worker first ms",
+        "worker total ms",
+    ):
+        table.add_column(column, justify="right")
+    for f in firsts:
+        table.add_row(
+            f.voice,
+            f"{f.first_byte_ms:.0f}",
+            f"{f.last_byte_ms:.0f}",
+            f"{f.ratio:.0%}",
+            f"{f.worker_first_ms:.0f}",
+            f"{f.worker_total_ms:.0f}",
+        )
+    console.print(table)
+    table = Table(title="Throughput (jobs of 5 sentences, closed loop)")
+    for column in (
+        "config",
+        "voice",
+        "jobs/s",
+        "audio s/s",
+        "p50 ms",
+        "p95 ms",
+        "fails",
+        "worker RSS MiB",
+    ):
+        table.add_column(column, justify="right")
+    for t in rates:
+        s = t.summary
+        table.add_row(
+            t.config,
+            t.voice,
+            f"{s.throughput:.2f}",
+            f"{t.audio_s_per_s:.1f}",
+            f"{s.p50_ms:.0f}",
+            f"{s.p95_ms:.0f}",
+            str(s.failures),
+            ", ".join(map(str, t.worker_rss_mib)),
+        )
+    console.print(table)
+    ratios = {}
+    for voice in {t.voice for t in rates}:
+        by = {t.config: t.summary.throughput for t in rates if t.voice == voice}
+        ratios[voice] = {"2x1 / 1x2": by["2x1"] / by["1x2"], "2x1 / 1x1": by["2x1"] / by["1x1"]}
+        console.print(
+            f"{voice}: 2 instances / 1 instance (all cores) = {ratios[voice]['2x1 / 1x2']:.2f}x, "
+            f"/ 1 instance (1 thread) = {ratios[voice]['2x1 / 1x1']:.2f}x "
+            f"(goal >= {INSTANCES_GOAL}x)"
+        )
+    for f in firsts:
+        console.print(
+            f"{f.voice}: first audio at {f.ratio:.0%} of the total (goal <= {FIRST_AUDIO_GOAL:.0%})"
+        )
+    payload = {
+        "meta": {
+            "cpu_count": os.cpu_count(),
+            "argv": sys.argv[1:],
+            "text": TEXT,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
+        "goals": {"first_audio_ratio_max": FIRST_AUDIO_GOAL, "instances_ratio_min": INSTANCES_GOAL},
+        "first_audio": [asdict(f) for f in firsts],
+        "throughput": [asdict(t) for t in rates],
+        "ratios": ratios,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    console.print(f"results written to {out}")
+    return payload
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, default=16, help="jobs per throughput level")
+    parser.add_argument("--concurrency", type=int, default=4, help="lanes of the closed loop")
+    parser.add_argument("--ttfa-runs", type=int, default=5, help="streamed requests, one at a time")
+    parser.add_argument("--device", default="cpu", help="cpu, gpu:N or mig:UUID")
+    parser.add_argument("--coqui-model", help="a Coqui model name or checkpoint to measure too")
+    parser.add_argument("--coqui-config", help="its config.json (with a checkpoint path)")
+    parser.add_argument("--coqui-speaker", help="XTTS: a built-in speaker (no clip is sent)")
+    parser.add_argument("--coqui-language", help="XTTS: the language, e.g. en")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/tts.json"))
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        firsts, rates = run(args)
+    except (RuntimeError, KeyboardInterrupt) as exc:
+        console.print(f"[red]bench failed: {exc!r}; everything started here is stopped[/red]")
+        return 1
+    report(firsts, rates, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The ASR pipeline: faster-whisper, segments streamed, windows batched across requests.
+
+Config (`[pipelines.NAME]`): `model` (a hub id or a CTranslate2 directory; empty: the
+packaged tiny.en), `device`, and `options`:
+
+- `compute_type`: int8 on CPU, float16 on GPU by default.
+- `cpu_threads`, `num_workers`: CTranslate2's threads per call and calls at once. With
+  the engine's `runners` = `num_workers`, that many batches decode in parallel.
+- `first_window_s` (6): the first window of a file longer than one window (30 s) ends at
+  a pause near this second, so that its first segments come out early; 0 turns it off.
+- `context_tokens` (32): previous-text tokens each window is conditioned on; a fixed
+  number lets windows of different requests share a generate call (0: none).
+
+The engine's `max_batch` is how many requests decode in lockstep (one window each per
+forward pass); 1 decodes each request alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from jobs.errors import InputError
+from jobs.schemas.asr import AsrInput
+from jobs.schemas.base import JobInput
+from pipelines.asr.batch import DEFAULT_CONTEXT_TOKENS, decode_step
+from pipelines.asr.decode import SAMPLE_RATE, decode_file
+from pipelines.asr.model import load_model, spec_from_config
+from pipelines.asr.options import DecodeOptions
+from pipelines.asr.prepare import Prepared, prepare
+from pipelines.base import Pipeline, Request
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FIRST_WINDOW_S = 6.0
+
+
+@dataclass(eq=False)
+class Decoding:
+    """A request being decoded, and the segments it has so far."""
+
+    request: Request
+    prepared: Prepared
+    batch_size: int
+    """Requests of the batch it decoded in (1: alone)."""
+    segments: list[dict[str, Any]] = field(default_factory=list)
+
+    def output(self) -> dict[str, Any]:
+        stream = self.prepared.stream
+        return {
+            "text": "".join(s["text"] for s in self.segments).strip(),
+            "language": stream.options.language,
+            "language_probability": round(stream.language_probability, 4),
+            "duration": round(self.prepared.duration_s, 3),
+            "segments": self.segments,
+            "batch_size": self.batch_size,
+        }
+
+
+class AsrPipeline(Pipeline):
+    kind = "asr"
+    input_model = AsrInput
+
+    def load(self) -> None:
+        options = self.config.options
+        self.spec = spec_from_config(self.config)
+        self.model = load_model(self.spec)
+        self.first_window_s = float(options.get("first_window_s", DEFAULT_FIRST_WINDOW_S))
+        self.context_tokens = int(options.get("context_tokens", DEFAULT_CONTEXT_TOKENS))
+
+    def warmup(self) -> None:
+        noise = np.random.default_rng(0).normal(0, 0.01, 2 * SAMPLE_RATE).astype(np.float32)
+        stream = prepare(self.model, noise, DecodeOptions(language="en"), 0).stream
+        decode_step(self.model, [stream], self.context_tokens)
+
+    def batch_key(self, request: JobInput) -> Hashable | None:
+        assert isinstance(request, AsrInput)
+        options = DecodeOptions.from_input(request)
+        return None if options.word_timestamps else options.batch_key()
+
+    def run(self, batch: Sequence[Request]) -> None:
+        opened = [self._open(request, len(batch)) for request in batch]
+        jobs = [job for job in opened if job is not None]
+        while jobs := [job for job in jobs if not self._finished(job)]:
+            found = decode_step(self.model, [j.prepared.stream for j in jobs], self.context_tokens)
+            for job, segments in zip(jobs, found, strict=True):
+                for segment in segments:
+                    job.segments.append(job.prepared.restore(segment))
+                    job.request.partial({"segment": job.segments[-1]})
+
+    def describe(self) -> dict[str, Any]:
+        spec = getattr(self, "spec", None)
+        extra = {"device": spec.device, "compute_type": spec.compute_type} if spec else {}
+        return {**super().describe(), **extra}
+
+    def _open(self, request: Request, batch_size: int) -> Decoding | None:
+        """Decode the request's audio and set up its decoding; None if it is done."""
+        if self._canceled_request(request):
+            return None
+        assert isinstance(request.input, AsrInput)
+        options = DecodeOptions.from_input(request.input)
+        try:
+            with request.files.input_path(request.input.audio, "audio") as path:
+                audio = decode_file(path, self.settings.limits)
+        except InputError as exc:
+            request.fail(exc)
+            return None
+        except Exception as exc:  # one request's fault never fails its batch mates
+            log.exception("job %s: reading its audio failed", request.job_id)
+            request.fail(exc)
+            return None
+        prepared = prepare(self.model, audio, options, self.first_window_s)
+        return Decoding(request, prepared, batch_size)
+
+    def _finished(self, job: Decoding) -> bool:
+        """True once the job has ended: decoded to the end (it succeeds) or canceled."""
+        if self._canceled_request(job.request):
+            return True
+        if job.prepared.stream.done:
+            job.request.succeed(job.output())
+            return True
+        return False
+
+    @staticmethod
+    def _canceled_request(request: Request) -> bool:
+        if request.cancelled():
+            request.drop_canceled()
+            return True
+        return False

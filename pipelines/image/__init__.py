@@ -1,0 +1,5 @@
+"""Image generation with diffusers: `impl = "pipelines.image:ImagePipeline"`."""
+
+from pipelines.image.pipeline import ImagePipeline
+
+__all__ = ["ImagePipeline"]

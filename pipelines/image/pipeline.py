@@ -1,0 +1,181 @@
+"""The image pipeline: diffusers text-to-image (and image-to-image) behind the engine.
+
+Requests with the same batch key (mode, size, steps, guidance, scheduler, strength) run
+as one call (`batch.BatchCall`); the engine forms the batches. Each finished request
+stores its images and answers their signed URLs and seeds (and base64 on request).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import secrets
+import threading
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from jobs.errors import InputError
+from jobs.schemas.base import JobInput
+from jobs.schemas.image import ImageInput, ImageOptions
+from jobs.settings import PipelineConfig, Settings
+from pipelines.base import Canceled, Pipeline, Request
+from pipelines.image.batch import BatchCall, Generated, Preview, Share
+from pipelines.image.load import Diffuser, Loaded, load_model, native_side
+from pipelines.image.output import CONTENT_TYPES, EXTENSIONS, encode, read_start_image
+
+log = logging.getLogger(__name__)
+
+SEED_SPACE = 2**63
+
+
+class ImagePipeline(Pipeline):
+    kind = "image"
+    input_model = ImageInput
+
+    def __init__(self, config: PipelineConfig, settings: Settings) -> None:
+        super().__init__(config, settings)
+        self.opts = ImageOptions.model_validate(config.options)
+        self._loaded: Loaded | None = None
+        self._views = threading.local()
+        """Per runner thread: its own pipeline objects (scheduler, interrupt flag) over
+        the shared modules, so `runners > 1` never shares a scheduler between calls."""
+
+    @property
+    def loaded(self) -> Loaded:
+        if self._loaded is None:
+            raise RuntimeError("the image pipeline is not loaded")
+        return self._loaded
+
+    def load(self) -> None:
+        self._loaded = load_model(self.config, self.opts, self.settings.limits.image_max_side)
+        log.info(
+            "image model %s loaded: %s on %s (%s), image-to-image: %s",
+            self.config.model,
+            type(self.loaded.text2img).__name__,
+            self.loaded.device,
+            self.loaded.dtype,
+            self.loaded.img2img is not None,
+        )
+
+    def warmup(self) -> None:
+        if self.opts.warmup:
+            side = native_side(self.loaded.text2img)
+            self.loaded.text2img(prompt="warmup", num_inference_steps=1, width=side, height=side)
+
+    def unload(self) -> None:
+        self._loaded = None
+
+    def batch_key(self, request: JobInput) -> Hashable | None:
+        assert isinstance(request, ImageInput)
+        mode = ("img2img", request.strength) if request.init_image else ("txt2img", None)
+        return (
+            *mode,
+            request.width,
+            request.height,
+            request.steps,
+            request.guidance_scale,
+            request.scheduler or self.opts.default_scheduler,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "schedulers": list(self.opts.schedulers)}
+
+    def run(self, batch: Sequence[Request]) -> None:
+        shares: list[Share] = []
+        for request in batch:
+            try:
+                shares.append(self._share(request))
+            except InputError as exc:
+                request.fail(exc)
+            except Exception as exc:  # e.g. storage down: this request fails, not the batch
+                log.exception("image job %s: preparing its request failed", request.job_id)
+                request.fail(exc)
+        if not shares:
+            return
+        call = BatchCall(self._view(shares[0]), shares, self._preview())
+        try:
+            generated = call.run()
+        except Canceled:
+            return
+        sizes = {"requests": len(shares), "images": sum(len(s.seeds) for s in shares)}
+        for share, result in generated.items():
+            self._finish(share, result, sizes)
+
+    # -- before the call ---------------------------------------------------------------
+
+    def _share(self, request: Request) -> Share:
+        inp = request.input
+        assert isinstance(inp, ImageInput)
+        try:
+            inp.check_pipeline(self.config)
+        except InputError as exc:
+            raise InputError(f"input.{exc.field}", exc.reason) from None
+        base = inp.seed if inp.seed is not None else secrets.randbelow(SEED_SPACE)
+        seeds = [(base + i) % SEED_SPACE for i in range(inp.n)]
+        return Share(request, seeds, self._start_image(request, inp))
+
+    def _start_image(self, request: Request, inp: ImageInput) -> Any:
+        if inp.init_image is None:
+            return None
+        if self.loaded.img2img is None:
+            raise InputError("input.init_image", "this model has no image-to-image pipeline")
+        with request.files.open_input(inp.init_image, "input.init_image") as stream:
+            data = stream.read()
+        return read_start_image(data, inp.width, inp.height, "input.init_image")
+
+    def _view(self, share: Share) -> Diffuser:
+        """This thread's pipeline for the share's mode, with a fresh scheduler."""
+        img2img = share.input.init_image is not None
+        name = "img2img" if img2img else "text2img"
+        view = getattr(self._views, name, None)
+        if view is None:
+            base = self.loaded.img2img if img2img else self.loaded.text2img
+            assert base is not None
+            # from_pipe casts the shared modules to `dtype` (float32 unless told).
+            view = type(base).from_pipe(base, dtype=self.loaded.dtype)
+            view.set_progress_bar_config(disable=True)
+            setattr(self._views, name, view)
+        view.scheduler = self.loaded.scheduler(share.input.scheduler or self.opts.default_scheduler)
+        return view
+
+    def _preview(self) -> Preview:
+        return Preview(self.opts.preview_every_steps, self.opts.preview_max_side)
+
+    # -- after the call ----------------------------------------------------------------
+
+    def _finish(self, share: Share, result: Generated, sizes: dict[str, int]) -> None:
+        request = share.request
+        if request.cancelled():
+            request.drop_canceled()
+            return
+        inp = share.input
+        images = [
+            self._store(request, inp, i, image, seed, nsfw)
+            for i, (image, seed, nsfw) in enumerate(
+                zip(result.images, share.seeds, result.nsfw, strict=True)
+            )
+        ]
+        request.succeed(
+            {
+                "images": images,
+                "seeds": share.seeds,
+                "width": inp.width,
+                "height": inp.height,
+                "steps": inp.steps,
+                "guidance_scale": inp.guidance_scale,
+                "scheduler": inp.scheduler or self.opts.default_scheduler,
+                "format": inp.format,
+                "batch": sizes,
+            }
+        )
+
+    def _store(
+        self, request: Request, inp: ImageInput, i: int, image: Any, seed: int, nsfw: bool
+    ) -> dict[str, Any]:
+        data = encode(image, inp.format)
+        name = f"image-{i}.{EXTENSIONS[inp.format]}"
+        stored = request.files.put_output(name, data, CONTENT_TYPES[inp.format])
+        stored.update(seed=seed, nsfw=nsfw)
+        if inp.response_format == "b64_json":
+            stored["b64_json"] = base64.b64encode(data).decode()
+        return stored

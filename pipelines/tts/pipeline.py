@@ -1,0 +1,201 @@
+"""The TTS pipeline: the voices of settings, spoken sentence by sentence as partial events.
+
+Each request runs alone (engines have no batch dimension); a device runs several engine
+instances as separate worker processes (`instances`). For one request:
+
+1. the voice is resolved from the pipeline's `options.voices` (unknown: invalid input);
+2. the text is split into sentences (`pipelines.tts.text`);
+3. each sentence is synthesized in order; every chunk an engine yields goes out at once
+   as a `partial` event `{seq, sentence, text, sample_rate, samples, audio}` (`audio`:
+   base64 little-endian PCM16 mono), plus `stream` (base64, the next bytes of the
+   requested format's stream) for flac, mp3 and opus; a `progress` event follows each
+   sentence; a cancel stops before the next sentence (or the next XTTS chunk);
+4. the whole audio is encoded in the requested format and stored; the output names it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import time
+from collections.abc import Hashable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jobs.errors import InputError
+from jobs.schemas.base import JobInput
+from jobs.schemas.tts import TtsInput, TtsOptions
+from jobs.settings import PipelineConfig, Settings
+from pipelines.base import Pipeline, Request
+from pipelines.tts.encode import (
+    FORMATS,
+    STREAMED_FORMATS,
+    Shaper,
+    StreamEncoder,
+    encode_file,
+)
+from pipelines.tts.engines import SpeakOptions, SpeechEngine, make_engine
+from pipelines.tts.text import split_sentences
+
+
+class TtsPipeline(Pipeline):
+    kind = "tts"
+    input_model = TtsInput
+
+    def __init__(self, config: PipelineConfig, settings: Settings) -> None:
+        super().__init__(config, settings)
+        self.options = TtsOptions.model_validate(config.options)
+        self.engines: dict[str, SpeechEngine] = {}
+
+    def load(self) -> None:
+        for name, spec in self.options.voices.items():
+            engine = make_engine(spec, self.config.device, self.options.threads)
+            engine.load()
+            self.engines[name] = engine
+
+    def warmup(self) -> None:
+        for engine in self.engines.values():
+            if not engine.clones:  # a cloning voice has nothing to say without a clip
+                for _ in engine.speak("Ready.", SpeakOptions()):
+                    pass
+
+    def batch_key(self, request: JobInput) -> Hashable | None:
+        return None
+
+    def run(self, batch: Sequence[Request]) -> None:
+        for request in batch:
+            try:
+                self._speak(request)
+            except InputError as exc:
+                request.fail(exc)
+
+    def unload(self) -> None:
+        for engine in self.engines.values():
+            engine.unload()
+        self.engines.clear()
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "voices": self.options.names()}
+
+    def _speak(self, request: Request) -> None:
+        inp = request.input
+        assert isinstance(inp, TtsInput)
+        name, engine, sentences = self._plan(inp)
+        with _reference(request, inp) as reference:
+            options = SpeakOptions(
+                speed=inp.speed if engine.native_speed else 1.0,
+                language=inp.language,
+                reference=reference,
+            )
+            audio = _Speech(request, inp, engine).run(sentences, options)
+        if audio is None:
+            return  # canceled
+        spec = FORMATS[inp.format]
+        data = encode_file(audio.samples(), audio.rate, inp.format)
+        stored = request.files.put_output(f"speech.{spec.extension}", data, spec.content_type)
+        request.succeed({"audio": stored, **audio.summary(inp, name, len(sentences))})
+
+    def _plan(self, inp: TtsInput) -> tuple[str, SpeechEngine, list[str]]:
+        """The voice's name, its engine and the sentences; InputError where they do not fit."""
+        name = self.options.resolve(inp.voice)
+        engine = self.engines[name]
+        if inp.reference_audio and not engine.clones:
+            raise InputError("reference_audio", f"voice {name!r} does not clone voices")
+        limit = self.options.max_sentence_chars
+        engine_limit = engine.sentence_limit(inp.language) or limit
+        sentences = split_sentences(inp.text, min(limit, engine_limit))
+        if not sentences:
+            raise InputError("text", "has nothing to speak")
+        return name, engine, sentences
+
+
+@contextlib.contextmanager
+def _reference(request: Request, inp: TtsInput) -> Iterator[Path | None]:
+    if inp.reference_audio is None:
+        yield None
+        return
+    with request.files.input_path(inp.reference_audio, "reference_audio") as path:
+        yield path
+
+
+class _Speech:
+    """One request's synthesis: sentences in, partial events out, the audio kept."""
+
+    def __init__(self, request: Request, inp: TtsInput, engine: SpeechEngine) -> None:
+        self.request = request
+        self.engine = engine
+        self.rate = inp.sample_rate or engine.sample_rate
+        tempo = 1.0 if engine.native_speed else inp.speed
+        self.shaper = Shaper(engine.sample_rate, self.rate, tempo)
+        streamed = inp.format in STREAMED_FORMATS
+        self.encoder = StreamEncoder(inp.format, self.rate) if streamed else None
+        self.chunks: list[np.ndarray] = []
+        self.seq = 0
+        self.total = 0
+        self.first_audio_ms: float | None = None
+        self.synthesis_ms = 0.0
+        self._started = time.monotonic()
+
+    def run(self, sentences: list[str], options: SpeakOptions) -> _Speech | None:
+        """Speak every sentence; None when the request was canceled on the way."""
+        for index, sentence in enumerate(sentences):
+            for chunk in self.engine.speak(sentence, options):
+                if self.request.cancelled():
+                    break
+                self._emit(self.shaper.feed(chunk), index, sentence)
+            if self.request.cancelled():
+                self.request.drop_canceled()
+                return None
+            self.request.progress(index + 1, len(sentences))
+        tail = self.shaper.flush()
+        self._emit(tail, len(sentences) - 1, "", closing=True)
+        self.synthesis_ms = _ms(time.monotonic() - self._started)
+        return self
+
+    def summary(self, inp: TtsInput, voice: str, sentences: int) -> dict[str, Any]:
+        """The job's output, beside the stored file."""
+        return {
+            "format": inp.format,
+            "sample_rate": self.rate,
+            "duration_s": round(self.total / self.rate, 3),
+            "voice": voice,
+            "engine": self.engine.engine,
+            "sentences": sentences,
+            "chunks": self.seq,
+            "first_audio_ms": self.first_audio_ms,
+            "synthesis_ms": self.synthesis_ms,
+            "worker_pid": os.getpid(),
+        }
+
+    def samples(self) -> np.ndarray:
+        return np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.int16)
+
+    def _emit(self, samples: np.ndarray, sentence: int, text: str, closing: bool = False) -> None:
+        stream = self.encoder.feed(samples) if self.encoder else b""
+        if closing and self.encoder:
+            stream += self.encoder.close()
+        if not samples.size and not stream:
+            return
+        self.chunks.append(samples)
+        self.total += samples.size
+        data: dict[str, Any] = {
+            "seq": self.seq,
+            "sentence": sentence,
+            "text": text,
+            "sample_rate": self.rate,
+            "samples": int(samples.size),
+            "audio": base64.b64encode(samples.astype("<i2").tobytes()).decode(),
+        }
+        if self.encoder:
+            data["stream"] = base64.b64encode(stream).decode()
+        if self.first_audio_ms is None and samples.size:
+            self.first_audio_ms = _ms(time.monotonic() - self._started)
+        self.request.partial(data)
+        self.seq += 1
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)
