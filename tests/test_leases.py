@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -126,6 +128,37 @@ def test_redelivered_task_for_ended_or_held_job_is_dropped(
     assert len(rclient.xrange(keys.job_events(job.id))) == events_before
     finished = owner.wait(held["id"])
     assert finished["status"] == "succeeded" and finished["attempts"] == 1
+    worker.stop()
+
+
+TAKE_AND_DIE = """
+import os
+from jobs.broker import make_celery
+from jobs.settings import load_settings
+
+app = make_celery(load_settings())
+with app.connection_for_read() as conn:
+    message = conn.default_channel.basic_get(queue="mmq.sleep", no_ack=False)
+    print("took" if message is not None else "empty", flush=True)
+    os._exit(0)  # dies holding the message, before the job started
+"""
+
+
+def test_a_message_taken_by_a_worker_that_died_before_the_job_started_is_requeued(
+    dep: Deployment, owner: Api, rclient: redis.Redis
+) -> None:
+    job = owner.submit("sleep", steps=1, step_ms=1)  # no sleep worker yet: it stays queued
+    taker = subprocess.run(
+        [sys.executable, "-c", TAKE_AND_DIE], env=dep.env, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert taker.stdout.strip() == "took", taker.stderr
+    assert rclient.hlen("unacked") >= 1 and owner.get(job["id"])["status"] == "queued"
+    worker = dep.start_worker("sleep")
+    ended = owner.wait(job["id"], timeout_s=30)
+    assert ended["status"] == "succeeded" and ended["attempts"] == 1
+    reaper = next(p for p in dep.procs if p.name == "reaper")
+    assert "stranded with a dead worker" in reaper.log()
     worker.stop()
 
 

@@ -3,7 +3,9 @@
 A running job whose lease expired (its worker died or hung) goes back to `queued` and is
 enqueued again, within about `lease.ttl_s + lease.reaper_interval_s`. Past
 `lease.max_attempts` runs it ends `failed` with the reason instead of looping.
-Several reapers may run at once: each change is a guarded atomic transition.
+Several reapers may run at once: each change is a guarded atomic transition. It also puts
+back the task messages that a worker took and died with before starting their job
+(`workers/stranded.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from jobs.models import EventType
 from jobs.settings import Settings
 from jobs.states import JobStatus
 from jobs.store import JobStore, transition
+from workers.stranded import restore_stranded
 
 log = logging.getLogger(__name__)
 
@@ -85,5 +88,6 @@ class Reaper:
         while not stop.wait(self.settings.lease.reaper_interval_s):
             try:
                 self.sweep()
-            except redis.RedisError:
+                restore_stranded(self.app, self.store, grace_s=self.settings.lease.ttl_s)
+            except (redis.RedisError, OSError):
                 log.exception("reaper sweep failed")
