@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[dev,asr,image]"
+	$(BIN)/pip install -q -e ".[dev,asr,image,llm]"
 	bash scripts/install_tts.sh $(BIN)
 	touch $(STAMP)
 

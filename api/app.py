@@ -15,13 +15,14 @@ from api.files import FileService
 from api.hub import EventHub
 from api.limits import BodySizeLimit
 from api.openai import audio as openai_audio
+from api.openai import chat as openai_chat
 from api.openai import images as openai_images
 from api.openai import speech as openai_speech
-from api.routes import events, files, health, jobs
+from api.routes import events, files, health, jobs, metrics
 from api.service import JobService
 from jobs.broker import make_celery, webhook_sender
+from jobs.metered import MeteredAsyncJobStore
 from jobs.settings import Settings
-from jobs.store import AsyncJobStore
 from storage.factory import make_storage
 
 UPLOAD_PATHS = ("/v1/audio/transcriptions", "/v1/audio/translations")
@@ -45,7 +46,7 @@ def create_app(settings: Settings) -> FastAPI:
         )
         client = aredis.Redis(connection_pool=pool)
         celery = make_celery(settings)
-        store = AsyncJobStore(client, settings, on_event=webhook_sender(celery))
+        store = MeteredAsyncJobStore(client, settings, on_event=webhook_sender(celery))
         hub = EventHub(client)
         await hub.start()
         file_service = FileService(settings, storage, client)
@@ -66,12 +67,14 @@ def create_app(settings: Settings) -> FastAPI:
     )
     errors.install(app)
     app.include_router(health.router)
+    app.include_router(metrics.router)
     app.include_router(jobs.router)
     app.include_router(events.router)
     app.include_router(files.router)
     app.include_router(openai_speech.router)
     app.include_router(openai_audio.router)
     app.include_router(openai_images.router)
+    app.include_router(openai_chat.router)
 
     def limit_for(path: str) -> int:
         if path.startswith(FILES_PATH):

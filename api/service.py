@@ -10,7 +10,7 @@ import json
 import secrets
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 from celery import Celery
@@ -19,16 +19,26 @@ from pydantic import ValidationError
 from api.files import FileService
 from api.hub import EventHub
 from api.streams import is_terminal
+from jobs import keys
 from jobs.broker import enqueue
 from jobs.codec import dumps
 from jobs.errors import Conflict, InputError, NotFound, QueueFull, Unavailable
-from jobs.models import Job, JobCreate
+from jobs.models import EventType, Job, JobCreate
 from jobs.netguard import NetPolicy, check_url
 from jobs.queues import pipeline_for
 from jobs.schemas import schema_for, validation_error_field
+from jobs.schemas.base import JobInput
 from jobs.settings import Settings
 from jobs.states import JobStatus
-from jobs.store import AsyncJobStore, transition
+from jobs.store import AsyncJobStore, Lease, transition
+
+
+class Validated(NamedTuple):
+    pipeline: str
+    """The pipeline that runs the job (its queue)."""
+    request: JobInput
+    input: dict[str, Any]
+    """The input as stored: validated, with defaults filled in."""
 
 
 @contextlib.contextmanager
@@ -64,8 +74,8 @@ class JobService:
         self.files = files
         """Checks the file references of an input at submit and notes the uploads used."""
 
-    def validate(self, body: JobCreate) -> tuple[str, dict[str, object]]:
-        """Validate the input against its kind; returns (pipeline, normalised input)."""
+    def validate(self, body: JobCreate) -> Validated:
+        """Validate the input against its kind and choose the pipeline that runs it."""
         try:
             schema = schema_for(body.kind, self.settings)
         except KeyError:
@@ -79,7 +89,8 @@ class JobService:
         pipeline = pipeline_for(self.settings, body.kind, request.model)
         with _fields_of("input"):
             request.check_pipeline(self.settings.pipelines[pipeline])
-        return pipeline, request.model_dump(mode="json")
+        pipeline = request.route(pipeline, self.settings)
+        return Validated(pipeline, request, request.model_dump(mode="json"))
 
     async def submit(
         self,
@@ -89,7 +100,8 @@ class JobService:
         job_id: str | None = None,
     ) -> tuple[Job, bool]:
         """Store and enqueue a job; returns (job, created). Raises QueueFull, InputError."""
-        pipeline, normalised = self.validate(body)
+        pipeline, request, normalised = self.validate(body)
+        cached = await self._cached_output(owner, pipeline, request)
         used = await self.files.check_input_refs(owner, body.kind, body.input) if self.files else []
         if body.webhook is not None:
             await self._check_webhook(body.webhook.url)
@@ -127,8 +139,48 @@ class JobService:
             )
         if used and self.files is not None:
             await self.files.note_used(used, job.id)
+        if cached is not None:
+            return await self._answer_from_cache(job, cached), True
         await self._enqueue(job)
         return job, True
+
+    async def _cached_output(
+        self, owner: str, pipeline: str, request: JobInput
+    ) -> dict[str, Any] | None:
+        """The response cache's answer to a deterministic request, if it has one."""
+        policy = request.cache_policy(self.settings.pipelines[pipeline])
+        if policy is None:
+            return None
+        raw = await self.store.r.get(keys.response_cache(owner, policy.digest))
+        return None if raw is None else {**json.loads(raw), "cached": True}
+
+    async def _answer_from_cache(self, job: Job, output: dict[str, Any]) -> Job:
+        """End a new job with a cached answer, through the usual transitions (it runs
+        here, under a lease of its own, instead of on a worker)."""
+        lease = Lease(token=f"response-cache:{secrets.token_hex(8)}", ttl_ms=30_000)
+        started = await self.store.apply(
+            transition(
+                job,
+                JobStatus.RUNNING,
+                sources=frozenset({JobStatus.QUEUED}),
+                lease_mode="acquire",
+                lease=lease,
+                fields={"started_at": repr(time.time()), "worker": "response-cache"},
+            )
+        )
+        if started.ok:
+            await self.store.apply(
+                transition(
+                    job,
+                    JobStatus.SUCCEEDED,
+                    sources=frozenset({JobStatus.RUNNING}),
+                    lease_mode="check",
+                    lease=lease,
+                    fields={"output": dumps(output), "finished_at": repr(time.time())},
+                    pre_event=(EventType.OUTPUT, output),
+                )
+            )
+        return await self.get(job.owner, job.id)
 
     async def _check_webhook(self, url: str) -> None:
         if not self.settings.webhooks.secret:

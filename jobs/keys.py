@@ -71,3 +71,23 @@ def deliveries(job_id: str) -> str:
 def upload_jobs(storage_key: str) -> str:
     """Set: ids of the jobs whose input used an upload (it stays while one of them does)."""
     return f"{PREFIX}:upload:{storage_key}:jobs"
+
+
+def response_cache(owner: str, digest: str) -> str:
+    """String: JSON output of a deterministic request, answered again until it expires."""
+    return f"{PREFIX}:cache:{owner}:{digest}"
+
+
+def metric(name: str) -> str:
+    """Hash: one metric's samples from every process, field = JSON label values (and
+    bucket); counters and histogram buckets grow with HINCRBY (see jobs/metrics.py)."""
+    return f"{PREFIX}:metric:{name}"
+
+
+DEVICES = f"{PREFIX}:devices"
+"""Sorted set: `host/device` of each GPU or MIG slice that workers read, scored by time."""
+
+
+def device(host_device: str) -> str:
+    """Hash: the last reading of one GPU or MIG slice (utilisation, memory), with a TTL."""
+    return f"{PREFIX}:device:{host_device}"

@@ -104,6 +104,16 @@ return announce(ARGV[1], KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], n
 """
 )
 
+GIVE_BACK_LEASE = """
+-- KEYS: lease, running zset; ARGV: token, job_id
+-- Drop the lease now and mark the job's deadline as past: the reaper's next sweep
+-- takes the job back as it would a dead worker's.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('ZADD', KEYS[2], 0, ARGV[2])
+return 1
+"""
+
 RENEW_LEASE = """
 -- KEYS: lease, running zset; ARGV: token, ttl ms, job_id, deadline
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end

@@ -48,8 +48,14 @@ class Timings(BaseModel):
     """From the start of the run to its end."""
     total_ms: float | None = None
     """From submit to the end."""
+    ttft_ms: float | None = None
+    """LLM: from the request reaching the engine to its first token."""
     tpot_ms: float | None = None
-    """LLM: time per output token after the first."""
+    """LLM: time per output token after the first, (e2e - ttft) / (tokens - 1)."""
+    itl_ms: float | None = None
+    """LLM: mean gap between streamed chunks."""
+    e2e_ms: float | None = None
+    """LLM: from the request reaching the engine to its last token."""
 
 
 class WebhookSpec(BaseModel):

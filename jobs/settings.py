@@ -200,7 +200,12 @@ class PipelineConfig(BaseModel):
     instances: int = 1
     """Worker processes per device (for models without a batch dimension)."""
     device: str = "cpu"
-    """Where its workers run: cpu, gpu:N, mig:UUID."""
+    """Where its workers run: cpu, gpu:N, mig:UUID, gpu:* (each GPU), mig:* (each MIG
+    slice), or auto (the GPU or slice with the most room, else the CPU). A placement
+    file (`mmq up --placement`) overrides it."""
+    memory_gb: float | None = Field(default=None, gt=0)
+    """Device memory (GiB) one worker needs, for placement; unset: estimated from the
+    model's files (parameters x dtype x 1.2)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Pipeline-specific options."""
 

@@ -183,6 +183,7 @@ class JobStore:
         self._transition = client.register_script(lua.TRANSITION)
         self._append = client.register_script(lua.APPEND_EVENT)
         self._renew = client.register_script(lua.RENEW_LEASE)
+        self._give_back = client.register_script(lua.GIVE_BACK_LEASE)
 
     @classmethod
     def connect(cls, settings: Settings, on_event: EventListener | None = None) -> JobStore:
@@ -233,6 +234,11 @@ class JobStore:
         deadline = time.time() + lease.ttl_ms / 1000
         args = [lease.token, str(lease.ttl_ms), job_id, repr(deadline)]
         return bool(self._renew(keys=[keys.lease(job_id), keys.RUNNING], args=args))
+
+    def give_back_lease(self, job_id: str, lease: Lease) -> bool:
+        """Give up a held lease at once: the reaper requeues the job at its next sweep."""
+        args = [lease.token, job_id]
+        return bool(self._give_back(keys=[keys.lease(job_id), keys.RUNNING], args=args))
 
     def expired_running(self, now: float, limit: int = 100) -> list[str]:
         return list(self.r.zrangebyscore(keys.RUNNING, "-inf", now, start=0, num=limit))

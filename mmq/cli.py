@@ -1,4 +1,4 @@
-"""The `mmq` command line: up, api, worker, reaper, keys."""
+"""The `mmq` command line: up, workers, devices, api, worker, reaper, keys."""
 
 from __future__ import annotations
 
@@ -6,11 +6,14 @@ import logging
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from jobs.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from workers.placement import Plan
 
 app = typer.Typer(help="mmq: multimodal inference jobs on Redis and Celery workers.")
 keys_app = typer.Typer(help="API keys.")
@@ -59,9 +62,18 @@ def api(config: ConfigOpt = None) -> None:
 def worker(
     pipeline: Annotated[str, typer.Option(help="Pipeline name from the config")],
     instance: Annotated[int, typer.Option(help="Instance number on this device")] = 0,
+    device: Annotated[
+        str | None, typer.Option(help="cpu, gpu:N, mig:UUID (default: the pipeline's)")
+    ] = None,
+    concurrency: Annotated[int | None, typer.Option(min=1)] = None,
+    max_batch: Annotated[int | None, typer.Option(min=1)] = None,
+    max_wait_ms: Annotated[float | None, typer.Option(min=0)] = None,
+    runners: Annotated[int | None, typer.Option(min=1)] = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Run one worker process serving one pipeline."""
+    """Run one worker process serving one pipeline (knob options override the config's)."""
+    from workers.devices import discover
+    from workers.placement import PlacementError, apply_overrides, concrete_device
     from workers.process import run_worker
 
     settings = _settings(config)
@@ -69,6 +81,18 @@ def worker(
     if pipeline not in settings.enabled_pipelines:
         typer.echo(f"no enabled pipeline {pipeline!r} in the config", err=True)
         raise typer.Exit(2)
+    base = settings.pipelines[pipeline]
+    spec = device or base.device
+    try:
+        if spec in ("auto", "gpu:*", "mig:*"):
+            spec = concrete_device(spec, base, discover(), pipeline)
+    except PlacementError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    settings.pipelines[pipeline] = apply_overrides(
+        base, spec, concurrency=concurrency, max_batch=max_batch,
+        max_wait_ms=max_wait_ms, runners=runners,
+    )  # fmt: skip
     run_worker(settings, pipeline, instance)
 
 
@@ -81,7 +105,7 @@ def reaper(config: ConfigOpt = None) -> None:
     of jobs whose records have expired. Several reapers may run at once.
     """
     from jobs.broker import make_celery, webhook_sender
-    from jobs.store import JobStore
+    from jobs.metered import MeteredJobStore
     from workers.reaper import Reaper
     from workers.retention import start_sweeper
 
@@ -91,7 +115,7 @@ def reaper(config: ConfigOpt = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     celery = make_celery(settings)
-    store = JobStore.connect(settings, on_event=webhook_sender(celery))
+    store = MeteredJobStore.connect(settings, on_event=webhook_sender(celery))
     sweeper = start_sweeper(settings, stop)
     Reaper(store, settings, celery).run_forever(stop)
     sweeper.join(timeout=10)
@@ -110,12 +134,74 @@ def webhooks(config: ConfigOpt = None) -> None:
     run_webhook_worker(settings)
 
 
+PlacementOpt = Annotated[
+    Path | None,
+    typer.Option("--placement", "-p", help="Placement TOML: which pipelines run on which device"),
+]
+
+
+def _plan(settings: Settings, placement: Path | None) -> Plan:
+    from workers.placement import PlacementError
+    from workers.up import host_plan
+
+    try:
+        return host_plan(settings, placement)
+    except PlacementError as exc:
+        typer.echo(f"placement refused: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 @app.command()
-def up(config: ConfigOpt = None) -> None:
+def up(config: ConfigOpt = None, placement: PlacementOpt = None) -> None:
     """Start everything: Redis (if MMQ_REDIS_URL is unset), the API, the reaper, workers."""
     from workers.up import run_up
 
-    run_up(_settings(config), config)
+    settings = _settings(config)
+    run_up(settings, config, _plan(settings, placement))
+
+
+@app.command()
+def workers(config: ConfigOpt = None, placement: PlacementOpt = None) -> None:
+    """Start this host's workers only (one per device, pipeline and instance), supervised:
+    a GPU host joining a deployment through MMQ_REDIS_URL."""
+    from workers.up import run_up
+
+    settings = _settings(config)
+    _require_redis(settings)
+    run_up(settings, config, _plan(settings, placement), services=False)
+
+
+@app.command()
+def devices(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    plan: Annotated[bool, typer.Option("--plan", help="Also show the worker plan")] = False,
+    placement: PlacementOpt = None,
+    topology: Annotated[
+        Path | None, typer.Option(help="Plan for a host recorded with `mmq devices --json`")
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """List the GPUs, MIG slices and CPU found here (NVML), and with --plan the workers
+    that `mmq up` would start on them."""
+    from rich.console import Console
+
+    from mmq.devices import print_plan, print_topology
+    from workers.devices import Topology, discover
+    from workers.placement import PlacementError
+    from workers.up import host_plan
+
+    found = Topology.from_json(topology.read_text()) if topology else discover()
+    console = Console()
+    if as_json and not plan:
+        typer.echo(found.to_json())
+        return
+    print_topology(console, found)
+    if plan or placement:
+        try:
+            print_plan(console, host_plan(load_settings(config), placement, found))
+        except PlacementError as exc:
+            console.print(f"[red]placement refused[/]: {exc}")
+            raise typer.Exit(2) from None
 
 
 @app.command()

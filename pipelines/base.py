@@ -20,6 +20,12 @@ class Canceled(Exception):
     """Raised by a pipeline that stopped because every request of its batch was canceled."""
 
 
+class BackendLost(Exception):
+    """Raised by a pipeline whose backend went away mid-batch (an engine server died):
+    not the requests' fault, so each one goes back to the queue through its lease and
+    runs again (counting an attempt), instead of failing."""
+
+
 class Files(Protocol):
     """A job's files: its inputs by reference, its outputs by name (in storage)."""
 
@@ -87,7 +93,11 @@ class Pipeline(ABC):
 
     def __init__(self, config: PipelineConfig, settings: Settings) -> None:
         self.config = config
+        """The pipeline's settings; a pipeline may adjust its batching knobs here (the
+        worker runs its engine and Celery consumer with these)."""
         self.settings = settings
+        self.name = config.kind
+        """The pipeline's name in settings (`[pipelines.NAME]`); the worker sets it."""
 
     @abstractmethod
     def load(self) -> None:

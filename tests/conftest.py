@@ -57,6 +57,7 @@ class Api:
     """An httpx client for one owner's API key."""
 
     def __init__(self, base_url: str, key: str | None) -> None:
+        self.key = key or ""
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.http = httpx.Client(base_url=base_url, headers=headers, timeout=30)
 

@@ -51,7 +51,7 @@ def api(dep: Deployment) -> Api:
 
 
 def _client(dep: Deployment, api: Api) -> Client:
-    key = api.http.headers["Authorization"].removeprefix("Bearer ")
+    key = api.key
     return Client(dep.base_url, key, timeout_s=60)
 
 

@@ -18,13 +18,9 @@ from tests.conftest import Api, new_owner
 from tests.support.deploy import Deployment
 
 
-def _key(api: Api) -> str:
-    return str(api.http.headers["Authorization"]).removeprefix("Bearer ")
-
-
 @pytest.fixture
 def client(deployment: Deployment, api: Api) -> Client:
-    return Client(deployment.base_url, _key(api))
+    return Client(deployment.base_url, api.key)
 
 
 def _statuses(events: list[dict[str, Any]]) -> list[str]:
@@ -79,7 +75,7 @@ def test_a_dropped_client_resumes_with_last_event_id_exactly_once(client: Client
 
 def test_async_client_follows_and_waits(deployment: Deployment, api: Api) -> None:
     async def main() -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        async with AsyncClient(deployment.base_url, _key(api)) as aclient:
+        async with AsyncClient(deployment.base_url, api.key) as aclient:
             job = await aclient.submit("echo", {"text": "async"})
             events = [e async for e in aclient.events(job["id"])]
             return events, await aclient.wait(job["id"], timeout_s=10)
@@ -95,7 +91,7 @@ def test_websocket_streams_events_and_takes_a_cancel(deployment: Deployment, api
     job = api.submit("sleep", steps=200, step_ms=25)
     url = f"{ws_base}/v1/jobs/{job['id']}/ws"
     received: list[dict[str, Any]] = []
-    with connect(url, additional_headers={"Authorization": f"Bearer {_key(api)}"}) as ws:
+    with connect(url, additional_headers={"Authorization": f"Bearer {api.key}"}) as ws:
         while True:
             event = json.loads(ws.recv(timeout=20))
             received.append(event)
@@ -107,7 +103,7 @@ def test_websocket_streams_events_and_takes_a_cancel(deployment: Deployment, api
     assert api.get(job["id"])["status"] == "canceled"
     # Resume with ?after= and the token in the query: only the events after that id.
     after = received[1]["id"]
-    with connect(f"{url}?after={after}&token={_key(api)}") as ws:
+    with connect(f"{url}?after={after}&token={api.key}") as ws:
         replayed = []
         while True:
             try:
@@ -123,11 +119,11 @@ def test_streams_are_owner_scoped(deployment: Deployment, api: Api) -> None:
     assert other.http.get(f"/v1/jobs/{job['id']}/events").status_code == 404
     assert httpx.get(f"{deployment.base_url}/v1/jobs/{job['id']}/events").status_code == 401
     with pytest.raises(MmqAPIError) as err:
-        list(Client(deployment.base_url, _key(other)).events(job["id"]))
+        list(Client(deployment.base_url, other.key).events(job["id"]))
     assert err.value.status == 404
     ws_url = deployment.base_url.replace("http://", "ws://") + f"/v1/jobs/{job['id']}/ws"
     with pytest.raises(InvalidStatus) as denied:
-        connect(ws_url, additional_headers={"Authorization": f"Bearer {_key(other)}"})
+        connect(ws_url, additional_headers={"Authorization": f"Bearer {other.key}"})
     assert denied.value.response.status_code == 404
     with pytest.raises(InvalidStatus) as anonymous:
         connect(ws_url)

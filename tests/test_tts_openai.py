@@ -41,7 +41,7 @@ def api(tts: Deployment) -> Api:
 
 @pytest.fixture
 def client(tts: Deployment, api: Api) -> openai.OpenAI:
-    key = api.http.headers["authorization"].removeprefix("Bearer ")
+    key = api.key
     return openai.OpenAI(base_url=f"{tts.base_url}/v1", api_key=key, max_retries=0)
 
 

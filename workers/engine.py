@@ -18,7 +18,7 @@ from typing import Any
 
 from jobs.models import EventType
 from jobs.schemas.base import JobInput
-from pipelines.base import Canceled, Files, Pipeline
+from pipelines.base import BackendLost, Canceled, Files, Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ BatchObserver = Callable[[str, int, float], None]
 @dataclass
 class Outcome:
     status: str
-    """`succeeded`, `failed` or `canceled`."""
+    """`succeeded`, `failed`, `canceled`, or `lost` (the backend went away: run it again)."""
     output: dict[str, Any] | None = None
     error: BaseException | None = None
 
@@ -79,6 +79,10 @@ class WorkItem:
 
     def drop_canceled(self) -> None:
         self._finish(Outcome("canceled"))
+
+    def give_back(self, error: BaseException) -> None:
+        """Not finished here: the job goes back to the queue (see `BackendLost`)."""
+        self._finish(Outcome("lost", error=error))
 
     def wait(self, timeout_s: float | None = None) -> Outcome | None:
         self._finished.wait(timeout_s)
@@ -218,6 +222,15 @@ class Engine:
             self.pipeline.run(batch)
         except Canceled:
             pass
+        except BackendLost as exc:
+            log.warning(
+                "pipeline %s lost its backend in a batch of %d: %s", self.name, len(batch), exc
+            )
+            for item in batch:
+                if item.cancelled():
+                    item.drop_canceled()
+                else:
+                    item.give_back(exc)
         except Exception as exc:  # a failing pipeline fails its batch; the worker lives on
             log.exception("pipeline %s failed a batch of %d", self.name, len(batch))
             error = exc

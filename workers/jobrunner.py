@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from jobs import keys
 from jobs.codec import dumps
 from jobs.errors import InputError
 from jobs.models import EventType, Job
@@ -94,6 +95,17 @@ class JobRunner:
         outcome = item.wait()
         assert outcome is not None  # wait() without timeout returns only when finished
         self._record(job, held, outcome)
+        if outcome.status == "succeeded" and outcome.output is not None:
+            self._remember(job, request, outcome.output)
+
+    def _remember(self, job: Job, request: JobInput, output: dict[str, Any]) -> None:
+        """Keep a deterministic request's answer in the response cache (see
+        `JobInput.cache_policy`); the API answers the same request from it."""
+        policy = request.cache_policy(self.engine.pipeline.config)
+        if policy is None:
+            return
+        key = keys.response_cache(job.owner, policy.digest)
+        self.store.r.set(key, dumps(output), px=max(1, int(policy.ttl_s * 1000)))
 
     def _record(self, job: Job, held: Held, outcome: Outcome) -> None:
         if held.lost.is_set():
@@ -110,6 +122,11 @@ class JobRunner:
             )
         elif outcome.status == "canceled":
             self._end(job, JobStatus.CANCELED, RUNNING, held.lease)
+        elif outcome.status == "lost":
+            log.warning(
+                "job %s: backend lost (%s); it goes back to the queue", job.id, outcome.error
+            )
+            self.store.give_back_lease(job.id, held.lease)
         else:
             error = _error_info(outcome.error)
             fields = {"error": dumps(error)}

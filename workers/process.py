@@ -13,17 +13,18 @@ import socket
 from celery import Celery
 
 from jobs.broker import make_celery, webhook_sender
+from jobs.metered import MeteredJobStore
 from jobs.models import Job
 from jobs.queues import TASK_NAME, queue_name
 from jobs.schemas import import_object, schema_for
 from jobs.settings import Settings
-from jobs.store import JobStore
 from pipelines.base import Pipeline
 from storage.factory import make_storage
 from workers.engine import Engine
 from workers.jobfiles import JobFiles
 from workers.jobrunner import JobRunner
 from workers.leases import LeaseKeeper
+from workers.metrics import WorkerMetrics
 from workers.retention import RetentionIndex
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,9 @@ def build_pipeline(settings: Settings, pipeline_name: str) -> Pipeline:
     cls = import_object(config.impl)
     if not (isinstance(cls, type) and issubclass(cls, Pipeline)):
         raise TypeError(f"{config.impl} is not a Pipeline")
-    return cls(config, settings)
+    pipeline = cls(config, settings)
+    pipeline.name = pipeline_name
+    return pipeline
 
 
 def register_task(app: Celery, runner: JobRunner) -> None:
@@ -51,14 +54,15 @@ def register_task(app: Celery, runner: JobRunner) -> None:
 
 def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> None:
     """Serve `pipeline_name` until the Celery worker stops (SIGTERM, SIGINT)."""
-    config = settings.pipelines[pipeline_name]
     name = worker_name(pipeline_name, instance)
     pipeline = build_pipeline(settings, pipeline_name)
+    config = pipeline.config  # as the pipeline adjusted it
     log.info("worker %s: loading %s (%s)", name, pipeline_name, config.model or config.impl)
     pipeline.load()
     pipeline.warmup()
     app = make_celery(settings)
-    store = JobStore.connect(settings, on_event=webhook_sender(app))
+    store = MeteredJobStore.connect(settings, on_event=webhook_sender(app))
+    metrics = WorkerMetrics(store.r, config.device)
     keeper = LeaseKeeper(
         store,
         settings,
@@ -71,6 +75,7 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
         max_batch=config.max_batch,
         max_wait_ms=config.max_wait_ms,
         runners=config.runners,
+        observer=metrics.observe_batch,
     )
     storage = make_storage(settings)
     index = RetentionIndex(store.r)
@@ -83,6 +88,7 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
     register_task(app, runner)
     engine.start()
     keeper.start()
+    metrics.start()
     try:
         app.worker_main(
             [
@@ -98,6 +104,7 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
             ]
         )
     finally:
+        metrics.stop()
         keeper.stop()
         engine.stop()
         pipeline.unload()

@@ -1,4 +1,11 @@
-"""`mmq up`: a whole deployment on this machine, in the foreground."""
+"""`mmq up` (a whole deployment on this machine) and `mmq workers` (this host's workers
+only, joining a deployment whose Redis runs elsewhere), in the foreground.
+
+Workers follow the placement plan (`workers.placement`): one process per (device,
+pipeline, instance), each with `CUDA_VISIBLE_DEVICES` set to its one device (a GPU's or
+MIG slice's UUID; empty for the CPU) and `--device` telling the pipeline where it is.
+The supervisor restarts a dead one with backoff; Ctrl-C stops them all.
+"""
 
 from __future__ import annotations
 
@@ -8,41 +15,73 @@ from pathlib import Path
 import typer
 
 from jobs.settings import Settings
+from workers.devices import Topology, discover
 from workers.launcher import ProcSpec, Supervisor, mmq_command
+from workers.placement import Assignment, Plan, load_placement, plan_placement
 from workers.redis_server import RedisServer
 
 
-def deployment_specs(settings: Settings, config: Path | None) -> list[ProcSpec]:
-    """The API, the reaper, and `instances` CPU workers for every enabled pipeline."""
+def host_plan(settings: Settings, placement: Path | None, topology: Topology | None = None) -> Plan:
+    """The workers for this host (raises PlacementError when they cannot run here)."""
+    found = topology if topology is not None else discover()
+    return plan_placement(settings, found, load_placement(placement) if placement else None)
+
+
+def worker_spec(a: Assignment, extra: list[str]) -> ProcSpec:
+    knobs = [f"--{k.replace('_', '-')}={v}" for k, v in a.overrides.items()]
+    argv = mmq_command(
+        "worker", "--pipeline", a.pipeline, "--instance", str(a.instance),
+        "--device", a.device.id, *knobs, *extra,
+    )  # fmt: skip
+    env = {"CUDA_VISIBLE_DEVICES": a.device.visible_devices}
+    if a.device.kind != "cpu":
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return ProcSpec(f"worker {a.pipeline}#{a.instance} on {a.device.id}", argv, env)
+
+
+def deployment_specs(
+    settings: Settings, config: Path | None, plan: Plan, services: bool = True
+) -> list[ProcSpec]:
+    """The API, the reaper and the webhook worker (with `services`), and the plan's workers."""
     extra = ["--config", str(config)] if config else []
-    specs = [
-        ProcSpec("api", mmq_command("api", *extra)),
-        ProcSpec("reaper", mmq_command("reaper", *extra)),
-    ]
-    if settings.webhooks.secret:
-        specs.append(ProcSpec("webhooks", mmq_command("webhooks", *extra)))
-    for name, pipeline in settings.enabled_pipelines.items():
-        for instance in range(pipeline.instances):
-            argv = mmq_command("worker", "--pipeline", name, "--instance", str(instance), *extra)
-            specs.append(ProcSpec(f"worker {name}#{instance}", argv))
-    return specs
+    specs = []
+    if services:
+        specs += [
+            ProcSpec("api", mmq_command("api", *extra)),
+            ProcSpec("reaper", mmq_command("reaper", *extra)),
+        ]
+        if settings.webhooks.secret:
+            specs.append(ProcSpec("webhooks", mmq_command("webhooks", *extra)))
+    return specs + [worker_spec(a, extra) for a in plan.assignments]
 
 
-def run_up(settings: Settings, config: Path | None) -> None:
+def _describe(plan: Plan) -> str:
+    if not plan.assignments:
+        return "none"
+    return ", ".join(
+        f"{device}: " + " ".join(sorted({a.pipeline for a in group}))
+        for device, group in plan.by_device().items()
+    )
+
+
+def run_up(settings: Settings, config: Path | None, plan: Plan, services: bool = True) -> None:
     server: RedisServer | None = None
     env: dict[str, str] = {}
-    if not settings.redis_url:
+    if services and not settings.redis_url:
         server = RedisServer(settings.data_dir / "redis", port=settings.embedded_redis_port)
         server.start()
         env["MMQ_REDIS_URL"] = server.url
         typer.echo(f"redis  {server.url}  (embedded; data in {server.data_dir})")
-    supervisor = Supervisor(deployment_specs(settings, config))
+    supervisor = Supervisor(deployment_specs(settings, config, plan, services))
     supervisor.base_env.update(env)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: supervisor.stop())
-    base = settings.public_url
-    typer.echo(f"api    {base}   docs {base}/docs")
-    typer.echo(f"workers {', '.join(settings.enabled_pipelines) or 'none'}   (Ctrl-C stops all)")
+    if services:
+        base = settings.public_url
+        typer.echo(f"api    {base}   docs {base}/docs")
+    typer.echo(f"workers {_describe(plan)}   (Ctrl-C stops all)")
+    for warning in plan.warnings:
+        typer.echo(f"warning: {warning}", err=True)
     try:
         supervisor.run()
     finally:

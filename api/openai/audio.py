@@ -12,23 +12,28 @@ that goes away before the end cancels its job.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-import anyio
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.datastructures import FormData, UploadFile
 
 from api.auth import current_owner
 from api.deps import AppState, get_state
-from api.errors import error_body
 from api.files import FileService
+from api.openai.common import (
+    cancel_shielded,
+    failure_body,
+    job_failure,
+    renamed,
+    sse,
+    wait_for_end,
+)
 from api.openai.transcripts import ResponseFormat, transcript_response
 from api.streams import follow
-from jobs.errors import Conflict, InputError, MmqError, NotFound, TooLarge
+from jobs.errors import InputError, MmqError, NotFound, TooLarge
 from jobs.models import Event, EventType, Job, JobCreate
 from jobs.schemas import validation_error_field
 
@@ -128,7 +133,7 @@ async def _transcribe(request: Request, owner: str, task: str) -> Response:
         fields, upload = _parse(form, state)
         job = await _submit(state, owner, fields, upload, task)
     except InputError as exc:
-        raise _openai_error(exc) from None
+        raise renamed(exc, PARAMS) from None
     finally:
         await form.close()
     headers = {"X-Job-Id": job.id}
@@ -136,9 +141,9 @@ async def _transcribe(request: Request, owner: str, task: str) -> Response:
         events = _stream(state, owner, job.id)
         headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-    ended = await _wait(request, state, owner, job.id)
+    ended = await wait_for_end(request, state, owner, job.id)
     if ended.status != "succeeded" or ended.output is None:
-        return _failure(ended)
+        return job_failure(ended, PARAMS)
     words = "word" in fields.timestamp_granularities
     return transcript_response(ended.output, fields.response_format, task, words, headers)
 
@@ -177,28 +182,6 @@ async def _submit(
     return job
 
 
-def _openai_error(exc: InputError) -> InputError:
-    """The same error, naming the field as OpenAI's request does (`prompt`, not
-    `input.initial_prompt`)."""
-    field = exc.field.removeprefix("input.")
-    return type(exc)(PARAMS.get(field, field), exc.reason)
-
-
-async def _wait(request: Request, state: AppState, owner: str, job_id: str) -> Job:
-    """The job once it has ended; cancels it if the client goes away first."""
-    ended = False
-    try:
-        async for event in follow(state.store, state.hub, job_id, None, keepalive_s=1.0):
-            if event is None and await request.is_disconnected():
-                break
-        else:
-            ended = True
-    finally:
-        if not ended:
-            await _cancel_shielded(state, owner, job_id)
-    return await state.service.get(owner, job_id)
-
-
 async def _stream(state: AppState, owner: str, job_id: str) -> AsyncIterator[bytes]:
     """SSE: a delta per segment as the worker decodes it, then done (or an error)."""
     ended = False
@@ -211,47 +194,16 @@ async def _stream(state: AppState, owner: str, job_id: str) -> AsyncIterator[byt
                 delta = str(event.data["segment"]["text"])
                 delta = delta if text else delta.lstrip()
                 text.append(delta)
-                yield _sse({"type": "transcript.text.delta", "delta": delta})
+                yield sse({"type": "transcript.text.delta", "delta": delta})
             elif event.type is EventType.OUTPUT:
-                yield _sse({"type": "transcript.text.done", "text": event.data.get("text", "")})
+                yield sse({"type": "transcript.text.done", "text": event.data.get("text", "")})
             elif _ended_badly(event):
-                yield _sse(_failure_body(event.data))
+                yield sse(failure_body(str(event.data["status"]), event.data.get("error"), PARAMS))
         ended = True
     finally:
         if not ended:
-            await _cancel_shielded(state, owner, job_id)
+            await cancel_shielded(state, owner, job_id)
 
 
 def _ended_badly(event: Event) -> bool:
     return event.type is EventType.STATUS and event.data.get("status") in {"failed", "canceled"}
-
-
-async def _cancel_shielded(state: AppState, owner: str, job_id: str) -> None:
-    # A client that went away cancels this task: shield the clean-up from it.
-    with anyio.CancelScope(shield=True), contextlib.suppress(Conflict, NotFound):
-        await state.service.cancel(owner, job_id)
-
-
-def _failure(job: Job) -> JSONResponse:
-    data: dict[str, Any] = {"status": str(job.status)}
-    if job.error is not None:
-        data["error"] = job.error.model_dump()
-    body = _failure_body(data)
-    status = {"canceled": 409, "invalid_input": 422}.get(body["error"]["type"], 500)
-    return JSONResponse(body, status_code=status, headers={"X-Job-Id": job.id})
-
-
-def _failure_body(data: dict[str, Any]) -> dict[str, Any]:
-    if data.get("status") == "canceled":
-        return error_body("canceled", "the job was canceled")
-    error = data.get("error") or {}
-    if error.get("type") == "invalid_input":
-        field = str(error.get("field") or "audio")
-        reason = str(error.get("message", "")).removeprefix(f"{field}: ")
-        exc = _openai_error(InputError(field, reason))
-        return error_body(exc.code, exc.message, exc.field)
-    return error_body(error.get("type", "error"), error.get("message", "the job failed"))
-
-
-def _sse(payload: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(payload)}\n\n".encode()

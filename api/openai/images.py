@@ -11,7 +11,6 @@ that goes away cancels its job.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
 from typing import Annotated, Any, Literal
@@ -21,13 +20,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import current_owner
-from api.deps import AppState, get_service, get_state
-from api.errors import error_body
+from api.deps import get_service, get_state
+from api.openai.common import job_failure, renamed, wait_for_end
 from api.service import JobService
-from api.streams import follow
-from jobs.errors import Conflict, InputError, NotFound
+from jobs.errors import InputError
 from jobs.models import Job, JobCreate
-from jobs.schemas.image import ImageInput
 from jobs.states import JobStatus
 
 router = APIRouter(prefix="/v1/images", tags=["openai"])
@@ -72,20 +69,13 @@ async def create_image(
     state = get_state(request)
     create = JobCreate(kind="image", input=job_input(body))
     try:
-        pipeline, normalised = service.validate(create)
-        ImageInput.model_validate(normalised).check_pipeline(state.settings.pipelines[pipeline])
         job, _ = await service.submit(owner, create)
     except InputError as exc:
-        raise openai_error(exc) from None
-    if not await _until_end(state, request, job.id):
-        with contextlib.suppress(Conflict, NotFound):
-            await service.cancel(owner, job.id)
-        return JSONResponse(error_body("canceled", "the client went away"), 499)
-    job = await service.get(owner, job.id)
-    headers = {"X-Job-Id": job.id}
+        raise renamed(exc, PARAMS) from None
+    job = await wait_for_end(request, state, owner, job.id)
     if job.status is not JobStatus.SUCCEEDED:
-        return _failure(job, headers)
-    return JSONResponse(images_response(job, body), headers=headers)
+        return job_failure(job, PARAMS)
+    return JSONResponse(images_response(job, body), headers={"X-Job-Id": job.id})
 
 
 def job_input(body: ImageGenerationRequest) -> dict[str, Any]:
@@ -109,21 +99,6 @@ def job_input(body: ImageGenerationRequest) -> dict[str, Any]:
     return inp
 
 
-def openai_error(exc: InputError) -> InputError:
-    """The same error, naming the field as OpenAI's request does."""
-    field = exc.field.removeprefix("input.")
-    return type(exc)(PARAMS.get(field, field), exc.reason)
-
-
-async def _until_end(state: AppState, request: Request, job_id: str) -> bool:
-    """Follow the job until its terminal event; False if the client left first."""
-    keepalive_s = state.settings.api.keepalive_s
-    async for event in follow(state.store, state.hub, job_id, None, keepalive_s):
-        if event is None and await request.is_disconnected():
-            return False
-    return True
-
-
 def images_response(job: Job, body: ImageGenerationRequest) -> dict[str, Any]:
     output = job.output or {}
     field = "b64_json" if body.response_format == "b64_json" else "url"
@@ -133,15 +108,3 @@ def images_response(job: Job, body: ImageGenerationRequest) -> dict[str, Any]:
         "output_format": body.output_format,
         "size": f"{output['width']}x{output['height']}",
     }
-
-
-def _failure(job: Job, headers: dict[str, str]) -> JSONResponse:
-    if job.status is JobStatus.CANCELED:
-        return JSONResponse(error_body("canceled", "the job was canceled"), 409, headers)
-    error = job.error
-    if error is not None and error.type == "invalid_input":
-        field = error.field or "input"
-        exc = openai_error(InputError(field, error.message.removeprefix(f"{field}: ")))
-        return JSONResponse(error_body(exc.code, exc.message, exc.field), 422, headers)
-    etype, message = (error.type, error.message) if error else ("error", "the job failed")
-    return JSONResponse(error_body(etype, message), 500, headers)

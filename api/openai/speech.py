@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Literal
@@ -33,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import current_owner
 from api.deps import AppState, get_service, get_state
-from api.errors import error_body
+from api.openai.common import failure_response, renamed, sse
 from api.service import JobService
 from api.streams import follow
 from jobs.errors import Conflict, InputError, NotFound
@@ -91,18 +90,18 @@ async def create_speech(
     try:
         job, _ = await service.submit(owner, JobCreate(kind="tts", input=job_input))
     except InputError as exc:
-        raise _openai_error(exc) from None
+        raise renamed(exc, PARAMS) from None
     events = _audio_events(state, job.id)
     first = await anext(events, None)
     if first is None or isinstance(first, Event):  # the job ended before any audio
         await events.aclose()
         if isinstance(first, Event):
-            return _failure(first)
+            return failure_response(str(first.data["status"]), first.data.get("error"), PARAMS)
     headers = {"X-Job-Id": job.id, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     if isinstance(first, dict):
         headers["X-Sample-Rate"] = str(first["sample_rate"])
-    sse = body.stream_format == "sse"
-    media = "text/event-stream" if sse else CONTENT_TYPES[body.response_format]
+    is_sse = body.stream_format == "sse"
+    media = "text/event-stream" if is_sse else CONTENT_TYPES[body.response_format]
     content = _body(service, owner, job.id, _prepend(first, events), body)
     return StreamingResponse(content, media_type=media, headers=headers)
 
@@ -114,7 +113,7 @@ def _job_input(state: AppState, body: SpeechRequest) -> dict[str, object]:
         options = TtsOptions.model_validate(state.settings.pipelines[pipeline].options)
         voice = options.resolve(body.voice)
     except InputError as exc:
-        raise _openai_error(exc) from None
+        raise renamed(exc, PARAMS) from None
     sample_rate = body.sample_rate
     if sample_rate is None and body.response_format == "pcm":
         sample_rate = OPENAI_PCM_RATE
@@ -130,12 +129,6 @@ def _job_input(state: AppState, body: SpeechRequest) -> dict[str, object]:
     }
 
 
-def _openai_error(exc: InputError) -> InputError:
-    """The same error, naming the field as OpenAI's request does (`input`, not `input.text`)."""
-    field = exc.field.removeprefix("input.")
-    return type(exc)(PARAMS.get(field, field), exc.reason)
-
-
 async def _audio_events(state: AppState, job_id: str) -> Chunks:
     """The data of each partial event of the job, then its terminal event if it did not
     succeed (failed or canceled)."""
@@ -147,16 +140,6 @@ async def _audio_events(state: AppState, job_id: str) -> Chunks:
             yield event.data
         elif event.type is EventType.STATUS and event.data.get("status") in {"failed", "canceled"}:
             yield event
-
-
-def _failure(event: Event) -> JSONResponse:
-    if event.data.get("status") == "canceled":
-        return JSONResponse(error_body("canceled", "the job was canceled"), 409)
-    error = event.data.get("error") or {}
-    if error.get("type") == "invalid_input":
-        exc = _openai_error(InputError(error.get("field") or "input", error.get("message", "")))
-        return JSONResponse(error_body(exc.code, exc.message, exc.field), 422)
-    return JSONResponse(error_body(error.get("type", "error"), error.get("message", "")), 500)
 
 
 async def _prepend(first: dict[str, object] | None, rest: Chunks) -> Chunks:
@@ -171,19 +154,19 @@ async def _prepend(first: dict[str, object] | None, rest: Chunks) -> Chunks:
 
 async def _frames(chunks: Chunks, body: SpeechRequest) -> AsyncIterator[bytes]:
     """The response body: audio bytes, or SSE events around them."""
-    sse = body.stream_format == "sse"
+    is_sse = body.stream_format == "sse"
     started = False
     async for chunk in chunks:
         if isinstance(chunk, Event):  # failed or canceled after audio began
-            if sse:
-                yield _sse({"type": "error", "error": chunk.data.get("error") or chunk.data})
+            if is_sse:
+                yield sse({"type": "error", "error": chunk.data.get("error") or chunk.data})
             return
         data = _audio_bytes(chunk, body.response_format, first=not started)
         started = True
         if data:
-            yield _sse({"type": "speech.audio.delta", "audio": _b64(data)}) if sse else data
-    if sse:
-        yield _sse({"type": "speech.audio.done"})
+            yield sse({"type": "speech.audio.delta", "audio": _b64(data)}) if is_sse else data
+    if is_sse:
+        yield sse({"type": "speech.audio.done"})
 
 
 def _audio_bytes(chunk: dict[str, object], fmt: AudioFormat, first: bool) -> bytes:
@@ -207,10 +190,6 @@ def wav_stream_header(sample_rate: int) -> bytes:
         + fmt
         + (b"data" + struct.pack("<I", unknown))
     )
-
-
-def _sse(payload: dict[str, object]) -> bytes:
-    return f"data: {json.dumps(payload)}\n\n".encode()
 
 
 def _b64(data: bytes) -> str:

@@ -7,6 +7,7 @@ import os
 import time
 import uuid
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 from pydantic import Field
 
@@ -27,6 +28,8 @@ class EchoInput(JobInput):
     """Fail this request alone as bad input (InputError)."""
     crash: bool = False
     """Kill the worker process in the middle of the batch."""
+    tpot_ms: float | None = Field(default=None, ge=0)
+    """Report this time per output token (as an LLM pipeline does) in the job's timings."""
 
 
 class EchoPipeline(Pipeline):
@@ -57,14 +60,15 @@ class EchoPipeline(Pipeline):
                 request.fail(InputError("text", "rejected by the pipeline"))
                 continue
             request.partial({"text": request.input.text[:1]})
-            request.succeed(
-                {
-                    "text": request.input.text,
-                    "batch_id": batch_id,
-                    "batch_size": len(batch),
-                    "pid": os.getpid(),
-                }
-            )
+            output: dict[str, Any] = {
+                "text": request.input.text,
+                "batch_id": batch_id,
+                "batch_size": len(batch),
+                "pid": os.getpid(),
+            }
+            if request.input.tpot_ms is not None:
+                output["_timings"] = {"tpot_ms": request.input.tpot_ms}
+            request.succeed(output)
 
 
 class SleepInput(JobInput):

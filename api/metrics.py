@@ -1,0 +1,201 @@
+"""`GET /metrics`: the whole deployment in one Prometheus scrape of any API process.
+
+Counters and histograms come from Redis, where every process writes them
+(`jobs/metrics.py`); gauges are read at scrape time: queue depth by pipeline and priority
+(the length of each Celery list), queued and running jobs, live workers, and the last
+GPU readings that workers stored. Two pipelined round trips per scrape.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aredis
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from jobs import keys
+from jobs.metrics import RECORDED, MetricDef
+from jobs.queues import PRIORITY_VALUES, queue_name
+from jobs.settings import Settings
+
+WORKER_LABELS = ("worker", "kind", "pipeline", "device", "host")
+GPU_LABELS = ("host", "device", "uuid", "name")
+DEVICE_KEEP_S = 3600
+"""Readings older than this leave the device index (their hashes expired long before)."""
+
+
+@dataclass
+class Snapshot:
+    """What one scrape read from Redis."""
+
+    recorded: dict[str, dict[str, str]] = field(default_factory=dict)
+    depth: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    queued: dict[str, int] = field(default_factory=dict)
+    running: int = 0
+    workers: list[tuple[dict[str, str], float]] = field(default_factory=list)
+    devices: list[dict[str, str]] = field(default_factory=list)
+
+
+def celery_list(queue: str, priority: int, sep: str) -> str:
+    """The Redis list that holds a queue's messages of one priority (kombu's naming)."""
+    return f"{queue}{sep}{priority}" if priority else queue
+
+
+async def read_snapshot(r: aredis.Redis, settings: Settings, sep: str) -> Snapshot:
+    snap = Snapshot()
+    pipelines = settings.enabled_pipelines
+    lists = [
+        (name, config.kind, priority, celery_list(queue_name(name), value, sep))
+        for name, config in pipelines.items()
+        for priority, value in PRIORITY_VALUES.items()
+    ]
+    now = time.time()
+    pipe = r.pipeline(transaction=False)
+    for metric in RECORDED:
+        pipe.hgetall(keys.metric(metric.name))
+    for *_, key in lists:
+        pipe.llen(key)
+    for kind in settings.enabled_kinds:
+        pipe.scard(keys.queued(kind))
+    pipe.zcard(keys.RUNNING)
+    # A worker's hash lives 5 heartbeats; older entries (killed workers) have nothing left.
+    recent = now - 6 * settings.lease.heartbeat_s - 1
+    pipe.zrangebyscore(keys.WORKERS, recent, "+inf", withscores=True)
+    pipe.zremrangebyscore(keys.DEVICES, "-inf", now - DEVICE_KEEP_S)
+    pipe.zrange(keys.DEVICES, 0, -1)
+    results = iter(await pipe.execute())
+    snap.recorded = {metric.name: next(results) for metric in RECORDED}
+    snap.depth = {(n, kind, pri): int(next(results)) for n, kind, pri, _ in lists}
+    snap.queued = {kind: int(next(results)) for kind in settings.enabled_kinds}
+    snap.running = int(next(results))
+    workers: list[tuple[str, float]] = next(results)
+    next(results)
+    devices: list[str] = next(results)
+    pipe = r.pipeline(transaction=False)
+    for name, _ in workers:
+        pipe.hgetall(keys.worker(name))
+    for device in devices:
+        pipe.hgetall(keys.device(device))
+    found = await pipe.execute()
+    snap.workers = [
+        ({"worker": name, **info}, now - beat)
+        for (name, beat), info in zip(workers, found, strict=False)
+        if info
+    ]
+    snap.devices = [info for info in found[len(workers) :] if info]
+    return snap
+
+
+def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
+    for metric in RECORDED:
+        yield _recorded(metric, snap.recorded.get(metric.name, {}))
+    depth = GaugeMetricFamily(
+        "mmq_queue_depth",
+        "Messages waiting in a pipeline's Celery queue, by priority.",
+        labels=["kind", "pipeline", "priority"],
+    )
+    for (pipeline, kind, priority), n in sorted(snap.depth.items()):
+        depth.add_metric([kind, pipeline, priority], n)
+    yield depth
+    queued = GaugeMetricFamily(
+        "mmq_jobs_queued", "Jobs queued, by kind (what admission control counts).", labels=["kind"]
+    )
+    for kind, n in sorted(snap.queued.items()):
+        queued.add_metric([kind], n)
+    yield queued
+    yield GaugeMetricFamily("mmq_jobs_running", "Jobs running now.", value=snap.running)
+    yield from _workers(snap, settings.lease.heartbeat_s * 3)
+    yield from _devices(snap.devices)
+
+
+def _recorded(metric: MetricDef, fields: dict[str, str]) -> Metric:
+    rows = sorted((json.loads(f), v) for f, v in fields.items())
+    if not metric.histogram:
+        counter = CounterMetricFamily(metric.name, metric.help, labels=list(metric.labels))
+        for labels, value in rows:
+            counter.add_metric(labels, float(value))
+        return counter
+    histogram = HistogramMetricFamily(metric.name, metric.help, labels=list(metric.labels))
+    series: dict[tuple[str, ...], dict[str, float]] = {}
+    for values, value in rows:
+        series.setdefault(tuple(values[:-1]), {})[values[-1]] = float(value)
+    for labels, cells in sorted(series.items()):
+        total = 0.0
+        buckets: list[tuple[str, float]] = []
+        for bound in metric.buckets:
+            total += cells.get(repr(bound), 0.0)
+            buckets.append((floatToGoString(bound), total))  # type: ignore[no-untyped-call]
+        buckets.append(("+Inf", total + cells.get("+Inf", 0.0)))
+        histogram.add_metric(list(labels), buckets, cells.get("sum", 0.0))
+    return histogram
+
+
+def _workers(snap: Snapshot, stale_s: float) -> Iterable[Metric]:
+    up = GaugeMetricFamily(
+        "mmq_worker_up",
+        "1 for a worker whose heartbeat is recent, 0 for one that stopped beating.",
+        labels=list(WORKER_LABELS),
+    )
+    age = GaugeMetricFamily(
+        "mmq_worker_heartbeat_age_seconds",
+        "Seconds since the worker's last heartbeat.",
+        labels=list(WORKER_LABELS),
+    )
+    for info, seconds in snap.workers:
+        labels = [info.get(name, "") for name in WORKER_LABELS]
+        up.add_metric(labels, 1.0 if seconds <= stale_s else 0.0)
+        age.add_metric(labels, max(0.0, seconds))
+    return [up, age]
+
+
+def _devices(readings: list[dict[str, str]]) -> Iterable[Metric]:
+    util = GaugeMetricFamily(
+        "mmq_gpu_utilization_ratio",
+        "GPU busy fraction (0..1) over NVML's last sample period (absent on MIG slices).",
+        labels=list(GPU_LABELS),
+    )
+    used = GaugeMetricFamily(
+        "mmq_gpu_memory_used_bytes", "GPU memory in use (NVML).", labels=list(GPU_LABELS)
+    )
+    total = GaugeMetricFamily(
+        "mmq_gpu_memory_total_bytes", "GPU memory (NVML).", labels=list(GPU_LABELS)
+    )
+    for reading in readings:
+        labels = [reading.get(name, "") for name in GPU_LABELS]
+        if reading.get("utilization"):
+            util.add_metric(labels, float(reading["utilization"]))
+        used.add_metric(labels, float(reading.get("memory_used_bytes") or 0))
+        total.add_metric(labels, float(reading.get("memory_total_bytes") or 0))
+    return [util, used, total]
+
+
+class _Fixed(Collector):
+    def __init__(self, metrics: list[Metric]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return self.metrics
+
+
+def render(snap: Snapshot, settings: Settings) -> bytes:
+    """The Prometheus text exposition of one snapshot."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(list(families(snap, settings))))
+    return generate_latest(registry)
+
+
+def transport_sep(transport_options: dict[str, Any]) -> str:
+    """The separator kombu puts between a queue's name and a priority (broker settings)."""
+    return str(transport_options.get("sep", "\x06\x16"))

@@ -1,0 +1,155 @@
+"""Metrics that every process writes into Redis, so that one scrape of the API's
+`/metrics` sees the whole deployment (`api/metrics.py` renders them for Prometheus).
+
+Each metric is one hash, `keys.metric(name)`. A counter's fields are the JSON list of its
+label values; a histogram's fields are its label values plus either a bucket's upper
+bound (an observation adds 1 to the one bucket it falls in; the renderer makes them
+cumulative) or `"sum"`. Writes are queued on a Redis pipeline that the caller executes,
+so a job's end or a batch costs one round trip.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from jobs import keys
+from jobs.models import Job
+from jobs.states import JobStatus
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str
+    help: str
+    labels: tuple[str, ...]
+    buckets: tuple[float, ...] = ()
+    """Upper bounds of a histogram's buckets (+Inf implied); empty for a counter."""
+
+    @property
+    def histogram(self) -> bool:
+        return bool(self.buckets)
+
+
+SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+           300.0, 900.0)  # fmt: skip
+TOKEN_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
+BATCH_SIZES = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
+JOB_LABELS = ("kind", "pipeline")
+
+JOBS_SUBMITTED = MetricDef("mmq_jobs_submitted", "Jobs accepted (202), by kind.", ("kind",))
+JOBS_FINISHED = MetricDef(
+    "mmq_jobs_finished",
+    "Jobs that ended, by kind and status (succeeded, failed, canceled).",
+    ("kind", "status"),
+)
+QUEUE_WAIT = MetricDef(
+    "mmq_job_queue_wait_seconds",
+    "From submit (or requeue) to the start of the run, of every job that started.",
+    JOB_LABELS,
+    SECONDS,
+)
+FIRST_OUTPUT = MetricDef(
+    "mmq_job_time_to_first_output_seconds",
+    "From submit to the first partial output or progress event, of succeeded jobs.",
+    JOB_LABELS,
+    SECONDS,
+)
+TPOT = MetricDef(
+    "mmq_job_time_per_output_token_seconds",
+    "LLM: time per output token after the first, of succeeded jobs.",
+    JOB_LABELS,
+    TOKEN_SECONDS,
+)
+END_TO_END = MetricDef(
+    "mmq_job_end_to_end_seconds",
+    "From submit to the end, of succeeded jobs.",
+    JOB_LABELS,
+    SECONDS,
+)
+BATCH_SIZE = MetricDef(
+    "mmq_batch_size", "Requests in each batch a pipeline ran.", ("pipeline",), BATCH_SIZES
+)
+BATCH_SECONDS = MetricDef(
+    "mmq_batch_duration_seconds", "Time a pipeline took to run one batch.", ("pipeline",), SECONDS
+)
+
+RECORDED = (
+    JOBS_SUBMITTED, JOBS_FINISHED, QUEUE_WAIT, FIRST_OUTPUT, TPOT, END_TO_END, BATCH_SIZE,
+    BATCH_SECONDS,
+)  # fmt: skip
+"""Every metric kept in Redis (the API adds gauges it reads at scrape time)."""
+
+END_FIELDS = (
+    "kind", "pipeline", "status", "created_at", "queued_at", "started_at", "first_output_at",
+    "finished_at", "extra_timings",
+)  # fmt: skip
+"""The job fields that its end metrics need (an HMGET: never the input or output)."""
+
+Sample = tuple[MetricDef, tuple[str, ...], float]
+
+
+class CommandQueue(Protocol):
+    """A sync or asyncio Redis pipeline: commands are queued, the caller executes."""
+
+    def hincrby(self, name: str, key: str, amount: int = 1) -> Any: ...
+
+    def hincrbyfloat(self, name: str, key: str, amount: float = 1.0) -> Any: ...
+
+
+def field_of(labels: Sequence[str], suffix: str | None = None) -> str:
+    values = [*labels, suffix] if suffix is not None else list(labels)
+    return json.dumps(values, separators=(",", ":"))
+
+
+def bucket_of(metric: MetricDef, value: float) -> str:
+    for bound in metric.buckets:
+        if value <= bound:
+            return repr(bound)
+    return "+Inf"
+
+
+def queue(pipe: CommandQueue, samples: Iterable[Sample]) -> None:
+    """Queue the writes of `samples` on `pipe`."""
+    for metric, labels, value in samples:
+        key = keys.metric(metric.name)
+        if metric.histogram:
+            pipe.hincrby(key, field_of(labels, bucket_of(metric, value)), 1)
+            pipe.hincrbyfloat(key, field_of(labels, "sum"), value)
+        else:
+            pipe.hincrby(key, field_of(labels), int(value))
+
+
+def end_samples(fields: Mapping[str, str | None]) -> list[Sample]:
+    """The samples of a job that has just ended, from its END_FIELDS."""
+    status = JobStatus(fields["status"] or "")
+    if not status.terminal:
+        return []
+    kind, pipeline = fields["kind"] or "", fields["pipeline"] or ""
+    stamps: dict[str, Any] = {name: _float(fields.get(name)) for name in END_FIELDS[3:8]}
+    extra = json.loads(fields.get("extra_timings") or "{}")
+    job = Job.model_construct(
+        kind=kind, pipeline=pipeline, status=status, extra_timings=extra, **stamps
+    )
+    timings = job.timings
+    samples: list[Sample] = [(JOBS_FINISHED, (kind, str(status)), 1)]
+    labels = (kind, pipeline)
+    values = [(QUEUE_WAIT, timings.queue_wait_ms)]
+    if status is JobStatus.SUCCEEDED:
+        values += [
+            (FIRST_OUTPUT, timings.time_to_first_output_ms),
+            (TPOT, timings.tpot_ms),
+            (END_TO_END, timings.total_ms),
+        ]
+    samples += [(metric, labels, ms / 1000.0) for metric, ms in values if ms is not None]
+    return samples
+
+
+def batch_samples(pipeline: str, size: int, seconds: float) -> list[Sample]:
+    return [(BATCH_SIZE, (pipeline,), float(size)), (BATCH_SECONDS, (pipeline,), seconds)]
+
+
+def _float(value: str | None) -> float | None:
+    return float(value) if value else None

@@ -1,0 +1,149 @@
+"""LLM jobs on a continuous-batching engine server.
+
+The engine batches sequences itself, so each job is its own request (no batch key) and
+the worker feeds the engine `max_inflight` of them at once: the pipeline sets its
+worker's concurrency and runners to that number, and a semaphore holds the line, so the
+rest wait in the Redis queue (priorities, 429) instead of in a hidden backlog inside the
+engine. Tokens stream back as `partial` events; the job records TTFT, TPOT, mean ITL
+and E2E as the worker sees them. When the engine process dies, a monitor restarts it
+and the jobs it was running go back to the queue through their leases.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from jobs.schemas.llm import LlmInput, LlmOptions
+from jobs.settings import PipelineConfig, Settings
+from pipelines.base import BackendLost, Pipeline, Request
+from pipelines.llm.client import Delta, EngineClient, EngineLost, Finish, request_body
+from pipelines.llm.server import EngineServer, EngineSpec
+from pipelines.llm.timing import TokenClock
+
+log = logging.getLogger(__name__)
+
+MONITOR_INTERVAL_S = 0.5
+MAX_RESTART_BACKOFF_S = 30.0
+
+
+class LlmPipeline(Pipeline):
+    kind: ClassVar[str] = "llm"
+    input_model: ClassVar[type[LlmInput]] = LlmInput
+
+    def __init__(self, config: PipelineConfig, settings: Settings) -> None:
+        self.options = LlmOptions.model_validate(config.options)
+        slots = self.options.max_inflight
+        # One request per engine call, max_inflight calls at once: the engine batches.
+        config = config.model_copy(
+            update={"max_batch": 1, "max_wait_ms": 0.0, "runners": slots, "concurrency": slots}
+        )
+        super().__init__(config, settings)
+        self.server: EngineServer | None = None
+        self.client: EngineClient | None = None
+        self._slots = threading.BoundedSemaphore(slots)
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._monitor = threading.Thread(target=self._watch, name="engine-monitor", daemon=True)
+
+    @property
+    def spec(self) -> EngineSpec:
+        config = self.config
+        return EngineSpec(
+            self.name, config.model, config.device, self.options, self.settings.data_dir
+        )
+
+    def load(self) -> None:
+        self.server = EngineServer(self.spec)
+        self.server.start()
+        self.client = EngineClient(
+            self.server.base_url, self.options.request_timeout_s, self.options.max_inflight + 2
+        )
+        self._ready.set()
+        if self.server.managed:
+            self._monitor.start()
+
+    def unload(self) -> None:
+        self._stop.set()
+        self._ready.clear()
+        if self.server is not None:
+            self.server.stop()
+        if self.client is not None:
+            self.client.close()
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "engine": self.options.engine}
+
+    def run(self, batch: Sequence[Request]) -> None:
+        for request in batch:
+            self._generate(request)
+
+    def _generate(self, request: Request) -> None:
+        inp = request.input
+        assert isinstance(inp, LlmInput)
+        if not self._ready.wait(self.options.startup_timeout_s):
+            raise BackendLost("the engine is not back up")
+        assert self.client is not None and self.server is not None
+        path, body = request_body(inp, self.server.spec.served_name)
+        text: list[str] = []
+        finish: Finish | None = None
+        with self._slots:
+            clock = TokenClock()
+            chunks = self.client.stream(path, body)
+            try:
+                for chunk in chunks:
+                    if request.cancelled():
+                        request.drop_canceled()
+                        return
+                    if isinstance(chunk, Delta):
+                        clock.chunk()
+                        request.partial({"index": len(text), "text": chunk.text})
+                        text.append(chunk.text)
+                    else:
+                        finish = chunk
+            except EngineLost as exc:
+                raise BackendLost(str(exc)) from exc
+            finally:
+                chunks.close()  # closing the stream aborts the sequence in the engine
+        assert finish is not None  # the client raises EngineLost for a stream without one
+        completion = finish.usage.get("completion_tokens", len(text))
+        usage = {
+            "prompt_tokens": finish.usage.get("prompt_tokens", 0),
+            "completion_tokens": completion,
+            "total_tokens": finish.usage.get("prompt_tokens", 0) + completion,
+        }
+        timings = clock.timings(completion)
+        request.succeed(
+            {
+                "text": "".join(text),
+                "finish_reason": finish.reason,
+                "usage": usage,
+                "model": self.server.spec.served_name,
+                "cached": False,
+                "_timings": timings,
+            }
+        )
+
+    def _watch(self) -> None:
+        """Restart the engine when its process dies; requests wait while it comes up."""
+        backoff = 1.0
+        server = self.server
+        assert server is not None
+        while not self._stop.wait(MONITOR_INTERVAL_S):
+            if server.alive():
+                continue
+            self._ready.clear()
+            log.error("engine %s died; restarting it", self.spec.pipeline)
+            try:
+                server.restart()
+            except Exception:
+                log.exception(
+                    "engine %s did not restart; retrying in %.0fs", self.spec.pipeline, backoff
+                )
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, MAX_RESTART_BACKOFF_S)
+                continue
+            backoff = 1.0
+            self._ready.set()

@@ -1,0 +1,294 @@
+"""LLM jobs end to end: the API under uvicorn, LLM worker processes that each run a real
+`transformers serve` engine (continuous batching) on a tiny random Llama from disk,
+real Redis; jobs, the OpenAI-compatible routes, routing, admission, cache, restarts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from jobs.schemas.llm import LlmOptions
+from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
+from tests.conftest import Api, new_owner
+from tests.support.deploy import Deployment, Proc, flush, serving, wait_until
+from tests.support.tiny_llm import cached_tiny_llm
+
+LONG_THRESHOLD = 60
+LLM_PIPELINES = """
+[pipelines.llm]
+kind = "llm"
+impl = "pipelines.llm:LlmPipeline"
+model = {model}
+aliases = ["tiny-chat"]
+
+[pipelines.llm.options]
+engine = "transformers"
+max_inflight = 3
+long_prompt_threshold = {threshold}
+long_pipeline = "llm-long"
+startup_timeout_s = 180
+
+[pipelines.llm-long]
+kind = "llm"
+impl = "pipelines.llm:LlmPipeline"
+model = {model}
+
+[pipelines.llm-long.options]
+engine = "transformers"
+max_inflight = 1
+startup_timeout_s = 180
+"""
+
+
+@pytest.fixture(scope="module")
+def llm_dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    model = cached_tiny_llm(tmp_path_factory)
+    flush(redis_url)
+    env = {"HF_HUB_OFFLINE": "1", "MMQ_LEASE__TTL_S": "3", "MMQ_LEASE__HEARTBEAT_S": "0.5"}
+    dep = Deployment(redis_url, tmp_path_factory.mktemp("llm"), env_overrides=env)
+    extra = LLM_PIPELINES.format(model=json.dumps(str(model)), threshold=LONG_THRESHOLD)
+    dep.config_path.write_text(dep.config_path.read_text() + extra)
+    with serving(dep):
+        dep.start_api()
+        dep.start_reaper()
+        workers = [dep.spawn(f"worker-{n}", "worker", "--pipeline", n) for n in ("llm", "llm-long")]
+        for worker in workers:
+            wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=240)
+        yield dep
+
+
+@pytest.fixture
+def api(llm_dep: Deployment) -> Api:
+    return new_owner(llm_dep.redis_url, llm_dep.base_url, f"llm{time.monotonic_ns()}")
+
+
+def _chat(text: str, **extra: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}], "temperature": 0, **extra}
+
+
+def _at(iso: str) -> datetime:
+    return datetime.fromisoformat(iso)
+
+
+def _events(api: Api, job_id: str) -> list[dict[str, Any]]:
+    events = []
+    with api.http.stream("GET", f"/v1/jobs/{job_id}/events", timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                events.append(json.loads(line[5:]))
+    return events
+
+
+def test_tokens_stream_as_partial_events_and_timings_are_recorded(api: Api) -> None:
+    job = api.submit("llm", **_chat("Hello there", max_tokens=12, cache=False))
+    events = _events(api, job["id"])
+    partials = [e["data"] for e in events if e["type"] == "partial"]
+    output = next(e["data"] for e in events if e["type"] == "output")
+    assert events[-1]["data"]["status"] == "succeeded"
+    assert [p["index"] for p in partials] == list(range(len(partials)))
+    assert "".join(p["text"] for p in partials) == output["text"]
+    assert output["usage"]["completion_tokens"] == 12 and output["finish_reason"] == "length"
+    assert output["usage"]["prompt_tokens"] > 0 and output["cached"] is False
+
+    timings = api.get(job["id"])["timings"]
+    ttft, e2e, tpot = timings["ttft_ms"], timings["e2e_ms"], timings["tpot_ms"]
+    assert 0 < ttft <= e2e and timings["itl_ms"] > 0
+    assert tpot == pytest.approx((e2e - ttft) / 11, rel=1e-3, abs=1e-3)
+    assert timings["time_to_first_output_ms"] <= timings["total_ms"]
+
+
+def test_temperature_zero_answers_are_deterministic_and_cached(api: Api) -> None:
+    first = api.wait(api.submit("llm", **_chat("Cache me", max_tokens=8))["id"], 120)
+    r = api.http.post("/v1/jobs", json={"kind": "llm", "input": _chat("Cache me", max_tokens=8)})
+    assert r.status_code == 200, r.text  # answered at once: the job has already ended
+    again = r.json()
+    assert first["output"]["cached"] is False
+    assert again["status"] == "succeeded" and again["output"]["cached"] is True
+    assert again["output"]["text"] == first["output"]["text"]
+    assert again["attempts"] == 1 and again["timings"]["queue_wait_ms"] < 1000
+
+    fresh = api.wait(api.submit("llm", **_chat("Cache me", max_tokens=8, cache=False))["id"], 120)
+    assert fresh["output"]["cached"] is False and fresh["output"]["text"] == first["output"]["text"]
+    other = api.wait(api.submit("llm", **_chat("Cache me", max_tokens=9))["id"], 120)
+    assert other["output"]["cached"] is False  # other parameters, another answer
+    sampled = _chat("Cache me", max_tokens=8, temperature=0.8, seed=1)
+    api.wait(api.submit("llm", **sampled)["id"], 120)
+    assert api.wait(api.submit("llm", **sampled)["id"], 120)["output"]["cached"] is False
+    assert "ttft_ms" not in again["output"] and again["timings"]["ttft_ms"] is None
+
+
+def test_the_cache_is_per_owner(llm_dep: Deployment, api: Api) -> None:
+    api.wait(api.submit("llm", **_chat("Mine alone", max_tokens=4))["id"], 120)
+    assert api.http.post(
+        "/v1/jobs", json={"kind": "llm", "input": _chat("Mine alone", max_tokens=4)}
+    ).json()["output"]["cached"]
+    other = new_owner(llm_dep.redis_url, llm_dep.base_url, f"other{time.monotonic_ns()}")
+    job = other.wait(other.submit("llm", **_chat("Mine alone", max_tokens=4))["id"], 120)
+    assert job["output"]["cached"] is False
+
+
+def test_long_prompts_run_on_their_own_engine_and_short_ones_never_wait(api: Api) -> None:
+    long_text = "The quick brown fox jumps over the lazy dog. " * 30
+    longs = [
+        api.submit("llm", **_chat(long_text + str(i), max_tokens=300, cache=False))
+        for i in range(2)
+    ]
+    short = api.submit("llm", **_chat("Short one", max_tokens=4, cache=False))
+    done_short = api.wait(short["id"], 120)
+    states = [api.get(j["id"]) for j in longs]
+    assert done_short["status"] == "succeeded" and done_short["model"] == "llm"
+    assert [j["model"] for j in states] == ["llm-long", "llm-long"]
+    # The long engine takes one at a time: the second long prompt was still waiting or
+    # running when the short one had already finished.
+    assert any(j["status"] in ("queued", "running") for j in states), states
+    ended = [api.wait(j["id"], 180) for j in longs]
+    assert all(j["status"] == "succeeded" for j in ended)
+    assert _at(done_short["finished_at"]) < max(_at(j["finished_at"]) for j in ended)
+
+
+def test_at_most_max_inflight_sequences_run_at_once(api: Api) -> None:
+    jobs = [
+        api.submit("llm", **_chat(f"Admission {i}", max_tokens=40, cache=False)) for i in range(7)
+    ]
+    ended = [api.wait(j["id"], 180) for j in jobs]
+    assert all(j["status"] == "succeeded" for j in ended)
+    spans = [(_at(j["started_at"]), _at(j["finished_at"])) for j in ended]
+    most = max(sum(1 for s, f in spans if s <= start < f) for start, _ in spans)
+    assert 1 < most <= 3  # max_inflight = 3: sequences overlap, never more than three
+
+
+def test_cancel_stops_the_generation(api: Api) -> None:
+    job = api.submit("llm", **_chat("Cancel me", max_tokens=3000, cache=False))
+    with api.http.stream("GET", f"/v1/jobs/{job['id']}/events", timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("event: partial"):
+                break
+    assert api.http.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
+    ended = api.wait(job["id"], 60)
+    assert ended["status"] == "canceled"
+    after = api.wait(api.submit("llm", **_chat("Still serving", max_tokens=4))["id"], 120)
+    assert after["status"] == "succeeded"
+
+
+@pytest.mark.parametrize(
+    ("inp", "param"),
+    [
+        ({"prompt": "x", "messages": [{"role": "user", "content": "x"}]}, "input"),
+        ({"messages": []}, "input"),
+        ({"prompt": "x", "max_tokens": 10**6}, "input.max_tokens"),
+        ({"prompt": "x", "temperature": 3}, "input.temperature"),
+        ({"prompt": "x", "model": "gpt-9"}, "input.model"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "input.messages.0.role"),
+    ],
+)
+def test_bad_llm_input_gets_422_naming_the_field(api: Api, inp: dict[str, Any], param: str) -> None:
+    r = api.http.post("/v1/jobs", json={"kind": "llm", "input": inp})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["param"] == param
+
+
+@pytest.fixture
+def oai(llm_dep: Deployment, api: Api) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{llm_dep.base_url}/v1", api_key=api.key, max_retries=0)
+
+
+def test_openai_client_chat_streams_the_same_text_it_answers_whole(oai: openai.OpenAI) -> None:
+    messages: Any = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    whole = oai.chat.completions.create(
+        model="tiny-chat", messages=messages, max_tokens=10, temperature=0,
+        extra_body={"cache": False},
+    )  # fmt: skip
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.usage is not None and whole.usage.completion_tokens == 10
+    stream = oai.chat.completions.create(
+        model="tiny-chat", messages=messages, max_tokens=10, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"cache": False},
+    )  # fmt: skip
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 10
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_openai_client_completions_and_models(oai: openai.OpenAI) -> None:
+    done = oai.completions.create(model="llm", prompt="Once upon", max_tokens=6, temperature=0)
+    assert done.usage is not None and done.usage.completion_tokens == 6
+    streamed = oai.completions.create(
+        model="llm", prompt="Once upon", max_tokens=6, temperature=0, stream=True,
+        extra_body={"cache": False},
+    )  # fmt: skip
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == done.choices[0].text
+    models = {m.id: m for m in oai.models.list()}
+    assert {"llm", "llm-long", "tiny-chat", "echo", "sleep"} <= set(models)
+    assert models["tiny-chat"].model_extra == {"kind": "llm", "pipeline": "llm"}
+
+
+def test_openai_errors_name_the_field(oai: openai.OpenAI) -> None:
+    with pytest.raises(openai.UnprocessableEntityError) as bad_n:
+        oai.chat.completions.create(
+            model="tiny-chat", messages=[{"role": "user", "content": "x"}], n=2
+        )
+    assert bad_n.value.body["param"] == "n"  # type: ignore[index]
+    with pytest.raises(openai.UnprocessableEntityError) as bad_model:
+        oai.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    assert bad_model.value.body["param"] == "model"  # type: ignore[index]
+
+
+def _engine_pid(worker: Proc) -> int:
+    out = subprocess.run(
+        ["pgrep", "-P", str(worker.process.pid)], capture_output=True, text=True, check=False
+    )
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 1, out
+    return pids[0]
+
+
+def test_a_dead_engine_is_restarted_and_its_jobs_come_back(llm_dep: Deployment, api: Api) -> None:
+    worker = next(p for p in llm_dep.procs if p.name.startswith("worker-llm-long"))
+    job = api.submit("llm", **_chat("x " * LONG_THRESHOLD * 2, max_tokens=600, cache=False))
+    with api.http.stream("GET", f"/v1/jobs/{job['id']}/events", timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("event: partial"):
+                break
+    old = _engine_pid(worker)
+    os.kill(old, signal.SIGKILL)
+    ended = api.wait(job["id"], 240)
+    assert ended["status"] == "succeeded" and ended["attempts"] == 2, ended
+    assert ended["output"]["usage"]["completion_tokens"] == 600
+    assert _engine_pid(worker) != old and worker.alive()
+    assert "died; restarting it" in worker.log()
+
+
+def test_an_engine_that_cannot_start_fails_with_its_log(tmp_path: Path) -> None:
+    options = LlmOptions(engine="transformers", startup_timeout_s=120)
+    spec = EngineSpec("broken", str(tmp_path / "no-such-model"), "cpu", options, tmp_path)
+    server = EngineServer(spec)
+    with pytest.raises(EngineStartError, match=r"log .* ends with"):
+        server.start()
+    assert not server.alive()
+
+
+def test_many_concurrent_streams_all_finish(oai: openai.OpenAI) -> None:
+    def one(i: int) -> str:
+        stream = oai.chat.completions.create(
+            model="llm", messages=[{"role": "user", "content": f"n{i}"}], max_tokens=8,
+            temperature=0, stream=True, extra_body={"cache": False},
+        )  # fmt: skip
+        return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    with ThreadPoolExecutor(8) as pool:
+        texts = list(pool.map(one, range(8)))
+    assert len(texts) == 8 and all(texts)  # 8 streams over 3 engine slots: all end

@@ -1,0 +1,151 @@
+"""`GET /metrics` on a real deployment: one scrape of the API sees what every process
+counted (submits in the API, job ends and batches in the workers, cancels in the API),
+queue depth by priority, live workers, and GPU readings that workers stored."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from api.metrics import Snapshot, render
+from jobs.settings import Settings
+from tests.conftest import Api
+from tests.support.deploy import Deployment, wait_until
+from workers.devices import Usage, discover
+from workers.metrics import WorkerMetrics
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse(text: str) -> Samples:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def scrape(dep: Deployment) -> Samples:
+    response = httpx.get(f"{dep.base_url}/metrics", timeout=10)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    return parse(response.text)
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples of `name` whose labels include `labels`."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+def test_one_scrape_sees_jobs_queues_and_workers(deployment: Deployment, api: Api) -> None:
+    before = scrape(deployment)
+    long = api.submit("sleep", steps=400, step_ms=25)
+    wait_until(lambda: api.get(long["id"])["status"] == "running", timeout_s=10)
+    high = api.submit("sleep", priority="high", steps=1)
+    low = api.submit("sleep", priority="low", steps=1)
+    now = scrape(deployment)
+    assert value(now, "mmq_queue_depth", kind="sleep", priority="high") == 1
+    assert value(now, "mmq_queue_depth", kind="sleep", priority="low") == 1
+    assert value(now, "mmq_queue_depth", kind="sleep", priority="normal") == 0
+    assert value(now, "mmq_jobs_queued", kind="sleep") == 2
+    assert value(now, "mmq_jobs_running") >= 1
+    for pipeline in ("echo", "sleep"):
+        assert value(now, "mmq_worker_up", pipeline=pipeline, device="cpu") == 1
+
+    def echo(i: int) -> dict[str, Any]:
+        inp = {"text": "f", "fail": True, "group": "f"} if i == 4 else {"text": f"m{i}"}
+        job = api.submit("echo", **inp, tpot_ms=12.5, sleep_ms=100)
+        return api.wait(job["id"])
+
+    with ThreadPoolExecutor(5) as pool:
+        echoes = list(pool.map(echo, range(5)))
+    assert [j["status"] for j in echoes] == ["succeeded"] * 4 + ["failed"]
+    for job in (high, low, long):  # the queued ones first: the worker is still busy
+        assert api.http.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
+        assert api.wait(job["id"])["status"] == "canceled"
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    def counted() -> bool:
+        nonlocal after
+        after = scrape(deployment)
+        return (
+            moved("mmq_jobs_finished_total", kind="sleep", status="canceled") == 3
+            and moved("mmq_jobs_finished_total", kind="echo") == 5
+        )
+
+    after: Samples = {}
+    wait_until(counted, timeout_s=10)  # the running job's cancel is counted by its worker
+    assert moved("mmq_jobs_submitted_total", kind="echo") == 5
+    assert moved("mmq_jobs_submitted_total", kind="sleep") == 3
+    assert moved("mmq_jobs_finished_total", kind="echo", status="succeeded") == 4
+    assert moved("mmq_jobs_finished_total", kind="echo", status="failed") == 1
+    echo_labels = {"kind": "echo", "pipeline": "echo"}
+    assert moved("mmq_job_end_to_end_seconds_count", **echo_labels) == 4
+    assert moved("mmq_job_time_to_first_output_seconds_count", **echo_labels) == 4
+    assert moved("mmq_job_queue_wait_seconds_count", **echo_labels) == 5
+    assert moved("mmq_job_queue_wait_seconds_count", kind="sleep") == 1  # two never started
+    assert moved("mmq_job_time_per_output_token_seconds_bucket", le="0.01", **echo_labels) == 0
+    assert moved("mmq_job_time_per_output_token_seconds_bucket", le="0.015", **echo_labels) == 4
+    assert abs(moved("mmq_job_time_per_output_token_seconds_sum", **echo_labels) - 0.05) < 1e-9
+    end_to_end = moved("mmq_job_end_to_end_seconds_sum", **echo_labels)
+    assert 0.4 <= end_to_end < 20  # four jobs of at least 100 ms each
+    assert moved("mmq_batch_size_sum", pipeline="echo") == 5  # each job ran in one batch
+    assert 2 <= moved("mmq_batch_size_count", pipeline="echo") <= 5
+    assert moved("mmq_batch_duration_seconds_count", pipeline="sleep") == 1
+    assert value(after, "mmq_jobs_queued", kind="sleep") == 0
+
+
+def test_gpu_readings_from_workers_reach_the_scrape(
+    deployment: Deployment, rclient: redis.Redis
+) -> None:
+    readings = {
+        "gpu:0": Usage("gpu:0", "GPU-1c2f", "NVIDIA A100-SXM4-40GB", 3 * 2**30, 40 * 2**30, 0.75),
+        "mig:MIG-0a6c": Usage("mig:MIG-0a6c", "MIG-0a6c", "MIG 1g.10gb", 2**30, 10 * 2**30, None),
+    }
+    for device in readings:
+        sampler = WorkerMetrics(rclient, device, read=readings.get, host="gpuhost")
+        assert sampler.sample_once()
+    samples = scrape(deployment)
+    gpu0 = {"host": "gpuhost", "device": "gpu:0", "uuid": "GPU-1c2f"}
+    assert value(samples, "mmq_gpu_utilization_ratio", **gpu0) == 0.75
+    assert value(samples, "mmq_gpu_memory_used_bytes", **gpu0) == 3 * 2**30
+    assert value(samples, "mmq_gpu_memory_total_bytes", **gpu0) == 40 * 2**30
+    mig = {"host": "gpuhost", "device": "mig:MIG-0a6c"}
+    assert value(samples, "mmq_gpu_memory_used_bytes", **mig) == 2**30
+    assert value(samples, "mmq_gpu_memory_total_bytes", **mig) == 10 * 2**30
+    utilization = [ls for n, ls in samples if n == "mmq_gpu_utilization_ratio"]
+    assert not any(("device", "mig:MIG-0a6c") in ls for ls in utilization)  # NVML has none
+
+
+def test_without_nvml_a_worker_reads_no_gpu(rclient: redis.Redis) -> None:
+    if discover().gpus:
+        pytest.skip("this host has a GPU")
+    sampler = WorkerMetrics(rclient, "gpu:0", interval_s=0.05)
+    assert not sampler.sample_once()  # this machine has no NVML: nothing stored
+    cpu = WorkerMetrics(rclient, "cpu")
+    cpu.start()
+    assert cpu._thread is None  # no GPU, no sampling thread
+    started = time.monotonic()
+    sampler.start()
+    sampler.stop()  # the thread found nothing to read and ended
+    assert time.monotonic() - started < 2
+
+
+def test_histogram_buckets_are_made_cumulative() -> None:
+    fields = {'["p","1.0"]': "2", '["p","4.0"]': "1", '["p","+Inf"]': "1", '["p","sum"]': "300"}
+    samples = parse(render(Snapshot(recorded={"mmq_batch_size": fields}), Settings()).decode())
+    p = {"pipeline": "p"}
+    cumulative = [value(samples, "mmq_batch_size_bucket", le=b, **p) for b in ("1.0", "2.0", "4.0")]
+    assert cumulative == [2, 2, 3]
+    assert value(samples, "mmq_batch_size_bucket", le="+Inf", **p) == 4
+    assert value(samples, "mmq_batch_size_count", **p) == 4
+    assert value(samples, "mmq_batch_size_sum", **p) == 300
