@@ -162,6 +162,15 @@ def test_a_message_taken_by_a_worker_that_died_before_the_job_started_is_requeue
     worker.stop()
 
 
+def test_the_reaper_forgets_workers_that_went_silent(dep: Deployment, rclient: redis.Redis) -> None:
+    beat = LEASE["heartbeat_s"]
+    rclient.zadd(keys.WORKERS, {"killed-long-ago": time.time() - 61 * beat})
+    rclient.zadd(keys.WORKERS, {"missed-a-few-beats": time.time() - 10 * beat})
+    wait_until(lambda: rclient.zscore(keys.WORKERS, "killed-long-ago") is None, timeout_s=10)
+    assert rclient.zscore(keys.WORKERS, "missed-a-few-beats") is not None
+    rclient.zrem(keys.WORKERS, "missed-a-few-beats")
+
+
 def test_a_job_that_kills_every_worker_ends_failed_after_max_attempts(
     dep: Deployment, owner: Api, rclient: redis.Redis
 ) -> None:

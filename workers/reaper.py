@@ -3,9 +3,10 @@
 A running job whose lease expired (its worker died or hung) goes back to `queued` and is
 enqueued again, within about `lease.ttl_s + lease.reaper_interval_s`. Past
 `lease.max_attempts` runs it ends `failed` with the reason instead of looping.
-Several reapers may run at once: each change is a guarded atomic transition. It also puts
-back the task messages that a worker took and died with before starting their job
-(`workers/stranded.py`).
+It forgets the liveness entries of workers silent for `DEAD_WORKER_BEATS` heartbeats
+(a killed worker never says goodbye), and puts back the task messages that a worker took
+and died with before starting their job (`workers/stranded.py`). Several reapers may run
+at once: each change is a guarded atomic transition.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from workers.stranded import restore_stranded
 log = logging.getLogger(__name__)
 
 RUNNING = frozenset({JobStatus.RUNNING})
+DEAD_WORKER_BEATS = 60
 
 
 class Reaper:
@@ -84,10 +86,16 @@ class Reaper:
                 log.error("job %s: failed after %d lost workers", job_id, job.attempts)
         return handled
 
+    def forget_dead_workers(self) -> int:
+        """Drop the liveness entries of long-silent workers; returns how many."""
+        silent_since = time.time() - DEAD_WORKER_BEATS * self.settings.lease.heartbeat_s
+        return int(self.store.r.zremrangebyscore(keys.WORKERS, "-inf", silent_since))
+
     def run_forever(self, stop: threading.Event) -> None:
         while not stop.wait(self.settings.lease.reaper_interval_s):
             try:
                 self.sweep()
                 restore_stranded(self.app, self.store, grace_s=self.settings.lease.ttl_s)
+                self.forget_dead_workers()
             except (redis.RedisError, OSError):
                 log.exception("reaper sweep failed")
