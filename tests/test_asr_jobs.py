@@ -35,6 +35,7 @@ from tests.support.audio import (
     wer,
 )
 from tests.support.deploy import Deployment
+from tests.support.metrics import check_job_counted
 
 MAX_WER = 0.15
 
@@ -227,3 +228,8 @@ class serve_once:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def test_metrics_count_an_asr_job(dep: Deployment, api: Api) -> None:
+    key = _upload(api, spoken(SHORT, "wav"), "metrics.wav")
+    check_job_counted(dep, lambda: _transcribe(_client(dep, api), key), "asr", "asr")

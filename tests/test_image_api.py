@@ -20,6 +20,7 @@ from PIL import Image
 from mmq.client import Client
 from tests.conftest import Api, new_owner
 from tests.support.deploy import Deployment, flush, serving, wait_until
+from tests.support.metrics import check_job_counted
 from tests.support.tiny_sd import TINY_SIZE, cached_tiny_sd
 
 MAX_SIDE = 256
@@ -246,3 +247,7 @@ def test_openai_route_requires_a_key(image_dep: Deployment) -> None:
     anonymous = openai.OpenAI(base_url=f"{image_dep.base_url}/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         anonymous.images.generate(prompt="a", size="64x64")
+
+
+def test_metrics_count_an_image_job(image_dep: Deployment, api: Api) -> None:
+    check_job_counted(image_dep, lambda: _run(api, prompt="counted", seed=3), "image", "tiny-sd")

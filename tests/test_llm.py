@@ -22,6 +22,7 @@ from jobs.schemas.llm import LlmOptions
 from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
 from tests.conftest import Api, new_owner
 from tests.support.deploy import Deployment, Proc, flush, serving, wait_until
+from tests.support.metrics import JOB_HISTOGRAMS, check_job_counted
 from tests.support.tiny_llm import cached_tiny_llm
 
 LONG_THRESHOLD = 60
@@ -292,3 +293,11 @@ def test_many_concurrent_streams_all_finish(oai: openai.OpenAI) -> None:
     with ThreadPoolExecutor(8) as pool:
         texts = list(pool.map(one, range(8)))
     assert len(texts) == 8 and all(texts)  # 8 streams over 3 engine slots: all end
+
+
+def test_metrics_count_an_llm_job_with_its_tpot(llm_dep: Deployment, api: Api) -> None:
+    def run() -> dict[str, Any]:
+        job = api.submit("llm", **_chat("Count me", max_tokens=8, cache=False))
+        return api.wait(job["id"], 120)
+
+    check_job_counted(llm_dep, run, "llm", "llm", (*JOB_HISTOGRAMS, "time_per_output_token"))

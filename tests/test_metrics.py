@@ -8,40 +8,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
 import pytest
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 
 from api.metrics import Snapshot, render
 from jobs.settings import Settings
 from tests.conftest import Api
 from tests.support.deploy import Deployment, wait_until
+from tests.support.metrics import Samples, parse, scrape, value
 from workers.devices import Usage, discover
 from workers.metrics import WorkerMetrics
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def parse(text: str) -> Samples:
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def scrape(dep: Deployment) -> Samples:
-    response = httpx.get(f"{dep.base_url}/metrics", timeout=10)
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain")
-    return parse(response.text)
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of the samples of `name` whose labels include `labels`."""
-    want = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
 
 
 def test_one_scrape_sees_jobs_queues_and_workers(deployment: Deployment, api: Api) -> None:

@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import Api, new_owner
 from tests.support.deploy import Deployment, Proc, flush, serving
+from tests.support.metrics import check_job_counted
 from tests.support.tts import (
     decode,
     events,
@@ -212,3 +213,10 @@ def test_jobs_spread_over_both_instances(tts: Deployment, api: Api) -> None:
         jobs = list(pool.map(lambda _: _run(api, text=text, format="pcm"), range(4)))
     pids = {job["output"]["worker_pid"] for job in jobs}
     assert pids == {proc.process.pid for proc in workers}
+
+
+def test_metrics_count_a_tts_job(tts: Deployment, api: Api) -> None:
+    def run() -> dict[str, Any]:
+        return api.wait(api.submit("tts", text="Counted. Twice.")["id"], timeout_s=60)
+
+    check_job_counted(tts, run, "tts", "tts")
