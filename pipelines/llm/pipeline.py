@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 MONITOR_INTERVAL_S = 0.5
 MAX_RESTART_BACKOFF_S = 30.0
+ENGINE_EXIT_GRACE_S = 2.0
+"""How long a broken stream waits to see whether the engine process exited."""
 
 
 class LlmPipeline(Pipeline):
@@ -45,6 +47,7 @@ class LlmPipeline(Pipeline):
         self.client: EngineClient | None = None
         self._slots = threading.BoundedSemaphore(slots)
         self._ready = threading.Event()
+        self._ready_lock = threading.Lock()
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._watch, name="engine-monitor", daemon=True)
 
@@ -90,6 +93,7 @@ class LlmPipeline(Pipeline):
         text: list[str] = []
         finish: Finish | None = None
         with self._slots:
+            restarts = self.server.restarts
             clock = TokenClock()
             chunks = self.client.stream(path, body)
             try:
@@ -104,6 +108,7 @@ class LlmPipeline(Pipeline):
                     else:
                         finish = chunk
             except EngineLost as exc:
+                self._engine_lost(restarts)
                 raise BackendLost(str(exc)) from exc
             finally:
                 chunks.close()  # closing the stream aborts the sequence in the engine
@@ -126,6 +131,15 @@ class LlmPipeline(Pipeline):
             }
         )
 
+    def _engine_lost(self, restarts_seen: int) -> None:
+        """After a broken stream: if the engine died, hold every request until the monitor
+        has restarted it, so the job given back is not taken again by a dead engine."""
+        assert self.server is not None
+        if self.server.exited(ENGINE_EXIT_GRACE_S):
+            with self._ready_lock:
+                if self.server.restarts == restarts_seen:  # the monitor has not restarted it
+                    self._ready.clear()
+
     def _watch(self) -> None:
         """Restart the engine when its process dies; requests wait while it comes up."""
         backoff = 1.0
@@ -146,4 +160,5 @@ class LlmPipeline(Pipeline):
                 backoff = min(backoff * 2, MAX_RESTART_BACKOFF_S)
                 continue
             backoff = 1.0
-            self._ready.set()
+            with self._ready_lock:
+                self._ready.set()

@@ -168,6 +168,20 @@ class EngineServer:
         """False once a managed engine process has exited."""
         return not self.managed or (self.process is not None and self.process.poll() is None)
 
+    def exited(self, within_s: float) -> bool:
+        """True when the managed engine process is gone or exits within `within_s`: a
+        stream broke because the engine died, not because one request was dropped."""
+        if not self.managed:
+            return False  # nothing to watch: the next request finds out
+        process = self.process
+        if process is None:
+            return True  # stopped, or between the two halves of a restart
+        try:
+            process.wait(within_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def wait_ready(self) -> None:
         """Poll until a one-token generation succeeds, the process dies, or time is up."""
         deadline = time.monotonic() + self.spec.options.startup_timeout_s
