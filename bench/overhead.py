@@ -146,9 +146,21 @@ def child_env(args: argparse.Namespace, redis_url: str, data_dir: Path) -> dict[
     }
 
 
-def deployment_specs(pipeline: str, api_port: int) -> list[ProcSpec]:
+def only_noop(settings: Settings) -> dict[str, str]:
+    """Environment that turns off every other enabled pipeline, so that `/readyz` asks
+    for a noop worker alone."""
+    return {
+        f"MMQ_PIPELINES__{name.upper()}__ENABLED": "false"
+        for name, pipeline in settings.enabled_pipelines.items()
+        if pipeline.kind != NOOP_KIND
+    }
+
+
+def deployment_specs(pipeline: str, api_port: int, settings: Settings) -> list[ProcSpec]:
     return [
-        ProcSpec("api", mmq_command("api"), {"MMQ_API__PORT": str(api_port)}),
+        ProcSpec(
+            "api", mmq_command("api"), {"MMQ_API__PORT": str(api_port), **only_noop(settings)}
+        ),
         ProcSpec("worker", mmq_command("worker", "--pipeline", pipeline)),
     ]
 
@@ -183,7 +195,7 @@ def deploy(args: argparse.Namespace, stack: ExitStack) -> tuple[Deployment, Supe
     if not args.url:
         port = free_port()
         api_url = f"http://127.0.0.1:{port}"
-        specs += deployment_specs(name, port)
+        specs += deployment_specs(name, port, settings)
     supervisor = Supervisor(specs, base_env=child_env(args, redis_url, tmp))
     stack.callback(supervisor.terminate)
     supervisor.start()
