@@ -12,7 +12,6 @@ import json
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis.asyncio as aredis
 from prometheus_client import CollectorRegistry, generate_latest
@@ -27,7 +26,7 @@ from prometheus_client.utils import floatToGoString
 
 from jobs import keys
 from jobs.metrics import RECORDED, MetricDef
-from jobs.queues import PRIORITY_VALUES, queue_name
+from jobs.queues import PRIORITY_VALUES, celery_list, queue_name
 from jobs.settings import Settings
 
 WORKER_LABELS = ("worker", "kind", "pipeline", "device", "host")
@@ -48,16 +47,11 @@ class Snapshot:
     devices: list[dict[str, str]] = field(default_factory=list)
 
 
-def celery_list(queue: str, priority: int, sep: str) -> str:
-    """The Redis list that holds a queue's messages of one priority (kombu's naming)."""
-    return f"{queue}{sep}{priority}" if priority else queue
-
-
-async def read_snapshot(r: aredis.Redis, settings: Settings, sep: str) -> Snapshot:
+async def read_snapshot(r: aredis.Redis, settings: Settings) -> Snapshot:
     snap = Snapshot()
     pipelines = settings.enabled_pipelines
     lists = [
-        (name, config.kind, priority, celery_list(queue_name(name), value, sep))
+        (name, config.kind, priority, celery_list(queue_name(name), value))
         for name, config in pipelines.items()
         for priority, value in PRIORITY_VALUES.items()
     ]
@@ -194,8 +188,3 @@ def render(snap: Snapshot, settings: Settings) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Fixed(list(families(snap, settings))))
     return generate_latest(registry)
-
-
-def transport_sep(transport_options: dict[str, Any]) -> str:
-    """The separator kombu puts between a queue's name and a priority (broker settings)."""
-    return str(transport_options.get("sep", "\x06\x16"))

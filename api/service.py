@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-import anyio
 from celery import Celery
 from pydantic import ValidationError
 
@@ -20,9 +19,9 @@ from api.files import FileService
 from api.hub import EventHub
 from api.streams import is_terminal
 from jobs import keys
-from jobs.broker import enqueue
+from jobs.broker import task_message
 from jobs.codec import dumps
-from jobs.errors import Conflict, InputError, NotFound, QueueFull, Unavailable
+from jobs.errors import Conflict, InputError, NotFound, QueueFull
 from jobs.models import EventType, Job, JobCreate
 from jobs.netguard import NetPolicy, check_url
 from jobs.queues import pipeline_for
@@ -124,6 +123,8 @@ class JobService:
             job,
             max_queued=self.settings.queue.limit_for(body.kind),
             idempotency=(idempotency_key, digest) if idempotency_key else None,
+            # Stored and queued in one script: a job never exists without its message.
+            message=None if cached is not None else task_message(self.celery, job),
         )
         if result.outcome == "dup":
             if result.body_hash != digest:
@@ -141,7 +142,6 @@ class JobService:
             await self.files.note_used(used, job.id)
         if cached is not None:
             return await self._answer_from_cache(job, cached), True
-        await self._enqueue(job)
         return job, True
 
     async def _cached_output(
@@ -191,22 +191,6 @@ class JobService:
     async def deliveries(self, owner: str, job_id: str) -> list[dict[str, object]]:
         await self.get(owner, job_id)
         return await self.store.deliveries(job_id)
-
-    async def _enqueue(self, job: Job) -> None:
-        try:
-            await anyio.to_thread.run_sync(enqueue, self.celery, job)
-        except Exception as exc:
-            error = {"type": "enqueue_failed", "message": str(exc)}
-            await self.store.apply(
-                transition(
-                    job,
-                    JobStatus.FAILED,
-                    sources=frozenset({JobStatus.QUEUED}),
-                    fields={"error": dumps(error), "finished_at": repr(time.time())},
-                    event_data={"error": error},
-                )
-            )
-            raise Unavailable(f"could not enqueue the job: {exc}") from exc
 
     async def get(self, owner: str, job_id: str) -> Job:
         """The job, or NotFound when it does not exist or belongs to another owner."""

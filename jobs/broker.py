@@ -5,13 +5,27 @@ Shared by the API and the reaper (which send tasks) and the workers (which run t
 
 from __future__ import annotations
 
+import base64
+import json
+import os
+import socket
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
 
 from jobs.models import Job
-from jobs.queues import PRIORITY_STEPS, PRIORITY_VALUES, TASK_NAME, celery_priority, queue_name
+from jobs.queues import (
+    PRIORITY_STEPS,
+    PRIORITY_VALUES,
+    QUEUE_SEP,
+    TASK_NAME,
+    TaskMessage,
+    celery_list,
+    celery_priority,
+    queue_name,
+)
 from jobs.settings import Settings
 
 
@@ -38,7 +52,7 @@ def make_celery(settings: Settings) -> Celery:
         broker_transport_options={
             "visibility_timeout": settings.queue.visibility_timeout_s,
             "priority_steps": PRIORITY_STEPS,
-            "sep": ":",
+            "sep": QUEUE_SEP,
             "queue_order_strategy": "priority",
         },
         task_routes={TASK_NAME: {"queue": queue_name("default")}},
@@ -54,6 +68,38 @@ def enqueue(app: Celery, job: Job) -> None:
         queue=queue_name(job.pipeline),
         priority=celery_priority(job.priority),
     )
+
+
+ORIGIN = f"gen{os.getpid()}@{socket.gethostname()}"
+
+
+def task_message(app: Celery, job: Job) -> TaskMessage:
+    """The message `enqueue` would send for `job`, built without I/O, for the API to push
+    in the same script that stores the job (one round trip; the job and its message
+    exist together or not at all). Celery builds the task (protocol 2); the envelope is
+    the one kombu's Redis transport writes in `Channel.basic_publish` (body base64, a
+    delivery tag, the anonymous exchange routed by queue name). A test holds it equal to
+    kombu's own."""
+    queue = queue_name(job.pipeline)
+    priority = celery_priority(job.priority)
+    task_id = str(uuid.uuid4())
+    task = app.amqp.as_task_v2(task_id, TASK_NAME, args=[job.id], origin=ORIGIN, ignore_result=None)
+    body = json.dumps(task.body).encode()
+    envelope = {
+        "body": base64.b64encode(body).decode(),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": task.headers,
+        "properties": {
+            **task.properties,
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": priority,
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+        },
+    }
+    return TaskMessage(celery_list(queue, priority), json.dumps(envelope))
 
 
 WEBHOOK_TASK = "mmq.deliver_webhook"

@@ -17,19 +17,21 @@ end
 SUBMIT = (
     _PUBLISH
     + """
--- KEYS: job, owner index, queued set, idempotency key, events stream
+-- KEYS: job, owner index, queued set, idempotency key, events stream, task list, counter
 -- ARGV: job_id, max_queued, score, idem_ttl, idem_value, maxlen, channel, event data, ts,
---       field pairs...
+--       task message ('' for none), counter field ('' for none), field pairs...
 if ARGV[5] ~= '' then
   local prev = redis.call('GET', KEYS[4])
   if prev then return {'dup', prev} end
 end
 if redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[2]) then return {'full', ''} end
-redis.call('HSET', KEYS[1], unpack(ARGV, 10))
+redis.call('HSET', KEYS[1], unpack(ARGV, 12))
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
 if ARGV[5] ~= '' then redis.call('SET', KEYS[4], ARGV[5], 'EX', ARGV[4]) end
 local id = announce(ARGV[7], KEYS[5], ARGV[6], ARGV[1], 'status', ARGV[8], ARGV[9], nil)
+if ARGV[10] ~= '' then redis.call('LPUSH', KEYS[6], ARGV[10]) end
+if ARGV[11] ~= '' then redis.call('HINCRBY', KEYS[7], ARGV[11], 1) end
 return {'ok', id}
 """
 )

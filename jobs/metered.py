@@ -1,5 +1,6 @@
-"""Job stores that also count: every accepted submit, and every transition that ends a job
-(wherever it happens: a worker, the reaper, a cancel or a cached answer in the API).
+"""Job stores that also count: every accepted submit (in the script that stores the job),
+and every transition that ends a job (wherever it happens: a worker, the reaper, a cancel
+or a cached answer in the API).
 
 A transition to a terminal status succeeds once per job (the script checks the current
 status), so each end is counted once. The end's timings come from one HMGET of the
@@ -15,8 +16,9 @@ from typing import Any
 import redis
 
 from jobs import keys
-from jobs.metrics import END_FIELDS, JOBS_SUBMITTED, end_samples, queue
+from jobs.metrics import END_FIELDS, JOBS_SUBMITTED, end_samples, field_of, queue
 from jobs.models import Job
+from jobs.queues import TaskMessage
 from jobs.store import AsyncJobStore, JobStore, SubmitResult, Transition, TransitionResult
 
 log = logging.getLogger(__name__)
@@ -47,17 +49,20 @@ class MeteredAsyncJobStore(AsyncJobStore):
     """`AsyncJobStore` for the API."""
 
     async def submit(
-        self, job: Job, *, max_queued: int, idempotency: tuple[str, str] | None
+        self,
+        job: Job,
+        *,
+        max_queued: int,
+        idempotency: tuple[str, str] | None,
+        message: TaskMessage | None = None,
+        counter: tuple[str, str] | None = None,
     ) -> SubmitResult:
-        result = await super().submit(job, max_queued=max_queued, idempotency=idempotency)
-        if result.outcome == "ok":
-            try:
-                pipe = self.r.pipeline(transaction=False)
-                queue(pipe, [(JOBS_SUBMITTED, (job.kind,), 1)])
-                await pipe.execute()
-            except redis.RedisError as exc:
-                log.warning("job %s: submit not counted in metrics: %s", job.id, exc)
-        return result
+        """Counts the submit in the same script that stores the job."""
+        submitted = (keys.metric(JOBS_SUBMITTED.name), field_of((job.kind,)))
+        return await super().submit(
+            job, max_queued=max_queued, idempotency=idempotency, message=message,
+            counter=counter or submitted,
+        )  # fmt: skip
 
     async def apply(self, change: Transition) -> TransitionResult:
         result = await super().apply(change)

@@ -33,7 +33,7 @@ class Event(BaseModel):
 
 class JobErrorInfo(BaseModel):
     type: str
-    """`invalid_input` (never retried), `pipeline_error`, `worker_lost`, `enqueue_failed`."""
+    """`invalid_input` (never retried), `pipeline_error`, `worker_lost`."""
     message: str
     field: str | None = None
     """For `invalid_input`: the input field at fault."""

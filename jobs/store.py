@@ -19,6 +19,7 @@ import redis.asyncio as aredis
 from jobs import keys, lua
 from jobs.codec import dumps, event_from_entry, flat_pairs, job_from_fields, job_to_fields
 from jobs.models import Event, EventType, Job, WebhookSpec
+from jobs.queues import TaskMessage
 from jobs.settings import Settings
 from jobs.states import JobStatus, allowed_sources, check_transition
 from jobs.webhooks import wants
@@ -268,16 +269,27 @@ class AsyncJobStore:
         self._transition = client.register_script(lua.TRANSITION)
 
     async def submit(
-        self, job: Job, *, max_queued: int, idempotency: tuple[str, str] | None
+        self,
+        job: Job,
+        *,
+        max_queued: int,
+        idempotency: tuple[str, str] | None,
+        message: TaskMessage | None = None,
+        counter: tuple[str, str] | None = None,
     ) -> SubmitResult:
-        """Store a new queued job unless its kind's queue is full or the key was used."""
+        """Store a new queued job unless its kind's queue is full or the key was used; in
+        the same script, push its task `message` and add one to the hash field `counter`
+        (key, field) where given."""
         idem_key, body_hash = idempotency or ("", "")
+        unused = keys.job(job.id) + ":unused"
         key_list = [
             keys.job(job.id),
             keys.owner_jobs(job.owner),
             keys.queued(job.kind),
-            keys.idempotency(job.owner, idem_key) if idem_key else keys.job(job.id) + ":idem",
+            keys.idempotency(job.owner, idem_key) if idem_key else unused,
             keys.job_events(job.id),
+            message.list_key if message else unused,
+            counter[0] if counter else unused,
         ]
         args = [
             job.id,
@@ -289,6 +301,8 @@ class AsyncJobStore:
             keys.EVENTS_CHANNEL,
             dumps({"status": "queued"}),
             repr(job.created_at),
+            message.envelope if message else "",
+            counter[1] if counter else "",
             *flat_pairs(job_to_fields(job)),
         ]
         outcome, value = await self._submit(keys=key_list, args=args)

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.deps import get_state
-from api.metrics import read_snapshot, render, transport_sep
+from api.metrics import read_snapshot, render
 
 router = APIRouter(tags=["health"])
 
@@ -15,6 +15,5 @@ router = APIRouter(tags=["health"])
 async def metrics(request: Request) -> Response:
     """Jobs by kind and status, queue depth, latency and batch histograms, workers, GPUs."""
     state = get_state(request)
-    sep = transport_sep(state.celery.conf.broker_transport_options or {})
-    snapshot = await read_snapshot(state.redis, state.settings, sep)
+    snapshot = await read_snapshot(state.redis, state.settings)
     return Response(render(snapshot, state.settings), headers={"Content-Type": CONTENT_TYPE_LATEST})
