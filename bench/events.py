@@ -32,64 +32,60 @@ import argparse
 import asyncio
 import contextlib
 import datetime
-import functools
 import gc
 import json
 import math
-import multiprocessing
 import os
 import platform
 import resource
-import secrets
 import signal
 import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack, ExitStack
-from dataclasses import asdict, dataclass, field
-from multiprocessing.connection import Connection
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import redis
 from redis.exceptions import RedisError
-from rich.console import Console
-from rich.table import Table
 
 from bench.common import percentile_ms
-from bench.overhead import check_alive, child_env, jsonable, parse_levels, resolve_redis
-from jobs.models import EventType
-from jobs.settings import load_settings
-from jobs.states import TERMINAL
-from jobs.store import JobStore
-from mmq.sse import SseMessage, SseParser
+from bench.events_publisher import BENCH_CLIENT_PREFIX, Publisher, publisher_process
+from bench.events_report import (
+    GOALS_P50_MS,
+    LevelResult,
+    RedisClients,
+    console,
+    print_progress,
+    print_report,
+    write_json,
+)
+from bench.events_streams import (
+    REQUEST_LANES,
+    Stream,
+    Tracker,
+    cancel_jobs,
+    http_client,
+    open_streams,
+    submit_jobs,
+)
+from bench.overhead import check_alive, child_env, parse_levels, resolve_redis
 from workers.launcher import ProcSpec, Supervisor, mmq_command
 from workers.redis_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "mmq.toml"
 DEFAULT_OUT = Path("bench/results/events.json")
-NOOP_KIND = "noop"
-GOALS_P50_MS = {1: 2.0, 1000: 20.0}
-"""Streams -> the p50 delay goal in milliseconds."""
-BENCH_CLIENT_PREFIX = "mmq-bench"
-"""Redis client names of this process's own connections (told apart in CLIENT LIST)."""
-PUBLISHER_CLIENT = f"{BENCH_CLIENT_PREFIX}-publisher"
 PROBE_CLIENT = f"{BENCH_CLIENT_PREFIX}-probe"
-REQUEST_LANES = 32
-"""Concurrent submits and cancels."""
 FDS_PER_STREAM = 2
 FD_MARGIN = 512
 MAX_ERRORS_KEPT = 8
-
-console = Console(width=None if sys.stdout.isatty() else 120)
-"""Tables stay unwrapped when the output goes to a file or a pipe."""
-T = TypeVar("T")
 
 
 # --- command line ----------------------------------------------------------------------
@@ -131,295 +127,6 @@ def rounds_for(args: argparse.Namespace, streams: int) -> int:
     if args.rounds is not None:
         return int(args.rounds)
     return max(10, min(50, 10_000 // streams))
-
-
-# --- results ---------------------------------------------------------------------------
-
-
-@dataclass
-class RedisClients:
-    """Redis connections seen by `CLIENT LIST` while a level's streams were open."""
-
-    total: int
-    bench: int
-    """This process's own: the publisher and the probe that counts."""
-    others: int
-    """Everything else: the API's (its pub/sub one, its pool, Celery's) and any others."""
-    subscribers: int
-    """Connections in pub/sub mode (the API's hub holds one per process)."""
-
-
-@dataclass
-class LevelResult:
-    streams: int
-    rounds: int
-    published: int
-    """Events published in the measured rounds: one per open stream per round (a stream
-    that failed to open gets none and counts as a failure)."""
-    received: int
-    failures: int
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-    max_ms: float
-    mean_ms: float
-    events_per_s: float
-    """Received events over the summed spans of the rounds (first send to last receipt)."""
-    publish_per_s: float
-    """Events the publisher wrote per second (its own pace: one append at a time)."""
-    open_s: float
-    """Time to open every stream and see its replayed `queued` event."""
-    goal_p50_ms: float | None
-    goal_met: bool | None
-    api_cpu_us_per_event: float | None = None
-    """The API process's CPU time over the rounds per event published (warm-up included)."""
-    api_rss_kb: dict[str, int | None] = field(default_factory=dict)
-    """The API process's RSS: before opening the streams, with them open, after the rounds."""
-    redis_clients: RedisClients | None = None
-    errors: dict[str, int] = field(default_factory=dict)
-
-
-# --- publisher process (the worker) ----------------------------------------------------
-
-
-@dataclass
-class PublishReport:
-    published: int
-    elapsed_s: float
-    errors: dict[str, int]
-
-
-def publish_round(store: JobStore, round_no: int, job_ids: list[str]) -> PublishReport:
-    """One PROGRESS event per job, one append at a time, each stamped just before it."""
-    errors: Counter[str] = Counter()
-    start = time.perf_counter()
-    for job_id in job_ids:
-        data = {"sent_ns": time.time_ns(), "round": round_no}
-        try:
-            store.append_event(job_id, EventType.PROGRESS, data, first_output=False)
-        except RedisError as exc:
-            errors[f"publish: {type(exc).__name__}: {exc}"[:200]] += 1
-    published = len(job_ids) - sum(errors.values())
-    return PublishReport(published, time.perf_counter() - start, dict(errors))
-
-
-def publisher_main(conn: Connection, config: str, redis_url: str) -> None:
-    """Child process: answers each (round, job ids) order with a PublishReport."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
-    settings = load_settings(Path(config), redis_url=redis_url)
-    client = redis.Redis.from_url(redis_url, decode_responses=True, client_name=PUBLISHER_CLIENT)
-    store = JobStore(client, settings)
-    client.ping()
-    conn.send("ready")
-    with contextlib.suppress(EOFError, KeyboardInterrupt):
-        while (order := conn.recv()) is not None:
-            round_no, job_ids = order
-            conn.send(publish_round(store, round_no, job_ids))
-    client.close()
-
-
-class Publisher:
-    """The parent's handle on the publisher process."""
-
-    def __init__(self, config: Path, redis_url: str) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._conn, child_conn = context.Pipe()
-        self._process = context.Process(
-            target=publisher_main,
-            args=(child_conn, str(config.resolve()), redis_url),
-            name="mmq-bench-publisher",
-            daemon=True,
-        )
-        self._process.start()
-        child_conn.close()
-        try:
-            ready = self._conn.poll(60) and self._conn.recv() == "ready"
-        except (EOFError, OSError):
-            ready = False
-        if not ready:
-            self.stop()
-            raise RuntimeError(f"the publisher process did not start ({self._process.exitcode})")
-
-    def publish(self, round_no: int, job_ids: list[str]) -> PublishReport:
-        self._conn.send((round_no, job_ids))
-        report: PublishReport = self._conn.recv()
-        return report
-
-    def stop(self) -> None:
-        with contextlib.suppress(OSError, BrokenPipeError):
-            self._conn.send(None)
-        self._process.join(5)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
-        self._conn.close()
-
-
-@contextlib.contextmanager
-def publisher_process(config: Path, redis_url: str) -> Iterator[Publisher]:
-    publisher = Publisher(config, redis_url)
-    try:
-        yield publisher
-    finally:
-        publisher.stop()
-
-
-# --- SSE streams (the clients) ---------------------------------------------------------
-
-
-class Tracker:
-    """Counts progress receipts over all streams; `done` is set once `expect`'s target is hit."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.target = 0
-        self.done = asyncio.Event()
-
-    def expect(self, more: int) -> None:
-        self.target = self.count + more
-        self.done.clear()
-
-    def hit(self) -> None:
-        self.count += 1
-        if self.count >= self.target:
-            self.done.set()
-
-    def forgo(self, fewer: int) -> None:
-        """`fewer` of the expected events were never published."""
-        self.target -= fewer
-        if self.count >= self.target:
-            self.done.set()
-
-
-@dataclass
-class Stream:
-    """One SSE client: what it received, raw, and how it ended."""
-
-    job_id: str
-    settled: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set once the replayed `queued` event arrived, or the stream failed first."""
-    ready: bool = False
-    ended: bool = False
-    """The terminal status event arrived."""
-    error: str = ""
-    received: list[tuple[int, str]] = field(default_factory=list)
-    """(receipt time.time_ns(), SSE data) of each progress event; parsed after the level."""
-
-
-def on_status(stream: Stream, message: SseMessage) -> None:
-    status = json.loads(message.data).get("data", {}).get("status")
-    if status == "queued":
-        stream.ready = True
-        stream.settled.set()
-    elif status in TERMINAL:
-        stream.ended = True
-
-
-async def read_stream(client: httpx.AsyncClient, stream: Stream, tracker: Tracker) -> None:
-    """Follow the job's events until the server ends the stream; never raises."""
-    try:
-        async with client.stream("GET", f"/v1/jobs/{stream.job_id}/events") as response:
-            if response.status_code != 200:
-                body = (await response.aread()).decode(errors="replace")
-                stream.error = f"open: HTTP {response.status_code} {body[:120]}"
-                return
-            parser = SseParser()
-            async for line in response.aiter_lines():
-                message = parser.feed(line)
-                if message is None:
-                    continue
-                if message.event == "progress":
-                    stream.received.append((time.time_ns(), message.data))
-                    tracker.hit()
-                elif message.event == "status":
-                    on_status(stream, message)
-        if not stream.ended:
-            stream.error = "stream closed before the terminal status"
-    except Exception as exc:
-        stream.error = f"stream: {type(exc).__name__}: {exc}"[:200]
-    finally:
-        stream.settled.set()
-
-
-async def open_streams(
-    stack: AsyncExitStack, api_url: str, job_ids: list[str], tracker: Tracker, lanes: int
-) -> tuple[list[Stream], list[asyncio.Task[None]]]:
-    """One stream per job, `lanes` opening at a time, each until its `queued` replay.
-
-    Each batch of `lanes` streams has an httpx client of its own (closed by `stack`):
-    httpx's pool scans all its connections whenever one is released, so one pool of
-    1000 streams makes the bench itself slow (and would bias its receipt times)."""
-    streams = [Stream(job_id) for job_id in job_ids]
-    tasks: list[asyncio.Task[None]] = []
-    for start in range(0, len(streams), lanes):
-        batch = streams[start : start + lanes]
-        client = await stack.enter_async_context(http_client(api_url, len(batch)))
-        tasks += [asyncio.create_task(read_stream(client, s, tracker)) for s in batch]
-        waits = [asyncio.wait_for(s.settled.wait(), 30) for s in batch]
-        for stream, outcome in zip(
-            batch, await asyncio.gather(*waits, return_exceptions=True), strict=True
-        ):
-            if isinstance(outcome, BaseException) and not stream.error:
-                stream.error = "open: no queued event within 30s"
-    return streams, tasks
-
-
-# --- API calls -------------------------------------------------------------------------
-
-
-def http_client(api_url: str, connections: int) -> httpx.AsyncClient:
-    """A client with room for `connections` at once; no read timeout (streams idle)."""
-    return httpx.AsyncClient(
-        base_url=api_url,
-        timeout=httpx.Timeout(30.0, read=None),
-        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
-        trust_env=False,
-    )
-
-
-async def in_lanes(calls: Sequence[Callable[[], Awaitable[T]]], lanes: int) -> list[T]:
-    """Run `calls` with at most `lanes` in flight; results in order."""
-    gate = asyncio.Semaphore(lanes)
-
-    async def gated(call: Callable[[], Awaitable[T]]) -> T:
-        async with gate:
-            return await call()
-
-    return await asyncio.gather(*(gated(call) for call in calls))
-
-
-async def submit_job(client: httpx.AsyncClient, attempts: int = 3) -> str:
-    """A queued noop job's id, or raises RuntimeError with the API's answer. A lost
-    connection is retried under the same Idempotency-Key, so no job is made twice."""
-    body = {"kind": NOOP_KIND, "input": {"payload": "events bench"}}
-    headers = {"Idempotency-Key": secrets.token_hex(16)}
-    for attempt in range(1, attempts + 1):
-        try:
-            response = await client.post("/v1/jobs", json=body, headers=headers)
-            break
-        except httpx.TransportError as exc:
-            if attempt == attempts:
-                raise RuntimeError(f"submit: {type(exc).__name__}: {exc}") from exc
-    if response.status_code not in (200, 201, 202):
-        raise RuntimeError(f"submit: HTTP {response.status_code} {response.text[:200]}")
-    return str(response.json()["id"])
-
-
-async def submit_jobs(client: httpx.AsyncClient, count: int) -> list[str]:
-    return await in_lanes([lambda: submit_job(client)] * count, REQUEST_LANES)
-
-
-async def cancel_job(client: httpx.AsyncClient, job_id: str) -> str | None:
-    try:
-        response = await client.post(f"/v1/jobs/{job_id}/cancel")
-    except httpx.HTTPError as exc:
-        return f"cancel: {type(exc).__name__}: {exc}"[:200]
-    return None if response.status_code == 200 else f"cancel: HTTP {response.status_code}"
-
-
-async def cancel_jobs(client: httpx.AsyncClient, job_ids: list[str]) -> list[str]:
-    calls = [functools.partial(cancel_job, client, job_id) for job_id in job_ids]
-    return [error for error in await in_lanes(calls, REQUEST_LANES) if error]
 
 
 # --- probes: the API's memory, Redis's connections -------------------------------------
@@ -777,97 +484,6 @@ def bench(args: argparse.Namespace) -> tuple[Deployment, list[LevelResult]]:
     return deployment, results
 
 
-# --- report ----------------------------------------------------------------------------
-
-DELAY_COLUMNS = ("streams", "rounds", "events", "p50 ms", "p90 ms", "p99 ms", "max ms",
-                 "events/s", "p50 goal", "fail")  # fmt: skip
-COST_COLUMNS = ("streams", "API RSS MiB", "KiB/stream", "API CPU us/event", "Redis conns",
-                "bench", "API+other", "pub/sub", "open s")  # fmt: skip
-RSS_POINTS = ("before_streams", "streams_open", "after_rounds")
-
-
-def print_progress(r: LevelResult) -> None:
-    console.print(
-        f"  {r.streams} stream(s): p50 {r.p50_ms:.2f} ms  p99 {r.p99_ms:.2f} ms  "
-        f"{r.received}/{r.published} events  failures {r.failures}",
-        highlight=False,
-    )
-
-
-def fmt_mib(kb: int | None) -> str:
-    return "-" if kb is None else f"{kb / 1024:,.1f}"
-
-
-def goal_text(r: LevelResult) -> str:
-    if r.goal_p50_ms is None or r.goal_met is None:
-        return "-"
-    verdict = "[green]met[/green]" if r.goal_met else "[red]not met[/red]"
-    return f"<={r.goal_p50_ms:g} {verdict}"
-
-
-def new_table(title: str, columns: tuple[str, ...]) -> Table:
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column, justify="right")
-    return table
-
-
-def delay_row(r: LevelResult) -> list[str]:
-    return [
-        str(r.streams),
-        str(r.rounds),
-        f"{r.received}/{r.published}",
-        *(f"{ms:.2f}" for ms in (r.p50_ms, r.p90_ms, r.p99_ms, r.max_ms)),
-        f"{r.events_per_s:,.0f}",
-        goal_text(r),
-        str(r.failures),
-    ]
-
-
-def delay_table(results: list[LevelResult]) -> Table:
-    table = new_table("Event delay: worker publish -> SSE receipt, one API process", DELAY_COLUMNS)
-    for r in results:
-        table.add_row(*delay_row(r), style="red" if r.failures else None)
-    return table
-
-
-def per_stream_kib(r: LevelResult) -> str:
-    before, opened = r.api_rss_kb.get("before_streams"), r.api_rss_kb.get("streams_open")
-    if before is None or opened is None:
-        return "-"
-    return f"{(opened - before) / r.streams:,.1f}"
-
-
-def cost_row(r: LevelResult) -> list[str]:
-    rss = " / ".join(fmt_mib(r.api_rss_kb.get(point)) for point in RSS_POINTS)
-    cpu = "-" if r.api_cpu_us_per_event is None else f"{r.api_cpu_us_per_event:,.0f}"
-    c = r.redis_clients
-    conns = [str(c.total), str(c.bench), str(c.others), str(c.subscribers)] if c else ["-"] * 4
-    return [str(r.streams), rss, per_stream_kib(r), cpu, *conns, f"{r.open_s:.2f}"]
-
-
-def cost_table(results: list[LevelResult]) -> Table:
-    title = "What the streams cost (API RSS: before / streams open / after rounds)"
-    table = new_table(title, COST_COLUMNS)
-    for r in results:
-        table.add_row(*cost_row(r))
-    return table
-
-
-def print_report(results: list[LevelResult], out: Path) -> None:
-    console.print()
-    console.print(delay_table(results))
-    console.print(cost_table(results))
-    for r in results:
-        console.print(
-            f"{r.streams} stream(s): publisher {r.publish_per_s:,.0f} appends/s",
-            highlight=False,
-        )
-        for error, count in r.errors.items():
-            console.print(f"[red]{r.streams} stream(s): {count} x {error}[/red]")
-    console.print(f"results written to {out}")
-
-
 def run_meta(args: argparse.Namespace, deployment: Deployment) -> dict[str, Any]:
     return {
         "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -886,16 +502,6 @@ def run_meta(args: argparse.Namespace, deployment: Deployment) -> dict[str, Any]
         "nofile_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
         "log_level": args.log_level,
     }
-
-
-def write_json(out: Path, meta: dict[str, Any], results: list[LevelResult]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "meta": meta,
-        "goals": {"p50_ms_by_streams": {str(k): v for k, v in GOALS_P50_MS.items()}},
-        "results": [asdict(r) for r in results],
-    }
-    out.write_text(json.dumps(jsonable(payload), indent=2) + "\n")
 
 
 # --- main ------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import percentile_ms
+from mmq.sse import aparse_lines
 from workers.launcher import ProcSpec, Supervisor, mmq_command
 from workers.redis_server import RedisServer, free_port
 
@@ -154,15 +155,14 @@ async def stream_chat(
     async with http.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             raise RuntimeError(f"{response.status_code}: {(await response.aread())[:300]!r}")
-        async for line in response.aiter_lines():
-            if first is None and line.startswith("data:") and _has_text(line[5:]):
+        async for message in aparse_lines(response.aiter_lines()):
+            if first is None and _has_text(message.data):
                 first = time.perf_counter()
     end = time.perf_counter()
     return (first or end) - start, end - start
 
 
 def _has_text(data: str) -> bool:
-    data = data.strip()
     if data == "[DONE]":
         return False
     choices = json.loads(data).get("choices") or [{}]

@@ -1,4 +1,4 @@
-"""Job records to and from Redis hashes (JSON for nested values, never pickle)."""
+"""Job records to and from Redis hashes: JSON for nested values, plain strings for the rest."""
 
 from __future__ import annotations
 

@@ -43,7 +43,8 @@ TRANSITION = (
 -- ARGV: job_id, sources (comma-joined), target, now, lease mode, lease token, lease ttl ms,
 --       end ttl s, maxlen, channel, event data, terminal (0/1), pre-event type ('' for
 --       none: an output or error event written just before the status event), pre-event
---       data, field pairs...
+--       data, fields to read back after the change (comma-joined, '' for none),
+--       field pairs...
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'missing', ''} end
 if not string.find(',' .. ARGV[2] .. ',', ',' .. status .. ',', 1, true) then
@@ -65,7 +66,7 @@ elseif mode == 'acquire' then
 end
 local target = ARGV[3]
 redis.call('HSET', KEYS[1], 'status', target)
-if #ARGV >= 15 then redis.call('HSET', KEYS[1], unpack(ARGV, 15)) end
+if #ARGV >= 16 then redis.call('HSET', KEYS[1], unpack(ARGV, 16)) end
 local ttl = nil
 local pre_id = ''
 if ARGV[12] == '1' then ttl = ARGV[8] end
@@ -89,7 +90,12 @@ else
 end
 if ttl then redis.call('EXPIRE', KEYS[1], ttl) end
 local id = announce(ARGV[10], KEYS[2], ARGV[9], ARGV[1], 'status', ARGV[11], ARGV[4], ttl)
-return {'ok', id, pre_id}
+if ARGV[15] == '' then return {'ok', id, pre_id} end
+local names = {}
+for name in string.gmatch(ARGV[15], '[^,]+') do names[#names + 1] = name end
+local values = redis.call('HMGET', KEYS[1], unpack(names))
+for i = 1, #names do if values[i] == false then values[i] = '' end end
+return {'ok', id, pre_id, unpack(values)}
 """
 )
 

@@ -86,7 +86,8 @@ END_FIELDS = (
     "kind", "pipeline", "status", "created_at", "queued_at", "started_at", "first_output_at",
     "finished_at", "extra_timings",
 )  # fmt: skip
-"""The job fields that its end metrics need (an HMGET: never the input or output)."""
+"""The job fields that its end metrics need (read back by the script that ends the job;
+never the input or output)."""
 
 Sample = tuple[MetricDef, tuple[str, ...], float]
 

@@ -45,6 +45,9 @@ class TransitionResult:
     status: str = ""
     """On failure: the status the job had."""
     event_id: str = ""
+    read_back: dict[str, str] = field(default_factory=dict)
+    """On success: the fields named in `Transition.read_back`, as they are after it
+    ('' for a field the job does not have)."""
 
 
 @dataclass
@@ -69,6 +72,8 @@ class Transition:
     pre_event: tuple[EventType, dict[str, Any]] | None = None
     """An output or error event written atomically just before the status event."""
     webhook: WebhookSpec | None = None
+    read_back: tuple[str, ...] = ()
+    """Fields the script returns after a successful change (no second read)."""
 
     def written_events(self, result: TransitionResult, now: float) -> list[dict[str, Any]]:
         """The events a successful transition wrote, as dicts."""
@@ -106,6 +111,7 @@ class Transition:
             "1" if self.target.terminal else "0",
             str(self.pre_event[0]) if self.pre_event else "",
             dumps(self.pre_event[1]) if self.pre_event else "",
+            ",".join(self.read_back),
             *flat_pairs(self.fields),
         ]
         return key_list, args
@@ -155,12 +161,11 @@ def webhook_events(
     ]
 
 
-def _decode_result(raw: list[Any]) -> TransitionResult:
+def _decode_result(change: Transition, raw: list[Any]) -> TransitionResult:
     outcome, value = raw[0], raw[1]
     if outcome == "ok":
-        return TransitionResult(
-            ok=True, event_id=value, pre_event_id=raw[2] if len(raw) > 2 else ""
-        )
+        read_back = dict(zip(change.read_back, raw[3:], strict=True))
+        return TransitionResult(ok=True, event_id=value, pre_event_id=raw[2], read_back=read_back)
     return TransitionResult(ok=False, reason=outcome, status=value)
 
 
@@ -200,7 +205,7 @@ class JobStore:
     def apply(self, change: Transition) -> TransitionResult:
         now = time.time()
         key_list, args = change.script_args(self.settings, now)
-        result = _decode_result(self._transition(keys=key_list, args=args))
+        result = _decode_result(change, self._transition(keys=key_list, args=args))
         if self.on_event is not None and change.webhook is not None:
             for event in webhook_events(change, result, now):
                 self.on_event(change.job_id, change.webhook.url, event)
@@ -275,12 +280,12 @@ class AsyncJobStore:
         max_queued: int,
         idempotency: tuple[str, str] | None,
         message: TaskMessage | None = None,
-        counter: tuple[str, str] | None = None,
     ) -> SubmitResult:
         """Store a new queued job unless its kind's queue is full or the key was used; in
-        the same script, push its task `message` and add one to the hash field `counter`
-        (key, field) where given."""
+        the same script, push its task `message` where given and count the submit (see
+        `submit_counter`)."""
         idem_key, body_hash = idempotency or ("", "")
+        counter = self.submit_counter(job)
         unused = keys.job(job.id) + ":unused"
         key_list = [
             keys.job(job.id),
@@ -315,6 +320,10 @@ class AsyncJobStore:
             return SubmitResult("dup", job_id, prev_hash)
         return SubmitResult(outcome, job.id if outcome == "ok" else "")
 
+    def submit_counter(self, job: Job) -> tuple[str, str] | None:
+        """(hash key, field) that an accepted submit adds one to; none here."""
+        return None
+
     async def get(self, job_id: str) -> Job | None:
         fields = await self.r.hgetall(keys.job(job_id))
         return job_from_fields(fields) if fields else None
@@ -322,7 +331,7 @@ class AsyncJobStore:
     async def apply(self, change: Transition) -> TransitionResult:
         now = time.time()
         key_list, args = change.script_args(self.settings, now)
-        result = _decode_result(await self._transition(keys=key_list, args=args))
+        result = _decode_result(change, await self._transition(keys=key_list, args=args))
         if self.on_event is not None and change.webhook is not None:
             for event in webhook_events(change, result, now):
                 await asyncio.to_thread(self.on_event, change.job_id, change.webhook.url, event)

@@ -13,9 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.support.deploy import REPO
+from tests.support.hosts import cpu_host_only
 from workers.devices import Topology, discover
 
 TOPOLOGIES = Path(__file__).parent / "data" / "topologies"
@@ -25,10 +24,9 @@ def topology(name: str) -> Topology:
     return Topology.from_json((TOPOLOGIES / name).read_text())
 
 
+@cpu_host_only
 def test_without_a_gpu_discovery_finds_the_cpu_alone() -> None:
     found = discover()
-    if found.gpus:
-        pytest.skip("this host has a GPU")
     assert [d.id for d in found.devices] == ["cpu"]
     cpu = found.devices[0]
     assert cpu.visible_devices == "" and cpu.placeable

@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from jobs.schemas.llm import LlmOptions
+from mmq.sse import parse_lines
 from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
 from tests.conftest import Api, new_owner
 from tests.support.deploy import Deployment, Proc, flush, serving, wait_until
@@ -82,13 +83,14 @@ def _at(iso: str) -> datetime:
     return datetime.fromisoformat(iso)
 
 
-def _events(api: Api, job_id: str) -> list[dict[str, Any]]:
-    events = []
+def _wait_for_a_token(api: Api, job_id: str) -> None:
     with api.http.stream("GET", f"/v1/jobs/{job_id}/events", timeout=120) as response:
-        for line in response.iter_lines():
-            if line.startswith("data:"):
-                events.append(json.loads(line[5:]))
-    return events
+        next(m for m in parse_lines(response.iter_lines()) if m.event == "partial")
+
+
+def _events(api: Api, job_id: str) -> list[dict[str, Any]]:
+    with api.http.stream("GET", f"/v1/jobs/{job_id}/events", timeout=120) as response:
+        return [json.loads(m.data) for m in parse_lines(response.iter_lines())]
 
 
 def test_tokens_stream_as_partial_events_and_timings_are_recorded(api: Api) -> None:
@@ -171,10 +173,7 @@ def test_at_most_max_inflight_sequences_run_at_once(api: Api) -> None:
 
 def test_cancel_stops_the_generation(api: Api) -> None:
     job = api.submit("llm", **_chat("Cancel me", max_tokens=3000, cache=False))
-    with api.http.stream("GET", f"/v1/jobs/{job['id']}/events", timeout=120) as response:
-        for line in response.iter_lines():
-            if line.startswith("event: partial"):
-                break
+    _wait_for_a_token(api, job["id"])
     assert api.http.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
     ended = api.wait(job["id"], 60)
     assert ended["status"] == "canceled"
@@ -260,10 +259,7 @@ def _engine_pid(worker: Proc) -> int:
 def test_a_dead_engine_is_restarted_and_its_jobs_come_back(llm_dep: Deployment, api: Api) -> None:
     worker = next(p for p in llm_dep.procs if p.name.startswith("worker-llm-long"))
     job = api.submit("llm", **_chat("x " * LONG_THRESHOLD * 2, max_tokens=600, cache=False))
-    with api.http.stream("GET", f"/v1/jobs/{job['id']}/events", timeout=120) as response:
-        for line in response.iter_lines():
-            if line.startswith("event: partial"):
-                break
+    _wait_for_a_token(api, job["id"])
     old = _engine_pid(worker)
     os.kill(old, signal.SIGKILL)
     ended = api.wait(job["id"], 240)

@@ -8,15 +8,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import pytest
 import redis
 
 from api.metrics import Snapshot, render
 from jobs.settings import Settings
 from tests.conftest import Api
 from tests.support.deploy import Deployment, wait_until
+from tests.support.hosts import cpu_host_only
 from tests.support.metrics import Samples, parse, scrape, value
-from workers.devices import Usage, discover
+from workers.devices import Usage
 from workers.metrics import WorkerMetrics
 
 
@@ -102,9 +102,8 @@ def test_gpu_readings_from_workers_reach_the_scrape(
     assert not any(("device", "mig:MIG-0a6c") in ls for ls in utilization)  # NVML has none
 
 
+@cpu_host_only
 def test_without_nvml_a_worker_reads_no_gpu(rclient: redis.Redis) -> None:
-    if discover().gpus:
-        pytest.skip("this host has a GPU")
     sampler = WorkerMetrics(rclient, "gpu:0", interval_s=0.05)
     assert not sampler.sample_once()  # this machine has no NVML: nothing stored
     cpu = WorkerMetrics(rclient, "cpu")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,8 @@ import redis
 from jobs import keys
 from jobs.codec import job_to_fields
 from jobs.models import EventType, Job
-from jobs.settings import Settings, load_settings
+from jobs.schemas.llm import LlmOptions
+from jobs.settings import PipelineConfig, Settings, load_settings
 from jobs.states import TRANSITIONS, InvalidTransition, JobStatus, check_transition
 from jobs.store import JobStore, Lease, transition
 
@@ -118,6 +120,19 @@ def test_only_the_lease_holder_records_the_end(store: JobStore) -> None:
     assert not late.ok and late.reason == "status"
 
 
+def test_a_transition_reads_back_the_fields_it_is_asked_for(store: JobStore) -> None:
+    job = _put(store)
+    fields = ("status", "started_at", "first_output_at")
+    change = replace(
+        transition(job, JobStatus.CANCELED, fields={"started_at": "12.5"}), read_back=fields
+    )
+    done = store.apply(change)
+    assert done.ok
+    assert done.read_back == {"status": "canceled", "started_at": "12.5", "first_output_at": ""}
+    again = store.apply(change)
+    assert not again.ok and again.read_back == {}
+
+
 def test_the_reaper_path_needs_an_expired_lease(store: JobStore) -> None:
     job = _put(store)
     store.apply(transition(job, JobStatus.RUNNING, lease_mode="acquire", lease=Lease("w", 300)))
@@ -161,6 +176,17 @@ def test_settings_env_over_toml_over_defaults(
     assert settings.lease.ttl_s == 7.5
     assert settings.pipelines["x"].max_batch == 4
     assert settings.enabled_kinds == ["noop"]
+
+
+def test_pipeline_options_are_parsed_once_and_again_after_a_copy_with_new_ones() -> None:
+    config = PipelineConfig(kind="llm", impl="x:Y", options={"max_inflight": 3})
+    first = config.options_as(LlmOptions)
+    assert first.max_inflight == 3 and config.options_as(LlmOptions) is first
+    knobs = config.model_copy(update={"max_batch": 2})
+    assert knobs.options_as(LlmOptions) is first
+    changed = config.model_copy(update={"options": {"max_inflight": 5}})
+    assert changed.options_as(LlmOptions).max_inflight == 5
+    assert config.options_as(LlmOptions) is first
 
 
 def test_auth_may_be_off_only_on_loopback(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -110,7 +110,7 @@ def _job_input(state: AppState, body: SpeechRequest) -> dict[str, object]:
     """The `tts` job input of an OpenAI request; 422 for an unknown model or voice."""
     try:
         pipeline = pipeline_for(state.settings, "tts", body.model)
-        options = TtsOptions.model_validate(state.settings.pipelines[pipeline].options)
+        options = state.settings.pipelines[pipeline].options_as(TtsOptions)
         voice = options.resolve(body.voice)
     except InputError as exc:
         raise renamed(exc, PARAMS) from None

@@ -84,7 +84,7 @@ class ImageInput(JobInput):
     def check_pipeline(self, config: PipelineConfig) -> None:
         """Raise `InputError("scheduler")` for a scheduler that the pipeline `config` does
         not serve; reads settings only, so the API can call it."""
-        options = ImageOptions.model_validate(config.options)
+        options = config.options_as(ImageOptions)
         if self.scheduler is not None and self.scheduler not in options.schedulers:
             allowed = ", ".join(options.schedulers)
             raise InputError("scheduler", f"{self.scheduler!r} is not served here ({allowed})")

@@ -111,14 +111,14 @@ class LlmInput(JobInput):
 
     def prompt_tokens(self, config: PipelineConfig) -> int:
         """The prompt's length in tokens, as estimated before it runs."""
-        options = LlmOptions.model_validate(config.options)
+        options = config.options_as(LlmOptions)
         return count_tokens(self.texts(), options.tokenizer or config.model or None)
 
     def route(self, pipeline: str, settings: Settings) -> str:
         """Prompts over `long_prompt_threshold` tokens go to `long_pipeline`, so that
         short prompts never wait behind them."""
         config = settings.pipelines[pipeline]
-        options = LlmOptions.model_validate(config.options)
+        options = config.options_as(LlmOptions)
         long = options.long_pipeline
         if long is None or long not in settings.enabled_pipelines or long == pipeline:
             return pipeline
@@ -129,7 +129,7 @@ class LlmInput(JobInput):
     def cache_policy(self, config: PipelineConfig) -> CachePolicy | None:
         """Deterministic requests (temperature 0, cache on) are cached per model and
         parameters; everything but `cache` and the model's alias decides the answer."""
-        ttl = LlmOptions.model_validate(config.options).cache_ttl_s
+        ttl = config.options_as(LlmOptions).cache_ttl_s
         if not self.cache or self.temperature != 0 or ttl <= 0:
             return None
         decided = self.model_dump(mode="json", exclude={"cache", "model", "seed"})

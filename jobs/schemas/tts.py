@@ -44,7 +44,7 @@ class TtsInput(JobInput):
     def check_pipeline(self, config: PipelineConfig) -> None:
         """Raise `InputError("voice")` for a voice that the pipeline `config` does not
         allow; reads settings only, so the API can call it."""
-        TtsOptions.model_validate(config.options).resolve(self.voice)
+        config.options_as(TtsOptions).resolve(self.voice)
 
 
 TtsEngineName = Literal["piper", "coqui"]

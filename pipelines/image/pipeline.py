@@ -34,7 +34,7 @@ class ImagePipeline(Pipeline):
 
     def __init__(self, config: PipelineConfig, settings: Settings) -> None:
         super().__init__(config, settings)
-        self.opts = ImageOptions.model_validate(config.options)
+        self.opts = config.options_as(ImageOptions)
         self._loaded: Loaded | None = None
         self._views = threading.local()
         """Per runner thread: its own pipeline objects (scheduler, interrupt flag) over

@@ -17,6 +17,7 @@ import httpx
 
 from jobs.errors import InputError
 from jobs.schemas.llm import LlmInput
+from mmq.sse import parse_lines
 
 
 class EngineLost(RuntimeError):
@@ -82,13 +83,10 @@ class EngineClient:
                 if response.status_code != 200:
                     text = response.read().decode(errors="replace")
                     _raise_for(response.status_code, text, _prompt_field(path))
-                for line in response.iter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
+                for message in parse_lines(response.iter_lines()):
+                    if message.data == "[DONE]":
                         break
-                    chunk = json.loads(payload)
+                    chunk = json.loads(message.data)
                     if chunk.get("usage"):
                         usage = {k: int(v) for k, v in chunk["usage"].items() if _count(v)}
                     for choice in chunk.get("choices") or []:

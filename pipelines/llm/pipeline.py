@@ -36,7 +36,7 @@ class LlmPipeline(Pipeline):
     input_model: ClassVar[type[LlmInput]] = LlmInput
 
     def __init__(self, config: PipelineConfig, settings: Settings) -> None:
-        self.options = LlmOptions.model_validate(config.options)
+        self.options = config.options_as(LlmOptions)
         slots = self.options.max_inflight
         # One request per engine call, max_inflight calls at once: the engine batches.
         config = config.model_copy(

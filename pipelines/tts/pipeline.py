@@ -47,7 +47,7 @@ class TtsPipeline(Pipeline):
 
     def __init__(self, config: PipelineConfig, settings: Settings) -> None:
         super().__init__(config, settings)
-        self.options = TtsOptions.model_validate(config.options)
+        self.options = config.options_as(TtsOptions)
         self.engines: dict[str, SpeechEngine] = {}
 
     def load(self) -> None:

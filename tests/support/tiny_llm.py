@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.built import built_once
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<s>assistant: {% endif %}"
@@ -64,7 +66,4 @@ def build_tiny_llm(path: Path) -> Path:
 
 def cached_tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model of this test session, built on first use."""
-    path = tmp_path_factory.getbasetemp() / "tiny-llm"
-    if not (path / "model.safetensors").exists():
-        build_tiny_llm(path)
-    return path
+    return built_once(tmp_path_factory, "tiny-llm", "model.safetensors", build_tiny_llm)

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tests.support.built import built_once
+
 if TYPE_CHECKING:
     import pytest
 
@@ -156,10 +158,7 @@ def _save(path: Path, unet: Any, vae: Any, text: Any, half: bool = False) -> Pat
 
 def cached_tiny_sd(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model of this test session, built on first use."""
-    path = tmp_path_factory.getbasetemp() / "tiny-sd"
-    if not (path / "model_index.json").exists():
-        build_tiny_sd(path)
-    return path
+    return built_once(tmp_path_factory, "tiny-sd", "model_index.json", build_tiny_sd)
 
 
 @contextlib.contextmanager
