@@ -34,5 +34,7 @@ def get_state(request: Request) -> AppState:
     return state
 
 
-def get_service(request: Request) -> JobService:
+async def get_service(request: Request) -> JobService:
+    """FastAPI dependency. `async` so that FastAPI calls it on the event loop: a plain
+    `def` dependency costs a hop to the thread pool on every request."""
     return get_state(request).service

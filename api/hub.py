@@ -18,6 +18,7 @@ import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
 from jobs import keys
+from jobs.states import TERMINAL
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +35,20 @@ def _job_id_of(raw: str) -> str:
     return raw[start : raw.find('"', start)]
 
 
+def ends(notice: dict[str, Any]) -> bool:
+    """Whether a notice is the job's terminal status event."""
+    data = notice.get("data") or {}
+    return notice.get("type") == "status" and data.get("status") in TERMINAL
+
+
+Subscribers = dict[asyncio.Queue[dict[str, Any]], bool]
+"""A job's local subscribers: queue -> whether it wants the terminal notice only."""
+
+
 class EventHub:
     def __init__(self, client: aredis.Redis) -> None:
         self._client = client
-        self._subscribers: dict[str, set[asyncio.Queue[dict[str, Any]]]] = {}
+        self._subscribers: dict[str, Subscribers] = {}
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
 
@@ -56,15 +67,19 @@ class EventHub:
         return sum(len(s) for s in self._subscribers.values())
 
     @contextlib.asynccontextmanager
-    async def subscribe(self, job_id: str) -> AsyncIterator[asyncio.Queue[dict[str, Any]]]:
+    async def subscribe(
+        self, job_id: str, *, ends_only: bool = False
+    ) -> AsyncIterator[asyncio.Queue[dict[str, Any]]]:
+        """A queue of the job's notices; with `ends_only`, of its terminal status notice
+        (and `RESYNC`) alone, for a request that waits for the end."""
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._subscribers.setdefault(job_id, set()).add(queue)
+        self._subscribers.setdefault(job_id, {})[queue] = ends_only
         try:
             yield queue
         finally:
             subs = self._subscribers.get(job_id)
             if subs is not None:
-                subs.discard(queue)
+                subs.pop(queue, None)
                 if not subs:
                     del self._subscribers[job_id]
 
@@ -89,8 +104,10 @@ class EventHub:
         if not queues:
             return
         event = json.loads(raw)
-        for queue in queues:
-            queue.put_nowait(event)
+        final = ends(event)
+        for queue, ends_only in queues.items():
+            if final or not ends_only:
+                queue.put_nowait(event)
 
     def _broadcast_resync(self) -> None:
         for subs in self._subscribers.values():

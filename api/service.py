@@ -17,7 +17,6 @@ from pydantic import ValidationError
 
 from api.files import FileService
 from api.hub import EventHub
-from api.streams import is_terminal
 from jobs import keys
 from jobs.broker import task_message
 from jobs.codec import dumps
@@ -221,7 +220,7 @@ class JobService:
         """Submit, then wait up to `timeout_s` for the end; subscribed before the job
         exists, so no notice can be missed and the new job needs no second read."""
         job_id = new_job_id()
-        async with self.hub.subscribe(job_id) as notices:
+        async with self.hub.subscribe(job_id, ends_only=True) as notices:
             job, created = await self.submit(owner, body, idempotency_key, job_id=job_id)
             if not created:
                 return await self.wait(owner, job.id, timeout_s)
@@ -229,7 +228,7 @@ class JobService:
 
     async def wait(self, owner: str, job_id: str, timeout_s: float) -> Job:
         """The job once it has ended, or as it is after `timeout_s`."""
-        async with self.hub.subscribe(job_id) as notices:
+        async with self.hub.subscribe(job_id, ends_only=True) as notices:
             return await self._wait_on(owner, await self.get(owner, job_id), notices, timeout_s)
 
     async def _wait_on(
@@ -243,11 +242,11 @@ class JobService:
             if remaining <= 0:
                 break
             try:
-                notice = await asyncio.wait_for(notices.get(), remaining)
+                await asyncio.wait_for(notices.get(), remaining)
             except TimeoutError:
                 break
-            if notice.get("type") == "__resync__" or is_terminal(notice):
-                job = await self.get(owner, job_id)
+            # Only the end and RESYNC come here (`ends_only`): read the job again.
+            job = await self.get(owner, job_id)
         return job
 
     async def list(

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from api.hub import EventHub
+from api.hub import EventHub, ends
 from jobs.models import Event
 from jobs.states import TERMINAL
 from jobs.store import AsyncJobStore
@@ -27,10 +27,8 @@ def stream_id_key(event_id: str) -> tuple[int, int]:
 
 def is_terminal(event: Event | dict[str, Any]) -> bool:
     if isinstance(event, Event):
-        etype, data = event.type.value, event.data
-    else:
-        etype, data = event.get("type"), event.get("data") or {}
-    return etype == "status" and data.get("status") in TERMINAL
+        return event.type.value == "status" and event.data.get("status") in TERMINAL
+    return ends(event)
 
 
 async def follow(

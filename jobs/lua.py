@@ -43,8 +43,8 @@ TRANSITION = (
 -- ARGV: job_id, sources (comma-joined), target, now, lease mode, lease token, lease ttl ms,
 --       end ttl s, maxlen, channel, event data, terminal (0/1), pre-event type ('' for
 --       none: an output or error event written just before the status event), pre-event
---       data, fields to read back after the change (comma-joined, '' for none),
---       field pairs...
+--       data, fields to read back after the change (comma-joined, '' for none, '*' for
+--       all of them), field pairs...
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'missing', ''} end
 if not string.find(',' .. ARGV[2] .. ',', ',' .. status .. ',', 1, true) then
@@ -91,6 +91,7 @@ end
 if ttl then redis.call('EXPIRE', KEYS[1], ttl) end
 local id = announce(ARGV[10], KEYS[2], ARGV[9], ARGV[1], 'status', ARGV[11], ARGV[4], ttl)
 if ARGV[15] == '' then return {'ok', id, pre_id} end
+if ARGV[15] == '*' then return {'ok', id, pre_id, unpack(redis.call('HGETALL', KEYS[1]))} end
 local names = {}
 for name in string.gmatch(ARGV[15], '[^,]+') do names[#names + 1] = name end
 local values = redis.call('HMGET', KEYS[1], unpack(names))

@@ -26,6 +26,9 @@ from jobs.webhooks import wants
 
 LeaseMode = Literal["", "check", "absent", "acquire"]
 
+ALL_FIELDS = ("*",)
+"""`Transition.read_back` for every field of the job."""
+
 EventListener = Callable[[str, str, dict[str, Any]], None]
 """(job_id, webhook url, event) -> None: hands an event to webhook delivery."""
 
@@ -73,7 +76,15 @@ class Transition:
     """An output or error event written atomically just before the status event."""
     webhook: WebhookSpec | None = None
     read_back: tuple[str, ...] = ()
-    """Fields the script returns after a successful change (no second read)."""
+    """Fields the script returns after a successful change (no second read); `ALL_FIELDS`
+    for the whole job."""
+
+    def webhook_after(self, result: TransitionResult) -> WebhookSpec | None:
+        """The job's webhook: as given, else as read back with `ALL_FIELDS`."""
+        if self.webhook is not None or self.read_back != ALL_FIELDS:
+            return self.webhook
+        raw = result.read_back.get("webhook")
+        return WebhookSpec.model_validate_json(raw) if raw else None
 
     def written_events(self, result: TransitionResult, now: float) -> list[dict[str, Any]]:
         """The events a successful transition wrote, as dicts."""
@@ -151,20 +162,25 @@ def _event(
 
 def webhook_events(
     change: Transition, result: TransitionResult, now: float
-) -> list[dict[str, Any]]:
-    """The events of a transition that its job's webhook wants."""
-    if change.webhook is None or not result.ok:
+) -> list[tuple[str, dict[str, Any]]]:
+    """(webhook url, event) for each event of a transition that its job's webhook wants."""
+    spec = change.webhook_after(result) if result.ok else None
+    if spec is None:
         return []
-    spec = change.webhook
     return [
-        e for e in change.written_events(result, now) if wants(spec.events, e["type"], e["data"])
+        (spec.url, e)
+        for e in change.written_events(result, now)
+        if wants(spec.events, e["type"], e["data"])
     ]
 
 
 def _decode_result(change: Transition, raw: list[Any]) -> TransitionResult:
     outcome, value = raw[0], raw[1]
     if outcome == "ok":
-        read_back = dict(zip(change.read_back, raw[3:], strict=True))
+        if change.read_back == ALL_FIELDS:
+            read_back = dict(zip(raw[3::2], raw[4::2], strict=True))
+        else:
+            read_back = dict(zip(change.read_back, raw[3:], strict=True))
         return TransitionResult(ok=True, event_id=value, pre_event_id=raw[2], read_back=read_back)
     return TransitionResult(ok=False, reason=outcome, status=value)
 
@@ -206,9 +222,9 @@ class JobStore:
         now = time.time()
         key_list, args = change.script_args(self.settings, now)
         result = _decode_result(change, self._transition(keys=key_list, args=args))
-        if self.on_event is not None and change.webhook is not None:
-            for event in webhook_events(change, result, now):
-                self.on_event(change.job_id, change.webhook.url, event)
+        if self.on_event is not None:
+            for url, event in webhook_events(change, result, now):
+                self.on_event(change.job_id, url, event)
         return result
 
     def append_event(
@@ -332,9 +348,9 @@ class AsyncJobStore:
         now = time.time()
         key_list, args = change.script_args(self.settings, now)
         result = _decode_result(change, await self._transition(keys=key_list, args=args))
-        if self.on_event is not None and change.webhook is not None:
-            for event in webhook_events(change, result, now):
-                await asyncio.to_thread(self.on_event, change.job_id, change.webhook.url, event)
+        if self.on_event is not None:
+            for url, event in webhook_events(change, result, now):
+                await asyncio.to_thread(self.on_event, change.job_id, url, event)
         return result
 
     async def deliveries(self, job_id: str) -> list[dict[str, Any]]:

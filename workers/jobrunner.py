@@ -15,13 +15,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from jobs import keys
-from jobs.codec import dumps
+from jobs.codec import dumps, job_from_fields
 from jobs.errors import InputError
 from jobs.models import EventType, Job
 from jobs.schemas import validation_error_field
 from jobs.schemas.base import JobInput
 from jobs.states import JobStatus
-from jobs.store import JobStore, Lease, transition
+from jobs.store import ALL_FIELDS, JobStore, Lease, Transition, transition
 from pipelines.base import Files
 from workers.engine import Engine, Outcome
 from workers.leases import Held, LeaseKeeper
@@ -48,37 +48,45 @@ class JobRunner:
         self.keeper = keeper
         self.schema = schema
         self.worker_name = worker_name
+        self.kind = engine.pipeline.config.kind
 
     def run(self, job_id: str) -> str:
-        """Run one job; returns what happened (for logs): ran, dropped:<why>."""
-        job = self.store.get(job_id)
-        if job is None:
-            return "dropped:missing"
-        if job.status is not JobStatus.QUEUED:
-            return f"dropped:{job.status}"
+        """Run one job; returns what happened (for logs): ran, dropped:<why>.
+
+        The script that takes the lease also checks the status and returns the job as it
+        is after the change: one round trip before the engine gets the request."""
         lease = self.keeper.new_lease()
         started = self.store.apply(
-            transition(
-                job,
-                JobStatus.RUNNING,
+            Transition(
+                job_id=job_id,
+                target=JobStatus.RUNNING,
                 sources=QUEUED,
+                fields={"started_at": repr(time.time()), "worker": self.worker_name},
                 lease_mode="acquire",
                 lease=lease,
-                fields={"started_at": repr(time.time()), "worker": self.worker_name},
+                kind=self.kind,
+                read_back=ALL_FIELDS,
             )
         )
         if not started.ok:
             if started.reason == "canceled":
-                self._end(job, JobStatus.CANCELED, QUEUED, lease=None)
-            return f"dropped:{started.reason}"
+                self._end_canceled_in_queue(job_id)
+            return f"dropped:{started.status if started.reason == 'status' else started.reason}"
+        job = job_from_fields(started.read_back)
+        # The script refused a job whose cancel was requested before; a request from
+        # now on reaches `held.cancel` through the keeper (notice, or its heartbeat).
         held = self.keeper.hold(job_id, lease)
         try:
-            if job.cancel_requested:
-                held.cancel.set()
             self._run_held(job, held)
         finally:
             self.keeper.release(job_id)
         return "ran"
+
+    def _end_canceled_in_queue(self, job_id: str) -> None:
+        """A job canceled while queued whose end the API has not recorded yet."""
+        job = self.store.get(job_id)
+        if job is not None:
+            self._end(job, JobStatus.CANCELED, QUEUED, lease=None)
 
     def _run_held(self, job: Job, held: Held) -> None:
         try:

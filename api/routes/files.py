@@ -38,7 +38,7 @@ DOWNLOAD_HEADERS = {
 }
 
 
-def get_files(request: Request) -> FileService:
+async def get_files(request: Request) -> FileService:
     state = get_state(request)
     return FileService(state.settings, state.storage, state.redis)
 
