@@ -4,8 +4,10 @@ or a cached answer in the API).
 
 A transition to a terminal status succeeds once per job (the script checks the current
 status), so each end is counted once. The script that ends the job returns the fields its
-metrics need (`Transition.read_back`), and the samples go to Redis in one pipelined round
-trip. Metrics never fail a job: a Redis error while counting is logged and dropped.
+metrics need (`Transition.read_back`). In workers and the reaper the samples are added to
+the process's `MetricsTally` (written once per `metrics_flush_s`: no round trip per job);
+in the API they go to Redis in one pipelined round trip. Metrics never fail a job: a
+Redis error while counting is logged.
 """
 
 from __future__ import annotations
@@ -18,24 +20,25 @@ import redis
 from jobs import keys
 from jobs.metrics import END_FIELDS, JOBS_SUBMITTED, Sample, end_samples, field_of, queue
 from jobs.models import Job
-from jobs.store import AsyncJobStore, JobStore, Transition, TransitionResult
+from jobs.settings import Settings
+from jobs.store import AsyncJobStore, EventListener, JobStore, Transition, TransitionResult
+from jobs.tally import MetricsTally
 
 log = logging.getLogger(__name__)
 
 
 class MeteredJobStore(JobStore):
-    """`JobStore` for workers and the reaper."""
+    """`JobStore` for workers and the reaper; its owner starts and stops `tally`."""
+
+    def __init__(
+        self, client: redis.Redis, settings: Settings, on_event: EventListener | None = None
+    ) -> None:
+        super().__init__(client, settings, on_event)
+        self.tally = MetricsTally(client, settings.metrics_flush_s)
 
     def apply(self, change: Transition) -> TransitionResult:
         result = super().apply(_reading_end_fields(change))
-        samples = _end_samples(change, result)
-        if samples:
-            try:
-                pipe = self.r.pipeline(transaction=False)
-                queue(pipe, samples)
-                pipe.execute()
-            except redis.RedisError as exc:
-                log.warning("job %s: end not counted in metrics: %s", change.job_id, exc)
+        self.tally.add(_end_samples(change, result))
         return result
 
 

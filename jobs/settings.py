@@ -259,6 +259,9 @@ class Settings(BaseSettings):
     """How long an Idempotency-Key is remembered."""
     log_level: str = "INFO"
     """Log level of every process."""
+    metrics_flush_s: float = Field(default=1.0, gt=0)
+    """How often a worker or reaper writes the metrics it added up to Redis (`/metrics`
+    sees a job's end at most this long after it)."""
     api: ApiSettings = Field(default_factory=ApiSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     lease: LeaseSettings = Field(default_factory=LeaseSettings)

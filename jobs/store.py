@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import redis
 import redis.asyncio as aredis
@@ -208,7 +208,7 @@ class JobStore:
         self._give_back = client.register_script(lua.GIVE_BACK_LEASE)
 
     @classmethod
-    def connect(cls, settings: Settings, on_event: EventListener | None = None) -> JobStore:
+    def connect(cls, settings: Settings, on_event: EventListener | None = None) -> Self:
         if not settings.redis_url:
             raise ValueError("redis_url is not set")
         client = redis.Redis.from_url(settings.redis_url, decode_responses=True)

@@ -116,9 +116,13 @@ def reaper(config: ConfigOpt = None) -> None:
         signal.signal(sig, lambda *_: stop.set())
     celery = make_celery(settings)
     store = MeteredJobStore.connect(settings, on_event=webhook_sender(celery))
+    store.tally.start()
     sweeper = start_sweeper(settings, stop)
-    Reaper(store, settings, celery).run_forever(stop)
-    sweeper.join(timeout=10)
+    try:
+        Reaper(store, settings, celery).run_forever(stop)
+        sweeper.join(timeout=10)
+    finally:
+        store.tally.stop()
 
 
 @app.command()

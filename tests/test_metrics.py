@@ -56,10 +56,14 @@ def test_one_scrape_sees_jobs_queues_and_workers(deployment: Deployment, api: Ap
         return (
             moved("mmq_jobs_finished_total", kind="sleep", status="canceled") == 3
             and moved("mmq_jobs_finished_total", kind="echo") == 5
+            and moved("mmq_batch_size_sum", pipeline="echo") == 5
+            and moved("mmq_batch_duration_seconds_count", pipeline="sleep") == 1
         )
 
     after: Samples = {}
-    wait_until(counted, timeout_s=10)  # the running job's cancel is counted by its worker
+    # Workers write what they counted once per `metrics_flush_s`; the running job's cancel
+    # is counted by its worker.
+    wait_until(counted, timeout_s=10)
     assert moved("mmq_jobs_submitted_total", kind="echo") == 5
     assert moved("mmq_jobs_submitted_total", kind="sleep") == 3
     assert moved("mmq_jobs_finished_total", kind="echo", status="succeeded") == 4

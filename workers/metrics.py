@@ -1,7 +1,7 @@
-"""A worker process's own metrics, written to Redis for the API's `/metrics`: each batch
-its engine runs (size and time, by pipeline), and readings of its GPU or MIG slice
-through NVML (utilisation, memory) every `interval_s`. Job ends are counted by the store
-(`jobs/metered.py`). Metrics never stop a worker: errors are logged and dropped.
+"""A worker process's readings of its GPU or MIG slice through NVML (utilisation, memory),
+written to Redis every `interval_s` for the API's `/metrics`. Job ends and batches are
+counted in the store's `MetricsTally` (`jobs/metered.py`, `workers/process.py`). Metrics
+never stop a worker: errors are logged and dropped.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Callable
 import redis
 
 from jobs import keys
-from jobs.metrics import batch_samples, queue
 from workers.devices import Usage, read_usage
 
 log = logging.getLogger(__name__)
@@ -62,15 +61,6 @@ class WorkerMetrics:
         self.host = host or socket.gethostname()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    def observe_batch(self, pipeline: str, size: int, seconds: float) -> None:
-        """The engine's `observer`: one pipelined write per batch."""
-        try:
-            pipe = self.r.pipeline(transaction=False)
-            queue(pipe, batch_samples(pipeline, size, seconds))
-            pipe.execute()
-        except Exception as exc:  # the engine's runner thread must live on
-            log.warning("batch of %s not counted in metrics: %s", pipeline, exc)
 
     def sample_once(self) -> bool:
         """Read the device and store the reading; False when there is nothing to read."""

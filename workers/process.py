@@ -14,6 +14,7 @@ from celery import Celery
 
 from jobs.broker import make_celery, webhook_sender
 from jobs.metered import MeteredJobStore
+from jobs.metrics import batch_samples
 from jobs.models import Job
 from jobs.queues import TASK_NAME, queue_name
 from jobs.schemas import import_object, schema_for
@@ -75,7 +76,7 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
         max_batch=config.max_batch,
         max_wait_ms=config.max_wait_ms,
         runners=config.runners,
-        observer=metrics.observe_batch,
+        observer=lambda name, size, seconds: store.tally.add(batch_samples(name, size, seconds)),
     )
     storage = make_storage(settings)
     index = RetentionIndex(store.r)
@@ -89,6 +90,7 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
     engine.start()
     keeper.start()
     metrics.start()
+    store.tally.start()
     try:
         app.worker_main(
             [
@@ -107,4 +109,5 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
         metrics.stop()
         keeper.stop()
         engine.stop()
+        store.tally.stop()
         pipeline.unload()

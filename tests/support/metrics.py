@@ -59,7 +59,11 @@ def check_job_counted(
     def counted() -> bool:
         nonlocal after
         after = scrape(dep)
-        return moved("mmq_jobs_finished_total", kind=kind, status="succeeded") >= 1
+        # Workers write what they counted once per `metrics_flush_s`.
+        return (
+            moved("mmq_jobs_finished_total", kind=kind, status="succeeded") >= 1
+            and moved("mmq_batch_size_count", pipeline=pipeline) >= 1
+        )
 
     after: Samples = {}
     wait_until(counted, timeout_s=10)
