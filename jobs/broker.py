@@ -12,6 +12,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from celery import Celery
 
@@ -28,11 +29,16 @@ from jobs.queues import (
 )
 from jobs.settings import Settings
 
+REDIS_TRANSPORT = "jobs.redis_transport:Transport"
+"""kombu's Redis transport, sharing one Redis client per channel (see the module)."""
+
 
 def make_celery(settings: Settings) -> Celery:
     if not settings.redis_url:
         raise ValueError("redis_url is not set")
     app = Celery("mmq", broker=settings.redis_url, set_as_current=False)
+    if urlsplit(settings.redis_url).scheme in ("redis", "rediss"):
+        app.conf.broker_transport = REDIS_TRANSPORT
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
