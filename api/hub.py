@@ -71,7 +71,8 @@ class EventHub:
         self, job_id: str, *, ends_only: bool = False
     ) -> AsyncIterator[asyncio.Queue[dict[str, Any]]]:
         """A queue of the job's notices; with `ends_only`, of its terminal status notice
-        (and `RESYNC`) alone, for a request that waits for the end."""
+        (and `RESYNC`) alone, for a request that waits for the end: that notice carries
+        the job's fields as `job` unless they are large (`lua.NOTICE_JOB_MAX_BYTES`)."""
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._subscribers.setdefault(job_id, {})[queue] = ends_only
         try:
@@ -104,10 +105,13 @@ class EventHub:
         if not queues:
             return
         event = json.loads(raw)
+        job = event.pop("job", None)  # carried by an end notice, for `ends_only` alone
         final = ends(event)
         for queue, ends_only in queues.items():
-            if final or not ends_only:
+            if not ends_only:
                 queue.put_nowait(event)
+            elif final:
+                queue.put_nowait(event if job is None else {**event, "job": job})
 
     def _broadcast_resync(self) -> None:
         for subs in self._subscribers.values():

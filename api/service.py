@@ -19,7 +19,7 @@ from api.files import FileService
 from api.hub import EventHub
 from jobs import keys
 from jobs.broker import task_message
-from jobs.codec import dumps
+from jobs.codec import dumps, job_from_fields
 from jobs.errors import Conflict, InputError, NotFound, QueueFull
 from jobs.models import EventType, Job, JobCreate
 from jobs.netguard import NetPolicy, check_url
@@ -242,11 +242,13 @@ class JobService:
             if remaining <= 0:
                 break
             try:
-                await asyncio.wait_for(notices.get(), remaining)
+                notice = await asyncio.wait_for(notices.get(), remaining)
             except TimeoutError:
                 break
-            # Only the end and RESYNC come here (`ends_only`): read the job again.
-            job = await self.get(owner, job_id)
+            # Only the end and RESYNC come here (`ends_only`); the end carries the job
+            # unless it is large.
+            fields = notice.get("job")
+            job = job_from_fields(fields) if fields else await self.get(owner, job_id)
         return job
 
     async def list(

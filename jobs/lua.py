@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
+NOTICE_JOB_MAX_BYTES = 16_384
+"""A job whose fields add up to more than this is not carried in its end notice."""
+
 # A status event as JSON, built inside Redis so that its stream id can go into the notice.
+# `extra` (optional) is appended to the notice only, never to the stream entry.
 _PUBLISH = """
-local function announce(channel, stream, maxlen, job_id, etype, data, ts, ttl)
+local function announce(channel, stream, maxlen, job_id, etype, data, ts, ttl, extra)
   local id = redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
                         'type', etype, 'data', data, 'ts', ts)
   if ttl then redis.call('EXPIRE', stream, ttl) end
   redis.call('PUBLISH', channel, '{"id":"' .. id .. '","job_id":"' .. job_id ..
-             '","type":"' .. etype .. '","data":' .. data .. ',"ts":' .. ts .. '}')
+             '","type":"' .. etype .. '","data":' .. data .. ',"ts":' .. ts ..
+             (extra or '') .. '}')
   return id
 end
-"""
+
+-- The job as it is now, as `,"job":{field: value...}` for an end notice (so that a
+-- request waiting for the end needs no second read), or '' when it is large.
+local function snapshot(key)
+  local flat = redis.call('HGETALL', key)
+  local fields, size = {}, 0
+  for i = 1, #flat, 2 do
+    size = size + #flat[i] + #flat[i + 1]
+    fields[flat[i]] = flat[i + 1]
+  end
+  if size > NOTICE_JOB_MAX_BYTES then return '' end
+  return ',"job":' .. cjson.encode(fields)
+end
+""".replace("NOTICE_JOB_MAX_BYTES", str(NOTICE_JOB_MAX_BYTES))
 
 SUBMIT = (
     _PUBLISH
@@ -89,7 +107,9 @@ else
   if mode == 'check' then redis.call('DEL', KEYS[3]) end
 end
 if ttl then redis.call('EXPIRE', KEYS[1], ttl) end
-local id = announce(ARGV[10], KEYS[2], ARGV[9], ARGV[1], 'status', ARGV[11], ARGV[4], ttl)
+local extra = nil
+if ttl then extra = snapshot(KEYS[1]) end
+local id = announce(ARGV[10], KEYS[2], ARGV[9], ARGV[1], 'status', ARGV[11], ARGV[4], ttl, extra)
 if ARGV[15] == '' then return {'ok', id, pre_id} end
 if ARGV[15] == '*' then return {'ok', id, pre_id, unpack(redis.call('HGETALL', KEYS[1]))} end
 local names = {}

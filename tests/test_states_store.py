@@ -6,17 +6,19 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from jobs import keys
-from jobs.codec import job_to_fields
+from jobs.codec import job_from_fields, job_to_fields
+from jobs.lua import NOTICE_JOB_MAX_BYTES
 from jobs.models import EventType, Job
 from jobs.schemas.llm import LlmOptions
 from jobs.settings import PipelineConfig, Settings, load_settings
 from jobs.states import TRANSITIONS, InvalidTransition, JobStatus, check_transition
-from jobs.store import JobStore, Lease, transition
+from jobs.store import ALL_FIELDS, JobStore, Lease, transition
 
 ALLOWED = {
     ("queued", "running"),
@@ -131,6 +133,51 @@ def test_a_transition_reads_back_the_fields_it_is_asked_for(store: JobStore) -> 
     assert done.read_back == {"status": "canceled", "started_at": "12.5", "first_output_at": ""}
     again = store.apply(change)
     assert not again.ok and again.read_back == {}
+
+
+def test_the_start_reads_back_the_whole_job(store: JobStore) -> None:
+    job = _put(store)
+    start = replace(
+        transition(job, JobStatus.RUNNING, lease_mode="acquire", lease=Lease("w", 5000)),
+        read_back=ALL_FIELDS,
+    )
+    started = store.apply(start)
+    assert started.ok
+    assert job_from_fields(started.read_back) == job.model_copy(
+        update={"status": JobStatus.RUNNING, "attempts": 1}
+    )
+
+
+def _end_notice(store: JobStore, job: Job) -> dict[str, Any]:
+    """The notice published when `job` (running) is canceled."""
+    pubsub = store.r.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(keys.EVENTS_CHANNEL)
+    pubsub.get_message(timeout=1)  # the subscribe reply: subscribed from here on
+    try:
+        assert store.apply(transition(job, JobStatus.CANCELED)).ok
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=1)  # None for the subscribe reply too
+            notice: dict[str, Any] = json.loads(message["data"]) if message else {}
+            if notice.get("job_id") == job.id and notice["type"] == "status":
+                return notice
+    finally:
+        pubsub.close()
+    raise AssertionError("no end notice")
+
+
+def test_the_end_notice_carries_the_job_unless_it_is_large(store: JobStore) -> None:
+    small = _put(store)
+    notice = _end_notice(store, small)
+    assert notice["data"] == {"status": "canceled"}
+    carried = job_from_fields(notice["job"])
+    assert carried == store.get(small.id) and carried.status is JobStatus.CANCELED
+    assert "job" not in store.events(small.id)[-1].data  # the stream entry is the event alone
+
+    large = _put(store)
+    store.r.hset(keys.job(large.id), "input", json.dumps({"text": "x" * NOTICE_JOB_MAX_BYTES}))
+    notice = _end_notice(store, large)
+    assert notice["data"] == {"status": "canceled"} and "job" not in notice
 
 
 def test_the_reaper_path_needs_an_expired_lease(store: JobStore) -> None:
