@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -79,25 +80,42 @@ def enqueue(app: Celery, job: Job) -> None:
 ORIGIN = f"gen{os.getpid()}@{socket.gethostname()}"
 
 
+_TEMPLATES: weakref.WeakKeyDictionary[Celery, tuple[dict[str, Any], dict[str, Any], list[Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _task_template(app: Celery) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+    """Headers, properties and the body after the args of a run-job task, built once per
+    app by Celery (protocol 2); only the task id and the job id differ between tasks."""
+    template = _TEMPLATES.get(app)
+    if template is None:
+        task = app.amqp.as_task_v2("", TASK_NAME, args=[""], origin=ORIGIN, ignore_result=None)
+        template = _TEMPLATES[app] = (task.headers, task.properties, list(task.body[1:]))
+    return template
+
+
 def task_message(app: Celery, job: Job) -> TaskMessage:
     """The message `enqueue` would send for `job`, built without I/O, for the API to push
     in the same script that stores the job (one round trip; the job and its message
-    exist together or not at all). Celery builds the task (protocol 2); the envelope is
-    the one kombu's Redis transport writes in `Channel.basic_publish` (body base64, a
-    delivery tag, the anonymous exchange routed by queue name). A test holds it equal to
-    kombu's own."""
+    exist together or not at all). Celery builds the task (protocol 2) once per app; the
+    envelope is the one kombu's Redis transport writes in `Channel.basic_publish` (body
+    base64, a delivery tag, the anonymous exchange routed by queue name). A test holds it
+    equal to kombu's own."""
+    headers, properties, rest = _task_template(app)
     queue = queue_name(job.pipeline)
     priority = celery_priority(job.priority)
     task_id = str(uuid.uuid4())
-    task = app.amqp.as_task_v2(task_id, TASK_NAME, args=[job.id], origin=ORIGIN, ignore_result=None)
-    body = json.dumps(task.body).encode()
+    args = [job.id]
+    body = json.dumps([args, *rest]).encode()
     envelope = {
         "body": base64.b64encode(body).decode(),
         "content-encoding": "utf-8",
         "content-type": "application/json",
-        "headers": task.headers,
+        "headers": {**headers, "id": task_id, "root_id": task_id, "argsrepr": repr(args)},
         "properties": {
-            **task.properties,
+            **properties,
+            "correlation_id": task_id,
             "delivery_mode": 2,
             "delivery_info": {"exchange": "", "routing_key": queue},
             "priority": priority,

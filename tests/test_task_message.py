@@ -54,3 +54,7 @@ def test_envelope_and_list_equal_kombus_own(
         assert mine["properties"][field] == sent["properties"][field], field
     assert base64.b64decode(mine["body"]) == base64.b64decode(sent["body"])
     assert mine["headers"]["id"] == mine["headers"]["root_id"] != sent["headers"]["id"]
+    assert mine["properties"]["correlation_id"] == mine["headers"]["id"]
+    again = json.loads(task_message(app, job).envelope)  # built from the same template
+    assert again["headers"]["id"] != mine["headers"]["id"]
+    assert again["properties"]["delivery_tag"] != mine["properties"]["delivery_tag"]
