@@ -63,7 +63,8 @@ TRANSITION = (
 --       none: an output or error event written just before the status event), pre-event
 --       data, fields to read back after the change (comma-joined, '' for none, '*' for
 --       all of them), field pairs...
-local status = redis.call('HGET', KEYS[1], 'status')
+local current = redis.call('HMGET', KEYS[1], 'status', 'cancel_requested')
+local status = current[1]
 if not status then return {'missing', ''} end
 if not string.find(',' .. ARGV[2] .. ',', ',' .. status .. ',', 1, true) then
   return {'status', status}
@@ -74,7 +75,7 @@ if mode == 'check' then
 elseif mode == 'absent' then
   if redis.call('EXISTS', KEYS[3]) == 1 then return {'lease', status} end
 elseif mode == 'acquire' then
-  if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
+  if current[2] == '1' then
     return {'canceled', status}
   end
   if not redis.call('SET', KEYS[3], ARGV[6], 'NX', 'PX', ARGV[7]) then
@@ -83,8 +84,7 @@ elseif mode == 'acquire' then
   redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 end
 local target = ARGV[3]
-redis.call('HSET', KEYS[1], 'status', target)
-if #ARGV >= 16 then redis.call('HSET', KEYS[1], unpack(ARGV, 16)) end
+redis.call('HSET', KEYS[1], 'status', target, unpack(ARGV, 16))
 local ttl = nil
 local pre_id = ''
 if ARGV[12] == '1' then ttl = ARGV[8] end

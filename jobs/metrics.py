@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from jobs import keys
-from jobs.models import Job
+from jobs.models import timings_of
 from jobs.states import JobStatus
 
 
@@ -129,12 +129,17 @@ def end_samples(fields: Mapping[str, str | None]) -> list[Sample]:
     if not status.terminal:
         return []
     kind, pipeline = fields["kind"] or "", fields["pipeline"] or ""
-    stamps: dict[str, Any] = {name: _float(fields.get(name)) for name in END_FIELDS[3:8]}
-    extra = json.loads(fields.get("extra_timings") or "{}")
-    job = Job.model_construct(
-        kind=kind, pipeline=pipeline, status=status, extra_timings=extra, **stamps
+    created, queued, started, first_output, finished = (
+        _float(fields.get(name)) for name in END_FIELDS[3:8]
     )
-    timings = job.timings
+    timings = timings_of(
+        created or 0.0,
+        queued or 0.0,
+        started,
+        first_output,
+        finished,
+        json.loads(fields.get("extra_timings") or "{}"),
+    )
     samples: list[Sample] = [(JOBS_FINISHED, (kind, str(status)), 1)]
     labels = (kind, pipeline)
     values = [(QUEUE_WAIT, timings.queue_wait_ms)]

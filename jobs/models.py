@@ -114,16 +114,35 @@ class Job(BaseModel):
 
     @property
     def timings(self) -> Timings:
-        t = Timings(**{k: v for k, v in self.extra_timings.items() if k in Timings.model_fields})
-        if self.started_at is not None:
-            t.queue_wait_ms = _ms(self.started_at - self.queued_at)
-        if self.first_output_at is not None:
-            t.time_to_first_output_ms = _ms(self.first_output_at - self.created_at)
-        if self.finished_at is not None:
-            t.total_ms = _ms(self.finished_at - self.created_at)
-            if self.started_at is not None:
-                t.run_ms = _ms(self.finished_at - self.started_at)
-        return t
+        return timings_of(
+            self.created_at,
+            self.queued_at,
+            self.started_at,
+            self.first_output_at,
+            self.finished_at,
+            self.extra_timings,
+        )
+
+
+def timings_of(
+    created_at: float,
+    queued_at: float,
+    started_at: float | None,
+    first_output_at: float | None,
+    finished_at: float | None,
+    extra: dict[str, float],
+) -> Timings:
+    """A job's timings from its timestamps and its pipeline's own (`extra_timings`)."""
+    t = Timings(**{k: v for k, v in extra.items() if k in Timings.model_fields})
+    if started_at is not None:
+        t.queue_wait_ms = _ms(started_at - queued_at)
+    if first_output_at is not None:
+        t.time_to_first_output_ms = _ms(first_output_at - created_at)
+    if finished_at is not None:
+        t.total_ms = _ms(finished_at - created_at)
+        if started_at is not None:
+            t.run_ms = _ms(finished_at - started_at)
+    return t
 
 
 def _ms(seconds: float) -> float:
