@@ -122,13 +122,8 @@ def test_all_events_arrive_in_order(owner: Api, receiver: Receiver) -> None:
     name = f"all-{time.monotonic_ns()}"
     job_id = _submit(owner, receiver.url(name), events=["all"])
     owner.wait(job_id)
-    wait_until(
-        lambda: any(
-            json.loads(b)["type"] == "status" and json.loads(b)["data"]["status"] == "succeeded"
-            for _, b in receiver.got(name)
-        ),
-        timeout_s=10,
-    )
+    # Deliveries are independent tasks: they may arrive in any order (the ids give it).
+    wait_until(lambda: len(receiver.got(name)) >= 5, timeout_s=10)
     events = [json.loads(body) for _, body in receiver.got(name)]
     events.sort(key=lambda e: tuple(map(int, e["id"].split("-"))))
     kinds = [(e["type"], e["data"].get("status")) for e in events]
