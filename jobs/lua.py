@@ -37,13 +37,14 @@ SUBMIT = (
     + """
 -- KEYS: job, owner index, queued set, idempotency key, events stream, task list, counter
 -- ARGV: job_id, max_queued, score, idem_ttl, idem_value, maxlen, channel, event data, ts,
---       task message ('' for none), counter field ('' for none), field pairs...
+--       task message ('' for none), counter field ('' for none), the job's fields as
+--       a JSON array of name, value pairs (one argument: cheaper to send than 40)
 if ARGV[5] ~= '' then
   local prev = redis.call('GET', KEYS[4])
   if prev then return {'dup', prev} end
 end
 if redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[2]) then return {'full', ''} end
-redis.call('HSET', KEYS[1], unpack(ARGV, 12))
+redis.call('HSET', KEYS[1], unpack(cjson.decode(ARGV[12])))
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
 if ARGV[5] ~= '' then redis.call('SET', KEYS[4], ARGV[5], 'EX', ARGV[4]) end

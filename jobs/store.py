@@ -324,7 +324,7 @@ class AsyncJobStore:
             repr(job.created_at),
             message.envelope if message else "",
             counter[1] if counter else "",
-            *flat_pairs(job_to_fields(job)),
+            dumps(flat_pairs(job_to_fields(job))),
         ]
         outcome, value = await self._submit(keys=key_list, args=args)
         if outcome == "ok" and job.webhook is not None and self.on_event is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import replace
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aredis
 
 from jobs import keys
 from jobs.codec import job_from_fields, job_to_fields
@@ -18,7 +20,7 @@ from jobs.models import EventType, Job
 from jobs.schemas.llm import LlmOptions
 from jobs.settings import PipelineConfig, Settings, load_settings
 from jobs.states import TRANSITIONS, InvalidTransition, JobStatus, check_transition
-from jobs.store import ALL_FIELDS, JobStore, Lease, transition
+from jobs.store import ALL_FIELDS, AsyncJobStore, JobStore, Lease, transition
 
 ALLOWED = {
     ("queued", "running"),
@@ -242,3 +244,27 @@ def test_auth_may_be_off_only_on_loopback(monkeypatch: pytest.MonkeyPatch) -> No
         load_settings()
     monkeypatch.setenv("MMQ_AUTH__REQUIRED", "true")
     assert load_settings().api.host == "0.0.0.0"
+
+
+def test_submit_stores_every_field_as_given(redis_url: str) -> None:
+    """The submit script gets the job's fields as one JSON argument: any text survives."""
+    now = time.time()
+    text = 'héllo 日本 "quoted" \\ back\nslash \u0000 nul 🎉'
+    job = Job(
+        id=f"job_s{time.monotonic_ns()}", kind="echo", pipeline="echo", status=JobStatus.QUEUED,
+        owner="o", priority="high", input={"text": text}, metadata={"k": text},
+        created_at=now, queued_at=now,
+    )  # fmt: skip
+
+    async def submit() -> tuple[str, Job | None]:
+        client = aredis.Redis.from_url(redis_url, decode_responses=True)
+        store = AsyncJobStore(client, Settings(redis_url=redis_url))
+        try:
+            result = await store.submit(job, max_queued=10, idempotency=None)
+            return result.outcome, await store.get(job.id)
+        finally:
+            await client.aclose()
+
+    outcome, stored = asyncio.run(submit())
+    assert outcome == "ok"
+    assert stored == job
