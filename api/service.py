@@ -242,7 +242,8 @@ class JobService:
             if remaining <= 0:
                 break
             try:
-                notice = await asyncio.wait_for(notices.get(), remaining)
+                async with asyncio.timeout(remaining):
+                    notice = await notices.get()
             except TimeoutError:
                 break
             # Only the end and RESYNC come here (`ends_only`); the end carries the job

@@ -6,7 +6,6 @@ import re
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
-from fastapi.responses import JSONResponse
 
 from api.auth import current_owner
 from api.deps import get_service, get_state
@@ -30,7 +29,7 @@ def prefer_wait(prefer: str | None) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def _answer(request: Request, job: Job, waited: float | None, pending_202: bool) -> JSONResponse:
+def _answer(request: Request, job: Job, waited: float | None, pending_202: bool) -> Response:
     """200 with the job; 202 instead while it has not ended, where `pending_202`."""
     settings = get_state(request).settings
     view = job_view(job, settings.public_url)
@@ -38,7 +37,9 @@ def _answer(request: Request, job: Job, waited: float | None, pending_202: bool)
     headers = {"Location": view.urls.self}
     if waited is not None:
         headers["Preference-Applied"] = f"wait={waited:g}"
-    return JSONResponse(view.model_dump(mode="json"), status_code=status, headers=headers)
+    return Response(
+        view.model_dump_json(), status_code=status, headers=headers, media_type="application/json"
+    )
 
 
 @router.post(
@@ -54,7 +55,7 @@ async def submit_job(
     service: Service,
     prefer: Annotated[str | None, Header()] = None,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
-) -> JSONResponse:
+) -> Response:
     """Submit a job. 202 at once; with `Prefer: wait=N`, 200 if it ends within N seconds."""
     waited = prefer_wait(prefer)
     if waited is None:
@@ -89,7 +90,7 @@ async def get_job(
     owner: Owner,
     service: Service,
     prefer: Annotated[str | None, Header()] = None,
-) -> JSONResponse:
+) -> Response:
     """A job. With `Prefer: wait=N`: 200 once it has ended, 202 if N seconds pass first."""
     waited = prefer_wait(prefer)
     if waited is None:
