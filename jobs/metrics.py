@@ -10,8 +10,9 @@ so a job's end or a batch costs one round trip.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -100,7 +101,8 @@ class CommandQueue(Protocol):
     def hincrbyfloat(self, name: str, key: str, amount: float = 1.0) -> Any: ...
 
 
-def field_of(labels: Sequence[str], suffix: str | None = None) -> str:
+@functools.lru_cache(maxsize=4096)  # label values are few (kinds, pipelines, statuses)
+def field_of(labels: tuple[str, ...], suffix: str | None = None) -> str:
     values = [*labels, suffix] if suffix is not None else list(labels)
     return json.dumps(values, separators=(",", ":"))
 
