@@ -35,6 +35,17 @@ def _job_id_of(raw: str) -> str:
     return raw[start : raw.find('"', start)]
 
 
+_NOT_ENDS = ('"data":{"status":"queued"', '"data":{"status":"running"')
+
+
+def cannot_end(raw: str) -> bool:
+    """Whether a notice is surely not a terminal status event, without parsing it. Safe
+    because a quote inside a JSON string is escaped: `"type":"status"` appears literally
+    only as a key of the notice or of a nested object, and a status notice's data starts
+    with its status (the scripts in `jobs/lua.py` write them)."""
+    return '"type":"status"' not in raw or any(mark in raw for mark in _NOT_ENDS)
+
+
 def ends(notice: dict[str, Any]) -> bool:
     """Whether a notice is the job's terminal status event."""
     data = notice.get("data") or {}
@@ -102,7 +113,7 @@ class EventHub:
 
     def _dispatch(self, raw: str) -> None:
         queues = self._subscribers.get(_job_id_of(raw))
-        if not queues:
+        if not queues or (all(queues.values()) and cannot_end(raw)):
             return
         event = json.loads(raw)
         job = event.pop("job", None)  # carried by an end notice, for `ends_only` alone

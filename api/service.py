@@ -117,7 +117,7 @@ class JobService:
             created_at=now,
             queued_at=now,
         )
-        digest = body_hash(body)
+        digest = body_hash(body) if idempotency_key else ""
         result = await self.store.submit(
             job,
             max_queued=self.settings.queue.limit_for(body.kind),
