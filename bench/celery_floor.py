@@ -1,4 +1,5 @@
-"""The bare Celery floor: a no-op task on mmq's Celery configuration, nothing else.
+"""The bare Celery floor: a no-op task on mmq's Celery configuration (its settings and its
+kombu transport, `jobs/redis_transport.py`), nothing else.
 
 The worker (`python -m bench.celery_floor --concurrency N`, Redis from `MMQ_REDIS_URL`)
 runs a threads pool like an mmq pipeline worker, on its own queue. With the result
