@@ -7,6 +7,7 @@ configured bucket), and workers resolve it with `storage.fetch`.
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel, Field
@@ -35,6 +36,7 @@ BUILTIN_FILE_FIELDS: dict[type[BaseModel], tuple[str, ...]] = {
 """File fields of the built-in schemas, which predate the `FileRef` marker."""
 
 
+@functools.cache  # schemas are classes: their fields do not change
 def file_ref_fields(schema: type[BaseModel]) -> tuple[str, ...]:
     """Names of the fields of `schema` that hold file references."""
     marked = tuple(
