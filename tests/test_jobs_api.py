@@ -194,3 +194,19 @@ def test_readyz_names_kinds_without_worker(deployment: Deployment) -> None:
     assert httpx.get(f"{deployment.base_url}/docs").status_code == 200
     schema = httpx.get(f"{deployment.base_url}/openapi.json").json()
     assert "/v1/jobs" in schema["paths"]
+
+
+def test_submit_headers_are_documented_and_checked(deployment: Deployment, api: Api) -> None:
+    schema = httpx.get(f"{deployment.base_url}/openapi.json").json()
+    submit = schema["paths"]["/v1/jobs"]["post"]
+    names = {p["name"] for p in submit["parameters"]}
+    assert {"Prefer", "Idempotency-Key"} <= names
+    assert "JobCreate" in str(submit["requestBody"])
+    assert "Prefer" in {
+        p["name"] for p in schema["paths"]["/v1/jobs/{job_id}"]["get"]["parameters"]
+    }
+    body = {"kind": "echo", "input": {"text": "k"}}
+    r = api.http.post("/v1/jobs", json=body, headers={"Idempotency-Key": "k" * 256})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "Idempotency-Key"
+    anonymous = httpx.Client(base_url=deployment.base_url)
+    assert anonymous.post("/v1/jobs", json={"kind": 5}).status_code == 401  # key first

@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from api.auth import current_owner
 from api.deps import get_service, get_state
 from api.service import JobService
 from api.views import JobList, JobView, job_view
+from jobs.errors import InputError
 from jobs.models import Job, JobCreate
 from jobs.states import JobStatus
 
@@ -42,22 +43,46 @@ def _answer(request: Request, job: Job, waited: float | None, pending_202: bool)
     )
 
 
+# The two hottest routes (submit and get) read the service and their headers themselves:
+# each FastAPI dependency or header parameter cost ~50-75 us per request here (measured
+# with empty routes: body only 0.57 ms, plus `Owner` and `Service` 0.72 ms), a tenth of
+# a no-op job's whole path. `Owner` stays a dependency: FastAPI solves it before the body,
+# so a caller without a valid key gets 401 whatever it sent. Headers are documented here.
+PREFER = {
+    "name": "Prefer",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string"},
+    "description": "`wait=N`: answer 200 once the job has ended, or 202 after N seconds.",
+}
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "maxLength": 255},
+    "description": "A repeated submit with the same key returns the same job.",
+}
+
+
+def _idempotency_key(request: Request) -> str | None:
+    key = request.headers.get("idempotency-key")
+    if key is not None and len(key) > 255:
+        raise InputError("Idempotency-Key", "is longer than 255 characters")
+    return key
+
+
 @router.post(
     "",
     status_code=202,
     response_model=JobView,
     responses={200: {"model": JobView}, 413: {}, 422: {}, 429: {}},
+    openapi_extra={"parameters": [PREFER, IDEMPOTENCY_KEY]},
 )
-async def submit_job(
-    request: Request,
-    body: JobCreate,
-    owner: Owner,
-    service: Service,
-    prefer: Annotated[str | None, Header()] = None,
-    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
-) -> Response:
+async def submit_job(request: Request, body: JobCreate, owner: Owner) -> Response:
     """Submit a job. 202 at once; with `Prefer: wait=N`, 200 if it ends within N seconds."""
-    waited = prefer_wait(prefer)
+    service = get_state(request).service
+    idempotency_key = _idempotency_key(request)
+    waited = prefer_wait(request.headers.get("prefer"))
     if waited is None:
         job, _created = await service.submit(owner, body, idempotency_key)
     else:
@@ -83,16 +108,16 @@ async def list_jobs(
     return JobList(data=[job_view(j, base) for j in jobs], next_cursor=next_cursor)
 
 
-@router.get("/{job_id}", response_model=JobView, responses={202: {"model": JobView}})
-async def get_job(
-    request: Request,
-    job_id: str,
-    owner: Owner,
-    service: Service,
-    prefer: Annotated[str | None, Header()] = None,
-) -> Response:
+@router.get(
+    "/{job_id}",
+    response_model=JobView,
+    responses={202: {"model": JobView}},
+    openapi_extra={"parameters": [PREFER]},
+)
+async def get_job(request: Request, job_id: str, owner: Owner) -> Response:
     """A job. With `Prefer: wait=N`: 200 once it has ended, 202 if N seconds pass first."""
-    waited = prefer_wait(prefer)
+    service = get_state(request).service
+    waited = prefer_wait(request.headers.get("prefer"))
     if waited is None:
         job = await service.get(owner, job_id)
     else:
