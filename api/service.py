@@ -10,6 +10,7 @@ import json
 import secrets
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from celery import Celery
@@ -28,7 +29,7 @@ from jobs.schemas import schema_for, validation_error_field
 from jobs.schemas.base import JobInput
 from jobs.settings import Settings
 from jobs.states import JobStatus
-from jobs.store import AsyncJobStore, Lease, transition
+from jobs.store import ALL_FIELDS, AsyncJobStore, Lease, transition
 
 
 class Validated(NamedTuple):
@@ -168,17 +169,18 @@ class JobService:
             )
         )
         if started.ok:
-            await self.store.apply(
-                transition(
-                    job,
-                    JobStatus.SUCCEEDED,
-                    sources=frozenset({JobStatus.RUNNING}),
-                    lease_mode="check",
-                    lease=lease,
-                    fields={"output": dumps(output), "finished_at": repr(time.time())},
-                    pre_event=(EventType.OUTPUT, output),
-                )
+            end = transition(
+                job,
+                JobStatus.SUCCEEDED,
+                sources=frozenset({JobStatus.RUNNING}),
+                lease_mode="check",
+                lease=lease,
+                fields={"output": dumps(output), "finished_at": repr(time.time())},
+                pre_event=(EventType.OUTPUT, output),
             )
+            ended = await self.store.apply(replace(end, read_back=ALL_FIELDS))
+            if ended.ok:
+                return job_from_fields(ended.read_back)
         return await self.get(job.owner, job.id)
 
     async def _check_webhook(self, url: str) -> None:

@@ -21,7 +21,14 @@ from jobs import keys
 from jobs.metrics import END_FIELDS, JOBS_SUBMITTED, Sample, end_samples, field_of, queue
 from jobs.models import Job
 from jobs.settings import Settings
-from jobs.store import AsyncJobStore, EventListener, JobStore, Transition, TransitionResult
+from jobs.store import (
+    ALL_FIELDS,
+    AsyncJobStore,
+    EventListener,
+    JobStore,
+    Transition,
+    TransitionResult,
+)
 from jobs.tally import MetricsTally
 
 log = logging.getLogger(__name__)
@@ -63,8 +70,11 @@ class MeteredAsyncJobStore(AsyncJobStore):
 
 
 def _reading_end_fields(change: Transition) -> Transition:
-    """`change`, returning the fields its end metrics need when it ends the job."""
-    return replace(change, read_back=END_FIELDS) if change.target.terminal else change
+    """`change`, returning the fields its end metrics need when it ends the job (all of
+    them, where the caller asked for all)."""
+    if not change.target.terminal or change.read_back == ALL_FIELDS:
+        return change
+    return replace(change, read_back=END_FIELDS)
 
 
 def _end_samples(change: Transition, result: TransitionResult) -> list[Sample]:

@@ -16,11 +16,15 @@ import redis.asyncio as aredis
 from jobs import keys
 from jobs.codec import job_from_fields, job_to_fields
 from jobs.lua import NOTICE_JOB_MAX_BYTES
-from jobs.models import EventType, Job
+from jobs.models import EventType, Job, WebhookSpec
 from jobs.schemas.llm import LlmOptions
 from jobs.settings import PipelineConfig, Settings, load_settings
 from jobs.states import TRANSITIONS, InvalidTransition, JobStatus, check_transition
 from jobs.store import ALL_FIELDS, AsyncJobStore, JobStore, Lease, transition
+from tests.support.pipelines import EchoInput, EchoPipeline
+from workers.engine import Engine
+from workers.jobrunner import JobRunner
+from workers.leases import LeaseKeeper
 
 ALLOWED = {
     ("queued", "running"),
@@ -268,3 +272,26 @@ def test_submit_stores_every_field_as_given(redis_url: str) -> None:
     outcome, stored = asyncio.run(submit())
     assert outcome == "ok"
     assert stored == job
+
+
+def test_a_worker_ends_a_job_canceled_while_queued_with_its_webhook_event(
+    store: JobStore,
+) -> None:
+    """The API set the cancel flag but had not recorded the end when a worker took the
+    task: the worker records it, and the job's webhook gets the end."""
+    sent: list[tuple[str, str, dict[str, Any]]] = []
+    settings = store.settings
+    store = JobStore(store.r, settings, on_event=lambda *call: sent.append(call))
+    job = _put(store)
+    hook = WebhookSpec(url="https://hooks.example/end")
+    store.r.hset(
+        keys.job(job.id), mapping={"cancel_requested": "1", "webhook": hook.model_dump_json()}
+    )
+    config = PipelineConfig(kind="echo", impl="tests.support.pipelines:EchoPipeline")
+    engine = Engine(EchoPipeline(config, settings), name="echo")
+    keeper = LeaseKeeper(store, settings, "w", {})
+    runner = JobRunner(store, engine, keeper, EchoInput, "w")
+    assert runner.run(job.id) == "dropped:canceled"
+    ended = store.get(job.id)
+    assert ended is not None and ended.status is JobStatus.CANCELED and ended.finished_at
+    assert [(url, e["data"]["status"]) for _, url, e in sent] == [(hook.url, "canceled")]

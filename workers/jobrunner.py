@@ -83,10 +83,18 @@ class JobRunner:
         return "ran"
 
     def _end_canceled_in_queue(self, job_id: str) -> None:
-        """A job canceled while queued whose end the API has not recorded yet."""
-        job = self.store.get(job_id)
-        if job is not None:
-            self._end(job, JobStatus.CANCELED, QUEUED, lease=None)
+        """A job canceled while queued whose end the API has not recorded yet (the script
+        reads the job's webhook back: no read before it)."""
+        self.store.apply(
+            Transition(
+                job_id=job_id,
+                target=JobStatus.CANCELED,
+                sources=QUEUED,
+                fields={"finished_at": repr(time.time())},
+                kind=self.kind,
+                read_back=ALL_FIELDS,
+            )
+        )
 
     def _run_held(self, job: Job, held: Held) -> None:
         try:
