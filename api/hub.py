@@ -1,8 +1,12 @@
-"""One pub/sub connection per API process, fanned out to the requests that wait or stream.
+"""Pub/sub connections of an API process, fanned out to the requests that wait or stream.
 
-Workers publish a notice per event on `keys.EVENTS_CHANNEL`; the hub hands each notice to
-the local subscribers of that job. Idle subscribers cost a queue, not a Redis connection.
-After a lost connection, every subscriber gets `RESYNC` so it re-reads from the stream.
+Workers publish a notice per event on `keys.EVENTS_CHANNEL`, and each job's terminal
+status notice again, with the job, on `keys.ENDS_CHANNEL`. The hub always listens for
+ends (requests that wait for a job's end need nothing else), and for every event only
+while some request follows a job's events, plus `events_linger_s` after the last one:
+an API that serves waiting requests alone never reads the rest. Idle subscribers cost
+a queue, not a Redis connection. After a lost connection, the subscribers of that
+channel get `RESYNC` so they re-read from Redis.
 """
 
 from __future__ import annotations
@@ -11,19 +15,21 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
 from jobs import keys
+from jobs.errors import Unavailable
 from jobs.states import TERMINAL
 
 log = logging.getLogger(__name__)
 
 RESYNC: dict[str, Any] = {"type": "__resync__"}
 _JOB_ID = '"job_id":"'
+SUBSCRIBE_TIMEOUT_S = 10.0
 
 
 def _job_id_of(raw: str) -> str:
@@ -35,96 +41,157 @@ def _job_id_of(raw: str) -> str:
     return raw[start : raw.find('"', start)]
 
 
-_NOT_ENDS = ('"data":{"status":"queued"', '"data":{"status":"running"')
-
-
-def cannot_end(raw: str) -> bool:
-    """Whether a notice is surely not a terminal status event, without parsing it. Safe
-    because a quote inside a JSON string is escaped: `"type":"status"` appears literally
-    only as a key of the notice or of a nested object, and a status notice's data starts
-    with its status (the scripts in `jobs/lua.py` write them)."""
-    return '"type":"status"' not in raw or any(mark in raw for mark in _NOT_ENDS)
-
-
 def ends(notice: dict[str, Any]) -> bool:
     """Whether a notice is the job's terminal status event."""
     data = notice.get("data") or {}
     return notice.get("type") == "status" and data.get("status") in TERMINAL
 
 
-Subscribers = dict[asyncio.Queue[dict[str, Any]], bool]
-"""A job's local subscribers: queue -> whether it wants the terminal notice only."""
+Subscribers = dict[str, set[asyncio.Queue[dict[str, Any]]]]
+"""job id -> the queues of its local subscribers."""
 
 
-class EventHub:
-    def __init__(self, client: aredis.Redis) -> None:
+class _Listener:
+    """One pub/sub connection to one channel, reconnecting until closed."""
+
+    def __init__(
+        self,
+        client: aredis.Redis,
+        channel: str,
+        on_notice: Callable[[str], None],
+        on_reconnect: Callable[[], None],
+    ) -> None:
         self._client = client
-        self._subscribers: dict[str, Subscribers] = {}
+        self._channel = channel
+        self._on_notice = on_notice
+        self._on_reconnect = on_reconnect
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
 
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="event-hub")
-        await asyncio.wait_for(self._ready.wait(), timeout=10)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    async def open(self) -> None:
+        """Listen from now on (a no-op while listening); returns once subscribed."""
+        if self._task is None:
+            self._ready = asyncio.Event()
+            self._task = asyncio.create_task(self._run(), name=f"hub:{self._channel}")
+        try:
+            async with asyncio.timeout(SUBSCRIBE_TIMEOUT_S):
+                await self._ready.wait()
+        except TimeoutError:
+            raise Unavailable(f"cannot subscribe to {self._channel} on Redis") from None
 
     @property
-    def subscriber_count(self) -> int:
-        return sum(len(s) for s in self._subscribers.values())
+    def listening(self) -> bool:
+        return self._task is not None
 
-    @contextlib.asynccontextmanager
-    async def subscribe(
-        self, job_id: str, *, ends_only: bool = False
-    ) -> AsyncIterator[asyncio.Queue[dict[str, Any]]]:
-        """A queue of the job's notices; with `ends_only`, of its terminal status notice
-        (and `RESYNC`) alone, for a request that waits for the end: that notice carries
-        the job's fields as `job` unless they are large (`lua.NOTICE_JOB_MAX_BYTES`)."""
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._subscribers.setdefault(job_id, {})[queue] = ends_only
-        try:
-            yield queue
-        finally:
-            subs = self._subscribers.get(job_id)
-            if subs is not None:
-                subs.pop(queue, None)
-                if not subs:
-                    del self._subscribers[job_id]
+    def close(self) -> asyncio.Task[None] | None:
+        """Stop listening at once (a later `open` starts afresh); returns the task ending."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+        return task
 
     async def _run(self) -> None:
+        connected_before = False
         while True:
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(keys.EVENTS_CHANNEL)
+                await pubsub.subscribe(self._channel)
                 self._ready.set()
-                self._broadcast_resync()
+                if connected_before:
+                    self._on_reconnect()
+                connected_before = True
                 async for message in pubsub.listen():
-                    self._dispatch(message["data"])
+                    self._on_notice(message["data"])
             except (RedisError, OSError):
-                log.warning("event hub lost its Redis connection; reconnecting")
+                log.warning("event hub lost its Redis connection (%s); reconnecting", self._channel)
                 await asyncio.sleep(0.5)
             finally:
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()
 
-    def _dispatch(self, raw: str) -> None:
-        queues = self._subscribers.get(_job_id_of(raw))
-        if not queues or (all(queues.values()) and cannot_end(raw)):
-            return
-        event = json.loads(raw)
-        job = event.pop("job", None)  # carried by an end notice, for `ends_only` alone
-        final = ends(event)
-        for queue, ends_only in queues.items():
-            if not ends_only:
-                queue.put_nowait(event)
-            elif final:
-                queue.put_nowait(event if job is None else {**event, "job": job})
 
-    def _broadcast_resync(self) -> None:
-        for subs in self._subscribers.values():
-            for queue in subs:
-                queue.put_nowait(RESYNC)
+class EventHub:
+    def __init__(self, client: aredis.Redis, *, events_linger_s: float = 30.0) -> None:
+        self._waiters: Subscribers = {}
+        self._followers: Subscribers = {}
+        self._ends = _Listener(
+            client, keys.ENDS_CHANNEL, self._dispatch_end, lambda: _resync(self._waiters)
+        )
+        self._events = _Listener(
+            client, keys.EVENTS_CHANNEL, self._dispatch_event, lambda: _resync(self._followers)
+        )
+        self._events_linger_s = events_linger_s
+        self._events_idle: asyncio.TimerHandle | None = None
+
+    async def start(self) -> None:
+        await self._ends.open()
+
+    async def stop(self) -> None:
+        if self._events_idle is not None:
+            self._events_idle.cancel()
+        for task in (self._events.close(), self._ends.close()):
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    @property
+    def subscriber_count(self) -> int:
+        return sum(len(s) for table in (self._waiters, self._followers) for s in table.values())
+
+    @property
+    def following(self) -> bool:
+        """Whether the hub listens to every event (some request follows a job's events)."""
+        return self._events.listening
+
+    @contextlib.asynccontextmanager
+    async def subscribe(
+        self, job_id: str, *, ends_only: bool = False
+    ) -> AsyncIterator[asyncio.Queue[dict[str, Any]]]:
+        """A queue of the job's notices, from the moment this returns; with `ends_only`,
+        of its terminal status notice (and `RESYNC`) alone, for a request that waits for
+        the end: that notice carries the job's fields as `job` unless they are large
+        (`lua.NOTICE_JOB_MAX_BYTES`)."""
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        table = self._waiters if ends_only else self._followers
+        table.setdefault(job_id, set()).add(queue)
+        try:
+            if not ends_only:
+                if self._events_idle is not None:
+                    self._events_idle.cancel()
+                    self._events_idle = None
+                await self._events.open()
+            yield queue
+        finally:
+            subs = table.get(job_id)
+            if subs is not None:
+                subs.discard(queue)
+                if not subs:
+                    del table[job_id]
+            if not ends_only and not self._followers and self._events_idle is None:
+                loop = asyncio.get_running_loop()
+                self._events_idle = loop.call_later(self._events_linger_s, self._stop_events)
+
+    def _stop_events(self) -> None:
+        self._events_idle = None
+        if not self._followers:
+            self._events.close()
+
+    def _dispatch_end(self, raw: str) -> None:
+        queues = self._waiters.get(_job_id_of(raw))
+        if queues:
+            notice = json.loads(raw)
+            for queue in queues:
+                queue.put_nowait(notice)
+
+    def _dispatch_event(self, raw: str) -> None:
+        queues = self._followers.get(_job_id_of(raw))
+        if queues:
+            event = json.loads(raw)
+            for queue in queues:
+                queue.put_nowait(event)
+
+
+def _resync(table: Subscribers) -> None:
+    for subs in table.values():
+        for queue in subs:
+            queue.put_nowait(RESYNC)

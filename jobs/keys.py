@@ -5,7 +5,13 @@ from __future__ import annotations
 PREFIX = "mmq"
 
 EVENTS_CHANNEL = f"{PREFIX}:events"
-"""Pub/sub channel: one notice per event of any job (API processes fan it out)."""
+"""Pub/sub channel: one notice per event of any job, for API processes that have a
+request following a job's events (SSE, websocket, streamed OpenAI answers)."""
+
+ENDS_CHANNEL = f"{PREFIX}:ends"
+"""Pub/sub channel: each job's terminal status notice again, with the job's fields unless
+they are large (`lua.NOTICE_JOB_MAX_BYTES`), for requests that wait for the end. An API
+process listens here always, and on `EVENTS_CHANNEL` only while it has followers."""
 
 CANCEL_CHANNEL = f"{PREFIX}:cancel"
 """Pub/sub channel: the id of a running job whose owner asked to cancel it."""

@@ -6,20 +6,22 @@ NOTICE_JOB_MAX_BYTES = 16_384
 """A job whose fields add up to more than this is not carried in its end notice."""
 
 # A status event as JSON, built inside Redis so that its stream id can go into the notice.
-# `extra` (optional) is appended to the notice only, never to the stream entry.
+# Returns the stream id and the notice without its closing brace (an end notice is
+# published again, with the job, on the ends channel).
 _PUBLISH = """
-local function announce(channel, stream, maxlen, job_id, etype, data, ts, ttl, extra)
+local function announce(channel, stream, maxlen, job_id, etype, data, ts, ttl)
   local id = redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
                         'type', etype, 'data', data, 'ts', ts)
   if ttl then redis.call('EXPIRE', stream, ttl) end
-  redis.call('PUBLISH', channel, '{"id":"' .. id .. '","job_id":"' .. job_id ..
-             '","type":"' .. etype .. '","data":' .. data .. ',"ts":' .. ts ..
-             (extra or '') .. '}')
-  return id
+  local notice = '{"id":"' .. id .. '","job_id":"' .. job_id .. '","type":"' .. etype ..
+                 '","data":' .. data .. ',"ts":' .. ts
+  redis.call('PUBLISH', channel, notice .. '}')
+  return id, notice
 end
 
--- The job as it is now, as `,"job":{field: value...}` for an end notice (so that a
--- request waiting for the end needs no second read), or '' when it is large.
+-- The job as it is now, as `,"job":{field: value...}` for an end notice on the ends
+-- channel (so that a request waiting for the end needs no second read), or '' when it
+-- is large.
 local function snapshot(key)
   local flat = redis.call('HGETALL', key)
   local fields, size = {}, 0
@@ -63,7 +65,7 @@ TRANSITION = (
 --       end ttl s, maxlen, channel, event data, terminal (0/1), pre-event type ('' for
 --       none: an output or error event written just before the status event), pre-event
 --       data, fields to read back after the change (comma-joined, '' for none, '*' for
---       all of them), field pairs...
+--       all of them), ends channel, field pairs...
 local current = redis.call('HMGET', KEYS[1], 'status', 'cancel_requested')
 local status = current[1]
 if not status then return {'missing', ''} end
@@ -85,7 +87,7 @@ elseif mode == 'acquire' then
   redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 end
 local target = ARGV[3]
-redis.call('HSET', KEYS[1], 'status', target, unpack(ARGV, 16))
+redis.call('HSET', KEYS[1], 'status', target, unpack(ARGV, 17))
 local ttl = nil
 local pre_id = ''
 if ARGV[12] == '1' then ttl = ARGV[8] end
@@ -108,9 +110,8 @@ else
   if mode == 'check' then redis.call('DEL', KEYS[3]) end
 end
 if ttl then redis.call('EXPIRE', KEYS[1], ttl) end
-local extra = nil
-if ttl then extra = snapshot(KEYS[1]) end
-local id = announce(ARGV[10], KEYS[2], ARGV[9], ARGV[1], 'status', ARGV[11], ARGV[4], ttl, extra)
+local id, notice = announce(ARGV[10], KEYS[2], ARGV[9], ARGV[1], 'status', ARGV[11], ARGV[4], ttl)
+if ttl then redis.call('PUBLISH', ARGV[16], notice .. snapshot(KEYS[1]) .. '}') end
 if ARGV[15] == '' then return {'ok', id, pre_id} end
 if ARGV[15] == '*' then return {'ok', id, pre_id, unpack(redis.call('HGETALL', KEYS[1]))} end
 local names = {}
@@ -130,7 +131,8 @@ if ARGV[7] ~= '' then
   local cur = redis.call('HGET', KEYS[2], 'first_output_at')
   if not cur or cur == '' then redis.call('HSET', KEYS[2], 'first_output_at', ARGV[7]) end
 end
-return announce(ARGV[1], KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], nil)
+local id = announce(ARGV[1], KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], nil)
+return id
 """
 )
 

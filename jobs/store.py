@@ -123,6 +123,7 @@ class Transition:
             str(self.pre_event[0]) if self.pre_event else "",
             dumps(self.pre_event[1]) if self.pre_event else "",
             ",".join(self.read_back),
+            keys.ENDS_CHANNEL,
             *flat_pairs(self.fields),
         ]
         return key_list, args

@@ -12,7 +12,6 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from api.hub import cannot_end
 from mmq.client import AsyncClient, Client, MmqAPIError
 from mmq.sse import parse_lines
 from tests.conftest import Api, new_owner
@@ -131,18 +130,3 @@ def test_streams_are_owner_scoped(deployment: Deployment, api: Api) -> None:
     assert anonymous.value.response.status_code == 401
     bad = api.http.get(f"/v1/jobs/{job['id']}/events", params={"after": "nonsense"})
     assert bad.status_code == 422
-
-
-def test_the_hub_skips_only_notices_thatcannot_end_a_job() -> None:
-    """`cannot_end` reads raw notices (as `jobs/lua.py` writes them) without parsing."""
-
-    def notice(etype: str, data: str, job: str = "") -> str:
-        return f'{{"id":"1-0","job_id":"job_x","type":"{etype}","data":{data},"ts":1.5{job}}}'
-
-    job = ',"job":{"status":"succeeded","input":"{\\"data\\":{\\"status\\":\\"running\\"}}"}'
-    assert cannot_end(notice("status", '{"status":"queued"}'))
-    assert cannot_end(notice("status", '{"status":"running"}'))
-    assert cannot_end(notice("partial", '{"text":"\\"type\\":\\"status\\""}'))
-    assert not cannot_end(notice("status", '{"status":"succeeded"}', job))
-    assert not cannot_end(notice("status", '{"status":"failed","error":{"type":"x"}}'))
-    assert not cannot_end(notice("output", '{"type":"status"}'))  # parsed, then not an end

@@ -154,36 +154,64 @@ def test_the_start_reads_back_the_whole_job(store: JobStore) -> None:
     )
 
 
-def _end_notice(store: JobStore, job: Job) -> dict[str, Any]:
-    """The notice published when `job` (running) is canceled."""
+def _end_notices(store: JobStore, job: Job) -> dict[str, dict[str, Any]]:
+    """The end notices published when `job` (running) is canceled, by channel."""
     pubsub = store.r.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(keys.EVENTS_CHANNEL)
-    pubsub.get_message(timeout=1)  # the subscribe reply: subscribed from here on
+    pubsub.subscribe(keys.EVENTS_CHANNEL, keys.ENDS_CHANNEL)
+    found: dict[str, dict[str, Any]] = {}
     try:
+        for _ in range(2):  # the subscribe replies: subscribed from here on
+            pubsub.get_message(timeout=1)
         assert store.apply(transition(job, JobStatus.CANCELED)).ok
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            message = pubsub.get_message(timeout=1)  # None for the subscribe reply too
+        while len(found) < 2 and time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=1)
             notice: dict[str, Any] = json.loads(message["data"]) if message else {}
             if notice.get("job_id") == job.id and notice["type"] == "status":
-                return notice
+                found[message["channel"]] = notice
     finally:
         pubsub.close()
-    raise AssertionError("no end notice")
+    assert set(found) == {keys.EVENTS_CHANNEL, keys.ENDS_CHANNEL}, found
+    return found
 
 
-def test_the_end_notice_carries_the_job_unless_it_is_large(store: JobStore) -> None:
+def test_the_end_notice_carries_the_job_on_the_ends_channel_unless_large(
+    store: JobStore,
+) -> None:
     small = _put(store)
-    notice = _end_notice(store, small)
-    assert notice["data"] == {"status": "canceled"}
-    carried = job_from_fields(notice["job"])
+    notices = _end_notices(store, small)
+    event, end = notices[keys.EVENTS_CHANNEL], notices[keys.ENDS_CHANNEL]
+    assert event["data"] == end["data"] == {"status": "canceled"} and event["id"] == end["id"]
+    assert "job" not in event  # followers get the event alone, as in the stream
+    carried = job_from_fields(end["job"])
     assert carried == store.get(small.id) and carried.status is JobStatus.CANCELED
-    assert "job" not in store.events(small.id)[-1].data  # the stream entry is the event alone
+    assert "job" not in store.events(small.id)[-1].data
 
     large = _put(store)
     store.r.hset(keys.job(large.id), "input", json.dumps({"text": "x" * NOTICE_JOB_MAX_BYTES}))
-    notice = _end_notice(store, large)
-    assert notice["data"] == {"status": "canceled"} and "job" not in notice
+    end = _end_notices(store, large)[keys.ENDS_CHANNEL]
+    assert end["data"] == {"status": "canceled"} and "job" not in end
+
+
+def test_only_an_end_goes_to_the_ends_channel(store: JobStore) -> None:
+    job = _put(store)
+    pubsub = store.r.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(keys.ENDS_CHANNEL)
+    try:
+        pubsub.get_message(timeout=1)
+        lease = Lease("w", 5000)
+        start = transition(job, JobStatus.RUNNING, lease_mode="acquire", lease=lease)
+        assert store.apply(start).ok
+        store.append_event(job.id, EventType.PROGRESS, {"step": 1}, first_output=False)
+        running = frozenset({JobStatus.RUNNING})
+        end = transition(job, JobStatus.SUCCEEDED, sources=running, lease_mode="check", lease=lease)
+        assert store.apply(end).ok
+        message = pubsub.get_message(timeout=5)
+        assert message is not None
+        assert json.loads(message["data"])["data"] == {"status": "succeeded"}
+        assert pubsub.get_message(timeout=0.3) is None
+    finally:
+        pubsub.close()
 
 
 def test_the_reaper_path_needs_an_expired_lease(store: JobStore) -> None:

@@ -1,0 +1,151 @@
+"""The API's event hub against real Redis: a request that waits needs the ends channel
+alone; followers open the events channel, which closes after they leave, and reopens."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aredis
+
+from api.hub import RESYNC, EventHub
+from jobs import keys
+from jobs.codec import job_to_fields
+from jobs.models import EventType, Job
+from jobs.settings import Settings
+from jobs.states import JobStatus
+from jobs.store import JobStore, Lease, transition
+
+Notice = dict[str, Any]
+HUB_NAME = "test-hub"
+RUNNING = frozenset({JobStatus.RUNNING})
+
+
+@pytest.fixture
+def store(redis_url: str) -> JobStore:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    return JobStore(client, Settings(redis_url=redis_url))
+
+
+def _put(store: JobStore) -> Job:
+    now = time.time()
+    job = Job(
+        id=f"job_hub{time.monotonic_ns()}",
+        kind="echo",
+        pipeline="echo",
+        status=JobStatus.QUEUED,
+        owner="owner-hub",
+        priority="normal",
+        input={"text": "hi"},
+        created_at=now,
+        queued_at=now,
+    )
+    store.r.hset(keys.job(job.id), mapping=job_to_fields(job))
+    return job
+
+
+def _run_to_end(store: JobStore, job: Job) -> None:
+    """A worker's writes for one job: start, one progress event, success."""
+    lease = Lease("w", 5000)
+    assert store.apply(transition(job, JobStatus.RUNNING, lease_mode="acquire", lease=lease)).ok
+    store.append_event(job.id, EventType.PROGRESS, {"step": 1}, first_output=False)
+    end = transition(job, JobStatus.SUCCEEDED, sources=RUNNING, lease_mode="check", lease=lease)
+    assert store.apply(end).ok
+
+
+async def _until(queue: asyncio.Queue[Notice], last: Callable[[Notice], bool]) -> list[Notice]:
+    got: list[Notice] = []
+    async with asyncio.timeout(5):
+        while not got or not last(got[-1]):
+            got.append(await queue.get())
+    return got
+
+
+def _succeeded(notice: Notice) -> bool:
+    return bool(notice["data"].get("status") == "succeeded")
+
+
+@asynccontextmanager
+async def _hub(redis_url: str, linger_s: float) -> AsyncIterator[EventHub]:
+    client = aredis.Redis.from_url(redis_url, decode_responses=True, client_name=HUB_NAME)
+    hub = EventHub(client, events_linger_s=linger_s)
+    await hub.start()
+    try:
+        yield hub
+    finally:
+        await hub.stop()
+        await client.aclose()
+
+
+def test_a_waiting_request_gets_the_end_with_the_job_and_nothing_else(
+    redis_url: str, store: JobStore
+) -> None:
+    async def main() -> list[Notice]:
+        async with _hub(redis_url, 0.2) as hub:
+            job = _put(store)
+            async with hub.subscribe(job.id, ends_only=True) as queue:
+                assert not hub.following  # nobody follows events: that channel is shut
+                await asyncio.to_thread(_run_to_end, store, job)
+                got = await _until(queue, _succeeded)
+                await asyncio.sleep(0.2)
+                assert queue.empty()
+                return got
+
+    [end] = asyncio.run(main())  # the queued, running and progress notices never came
+    assert end["type"] == "status" and end["data"] == {"status": "succeeded"}
+    assert end["job"]["status"] == "succeeded" and end["job"]["owner"] == "owner-hub"
+
+
+def test_followers_open_the_events_channel_until_the_last_leaves(
+    redis_url: str, store: JobStore
+) -> None:
+    async def follow_one(hub: EventHub) -> list[Notice]:
+        job = _put(store)
+        async with hub.subscribe(job.id) as queue, hub.subscribe(job.id, ends_only=True) as end:
+            assert hub.following
+            await asyncio.to_thread(_run_to_end, store, job)
+            events = await _until(queue, _succeeded)
+            assert "job" in (await _until(end, _succeeded))[0]
+            return events
+
+    async def main() -> tuple[list[Notice], list[Notice], list[bool]]:
+        async with _hub(redis_url, 0.3) as hub:
+            first = await follow_one(hub)
+            following = [hub.following]  # it lingers after the last follower left
+            await asyncio.sleep(0.6)
+            following.append(hub.following)  # then it is shut
+            second = await follow_one(hub)  # and opened again for the next follower
+            return first, second, following
+
+    first, second, following = asyncio.run(main())
+    assert following == [True, False]
+    for events in (first, second):
+        assert [e["type"] for e in events] == ["status", "progress", "status"]
+        assert [e["data"].get("status") for e in events] == ["running", None, "succeeded"]
+        assert all("job" not in e for e in events)  # followers get events as streamed
+
+
+def test_after_a_lost_connection_every_subscriber_is_told_to_resync(
+    redis_url: str, store: JobStore
+) -> None:
+    async def main() -> tuple[Notice, Notice, list[Notice]]:
+        async with _hub(redis_url, 5.0) as hub:
+            job = _put(store)
+            async with hub.subscribe(job.id) as queue, hub.subscribe(job.id, ends_only=True) as end:
+                killed = 0
+                for conn in store.r.client_list(_type="pubsub"):
+                    if conn["name"] == HUB_NAME:
+                        killed += store.r.client_kill_filter(_id=conn["id"])
+                assert killed == 2  # the ends and the events connections
+                lost, lost_end = await queue.get(), await end.get()
+                await asyncio.to_thread(_run_to_end, store, job)  # heard again afterwards
+                return lost, lost_end, await _until(end, _succeeded)
+
+    lost, lost_end, ends = asyncio.run(main())
+    assert lost == lost_end == RESYNC
+    assert [e["data"] for e in ends] == [{"status": "succeeded"}]
