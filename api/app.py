@@ -18,6 +18,7 @@ from api.openai import audio as openai_audio
 from api.openai import chat as openai_chat
 from api.openai import images as openai_images
 from api.openai import speech as openai_speech
+from api.redis_pool import connection_pool
 from api.routes import events, files, health, jobs, metrics
 from api.service import JobService
 from jobs.broker import make_celery, webhook_sender
@@ -40,8 +41,7 @@ def create_app(settings: Settings) -> FastAPI:
         storage = make_storage(settings)
         # A missing or forbidden bucket stops the API here, with the reason.
         await anyio.to_thread.run_sync(storage.check)
-        # Blocking pool: a burst of requests waits for a connection instead of failing.
-        pool = aredis.BlockingConnectionPool.from_url(
+        pool = connection_pool(
             settings.redis_url or "", decode_responses=True, max_connections=256, timeout=10
         )
         client = aredis.Redis(connection_pool=pool)
@@ -66,15 +66,15 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     errors.install(app)
-    app.include_router(health.router)
-    app.include_router(metrics.router)
-    app.include_router(jobs.router)
+    app.include_router(jobs.router)  # first: requests match routes in this order
     app.include_router(events.router)
     app.include_router(files.router)
     app.include_router(openai_speech.router)
     app.include_router(openai_audio.router)
     app.include_router(openai_images.router)
     app.include_router(openai_chat.router)
+    app.include_router(health.router)
+    app.include_router(metrics.router)
 
     def limit_for(path: str) -> int:
         if path.startswith(FILES_PATH):
