@@ -12,7 +12,10 @@ At each concurrency level it measures, in the same run and on the same Redis:
 - redis:  a PING round trip (redis-py asyncio).
 
 Celery and Redis are the floor. Goal: mmq's p50 at concurrency 1 within 2x of Celery's,
-and mmq's best throughput at least half of Celery's. Without `--url` it starts its own
+and mmq's best throughput at least half of Celery's. The targets take turns within a
+level, in `--rounds` blocks each (fewer where a block would be under 8 requests per lane,
+so that a saturated level is measured in one block), so that a slow spell of this
+machine falls on all of them rather than on whichever ran then. Without `--url` it starts its own
 deployment on free ports (Redis, the API, one noop worker) and stops it at the end.
 """
 
@@ -44,7 +47,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.celery_floor import FloorClient, new_reply_key
-from bench.common import Call, LevelSummary, measure
+from bench.common import Call, LevelSummary, RequestResult, measure, run_level, summarize
 from jobs.settings import Settings, load_settings
 from workers.launcher import ProcSpec, Supervisor, mmq_command
 from workers.redis_server import RedisServer, free_port
@@ -111,6 +114,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--requests", type=int, default=1000, help="requests per level, per target")
     parser.add_argument("--concurrency", type=parse_levels, default=[1, 8, 64])
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="blocks per target per level, taking turns"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="mmq TOML config")
     parser.add_argument(
@@ -119,6 +125,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.requests < 1:
         parser.error("--requests must be >= 1")
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     return args
 
 
@@ -282,10 +290,17 @@ async def open_targets(
     }
 
 
+def rounds_at(concurrency: int, requests: int, rounds: int) -> int:
+    """Blocks per target at a level: `rounds`, or fewer so that each block keeps at
+    least 8 requests per lane (ramp-up and drain would otherwise skew jobs/s)."""
+    return max(1, min(rounds, requests // (8 * concurrency)))
+
+
 async def run_levels(
     deployment: Deployment, floor: FloorClient, args: argparse.Namespace
 ) -> list[LevelSummary]:
-    """Every target at every level, after a warm-up at the highest level."""
+    """Every target at every level, after a warm-up at the highest level; within a level
+    the targets take turns, block by block, and each target's blocks are pooled."""
     levels: list[int] = args.concurrency
     summaries: list[LevelSummary] = []
     async with AsyncExitStack() as stack:
@@ -293,11 +308,24 @@ async def run_levels(
         for target, call in calls.items():
             await measure(target, call, 2 * max(levels), max(levels))
         for concurrency in levels:
+            rounds = rounds_at(concurrency, args.requests, args.rounds)
+            pooled: dict[str, tuple[list[RequestResult], float]] = {t: ([], 0.0) for t in TARGETS}
+            for block in split(args.requests, rounds):
+                for target in TARGETS:
+                    results, duration_s = await run_level(calls[target], block, concurrency)
+                    done, spent = pooled[target]
+                    pooled[target] = (done + results, spent + duration_s)
             for target in TARGETS:
-                summary = await measure(target, calls[target], args.requests, concurrency)
+                summary = summarize(target, concurrency, *pooled[target])
                 print_progress(summary)
                 summaries.append(summary)
     return summaries
+
+
+def split(requests: int, rounds: int) -> list[int]:
+    """`requests` in `rounds` blocks as even as can be."""
+    base, extra = divmod(requests, rounds)
+    return [base + (1 if i < extra else 0) for i in range(rounds)]
 
 
 # --- report ----------------------------------------------------------------------------
@@ -398,6 +426,9 @@ def run_meta(args: argparse.Namespace, deployment: Deployment) -> dict[str, Any]
         "worker_concurrency": deployment.worker_concurrency,
         "requests_per_level": args.requests,
         "concurrency_levels": args.concurrency,
+        "rounds_per_level": {
+            str(c): rounds_at(c, args.requests, args.rounds) for c in args.concurrency
+        },
         "log_level": args.log_level,
         "wait_s": WAIT_S,
     }
