@@ -9,7 +9,7 @@ waits until each stream has replayed its `queued` status event. Then a publisher
 acts as the worker: each round it calls `JobStore.append_event(job, PROGRESS, {"sent_ns":
 time.time_ns(), ...})` once per job, and each stream notes `time.time_ns()` when the event
 arrives (same machine, same clock). The delay of an event is receipt minus `sent_ns`: the
-Lua XADD + PUBLISH, the API's one pub/sub connection and its fan-out, the SSE write, and
+Lua XADD + PUBLISH, the API's pub/sub connection for events and its fan-out, the SSE write, and
 the client's read. Rounds do not overlap: the next one starts after every event of the
 last one has arrived (or the round timed out) and a short pause. A warm-up round is not
 counted. At the end each job is cancelled, so its stream ends on the terminal status.
