@@ -12,11 +12,12 @@ At each concurrency level it measures, in the same run and on the same Redis:
 - redis:  a PING round trip (redis-py asyncio).
 
 Celery and Redis are the floor. Goal: mmq's p50 at concurrency 1 within 2x of Celery's,
-and mmq's best throughput at least half of Celery's. The targets take turns within a
-level, in `--rounds` blocks each (fewer where a block would be under 8 requests per lane,
-so that a saturated level is measured in one block), so that a slow spell of this
-machine falls on all of them rather than on whichever ran then. Without `--url` it starts its own
-deployment on free ports (Redis, the API, one noop worker) and stops it at the end.
+and mmq's best throughput at least half of Celery's. With `--rounds N` the targets take
+turns within a level, in N blocks each (fewer where a block would be under 8 requests
+per lane, so that a saturated level is measured in one block), so that a slow spell of
+a shared machine falls on all of them rather than on whichever ran then. Without `--url`
+it starts its own deployment on free ports (Redis, the API, one noop worker) and stops it
+at the end.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=1000, help="requests per level, per target")
     parser.add_argument("--concurrency", type=parse_levels, default=[1, 8, 64])
     parser.add_argument(
-        "--rounds", type=int, default=5, help="blocks per target per level, taking turns"
+        "--rounds", type=int, default=1, help="blocks per target per level, taking turns"
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="mmq TOML config")
