@@ -1,6 +1,6 @@
 """mmq's own overhead: no-op jobs through the HTTP API beside bare Celery and bare Redis.
 
-    python -m bench.overhead [--url http://127.0.0.1:8000] [--requests N]
+    python -m bench.overhead [--url http://127.0.0.1:8000] [--requests N] [--rounds N]
                              [--concurrency 1,8,64] [--out bench/results/overhead.json]
 
 At each concurrency level it measures, in the same run and on the same Redis:
