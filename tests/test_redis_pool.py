@@ -10,7 +10,17 @@ from redis.asyncio.connection import Connection
 
 from api.redis_pool import connection_pool
 
-ARGS: tuple[object, ...] = ("EVALSHA", "ab12", 2, "k1", b"k2", "é ünïcode", 1.5, -7, b"\x00\xff")
+ARGS: tuple[str | bytes | int | float, ...] = (
+    "EVALSHA",
+    "ab12",
+    2,
+    "k1",
+    b"k2",
+    "é ünïcode",
+    1.5,
+    -7,
+    b"\x00\xff",
+)
 
 
 def test_commands_are_packed_as_redis_py_packs_them(redis_url: str) -> None:
@@ -31,7 +41,8 @@ def test_the_pool_serves_commands_scripts_pipelines_and_pubsub(redis_url: str) -
             script = client.register_script("return {KEYS[1], ARGV[1], redis.call('GET', KEYS[1])}")
             scripted = await script(keys=["pool:test"], args=["ärg"])
             pipe = client.pipeline(transaction=True)
-            pipe.incr("pool:n").incr("pool:n")
+            pipe.incr("pool:n")
+            pipe.incr("pool:n")
             piped = await pipe.execute()
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             await pubsub.subscribe("pool:ch")
