@@ -70,7 +70,7 @@ class _Listener:
 
     async def open(self) -> None:
         """Listen from now on (a no-op while listening); returns once subscribed."""
-        if self._task is None:
+        if self._task is None or self._task.done():
             self._ready = asyncio.Event()
             self._task = asyncio.create_task(self._run(), name=f"hub:{self._channel}")
         try:
@@ -101,7 +101,10 @@ class _Listener:
                     self._on_reconnect()
                 connected_before = True
                 async for message in pubsub.listen():
-                    self._on_notice(message["data"])
+                    try:
+                        self._on_notice(message["data"])
+                    except Exception:  # one bad notice must not stop the others
+                        log.exception("event hub: cannot dispatch a notice on %s", self._channel)
             except (RedisError, OSError):
                 log.warning("event hub lost its Redis connection (%s); reconnecting", self._channel)
                 await asyncio.sleep(0.5)

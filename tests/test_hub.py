@@ -149,3 +149,18 @@ def test_after_a_lost_connection_every_subscriber_is_told_to_resync(
     lost, lost_end, ends = asyncio.run(main())
     assert lost == lost_end == RESYNC
     assert [e["data"] for e in ends] == [{"status": "succeeded"}]
+
+
+def test_a_malformed_notice_is_skipped_and_the_hub_listens_on(
+    redis_url: str, store: JobStore
+) -> None:
+    async def main() -> list[Notice]:
+        async with _hub(redis_url, 5.0) as hub:
+            job = _put(store)
+            async with hub.subscribe(job.id, ends_only=True) as end:
+                store.r.publish(keys.ENDS_CHANNEL, f'{{"job_id":"{job.id}","type":')
+                await asyncio.to_thread(_run_to_end, store, job)
+                return await _until(end, _succeeded)
+
+    [end] = asyncio.run(main())
+    assert end["data"] == {"status": "succeeded"}
