@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -81,7 +82,7 @@ class _Listener:
 
     @property
     def listening(self) -> bool:
-        return self._task is not None
+        return self._task is not None and not self._task.done()
 
     def close(self) -> asyncio.Task[None] | None:
         """Stop listening at once (a later `open` starts afresh); returns the task ending."""
@@ -118,10 +119,16 @@ class EventHub:
         self._waiters: Subscribers = {}
         self._followers: Subscribers = {}
         self._ends = _Listener(
-            client, keys.ENDS_CHANNEL, self._dispatch_end, lambda: _resync(self._waiters)
+            client,
+            keys.ENDS_CHANNEL,
+            functools.partial(_dispatch, self._waiters),
+            functools.partial(_resync, self._waiters),
         )
         self._events = _Listener(
-            client, keys.EVENTS_CHANNEL, self._dispatch_event, lambda: _resync(self._followers)
+            client,
+            keys.EVENTS_CHANNEL,
+            functools.partial(_dispatch, self._followers),
+            functools.partial(_resync, self._followers),
         )
         self._events_linger_s = events_linger_s
         self._events_idle: asyncio.TimerHandle | None = None
@@ -136,10 +143,6 @@ class EventHub:
             if task is not None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-
-    @property
-    def subscriber_count(self) -> int:
-        return sum(len(s) for table in (self._waiters, self._followers) for s in table.values())
 
     @property
     def following(self) -> bool:
@@ -179,19 +182,14 @@ class EventHub:
         if not self._followers:
             self._events.close()
 
-    def _dispatch_end(self, raw: str) -> None:
-        queues = self._waiters.get(_job_id_of(raw))
-        if queues:
-            notice = json.loads(raw)
-            for queue in queues:
-                queue.put_nowait(notice)
 
-    def _dispatch_event(self, raw: str) -> None:
-        queues = self._followers.get(_job_id_of(raw))
-        if queues:
-            event = json.loads(raw)
-            for queue in queues:
-                queue.put_nowait(event)
+def _dispatch(table: Subscribers, raw: str) -> None:
+    """A notice to the local subscribers of its job (parsed only if it has some)."""
+    queues = table.get(_job_id_of(raw))
+    if queues:
+        notice = json.loads(raw)
+        for queue in queues:
+            queue.put_nowait(notice)
 
 
 def _resync(table: Subscribers) -> None:

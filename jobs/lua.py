@@ -18,21 +18,7 @@ local function announce(channel, stream, maxlen, job_id, etype, data, ts, ttl)
   redis.call('PUBLISH', channel, notice .. '}')
   return id, notice
 end
-
--- The job as it is now, as `,"job":{field: value...}` for an end notice on the ends
--- channel (so that a request waiting for the end needs no second read), or '' when it
--- is large.
-local function snapshot(key)
-  local flat = redis.call('HGETALL', key)
-  local fields, size = {}, 0
-  for i = 1, #flat, 2 do
-    size = size + #flat[i] + #flat[i + 1]
-    fields[flat[i]] = flat[i + 1]
-  end
-  if size > NOTICE_JOB_MAX_BYTES then return '' end
-  return ',"job":' .. cjson.encode(fields)
-end
-""".replace("NOTICE_JOB_MAX_BYTES", str(NOTICE_JOB_MAX_BYTES))
+"""
 
 SUBMIT = (
     _PUBLISH
@@ -111,15 +97,27 @@ else
 end
 if ttl then redis.call('EXPIRE', KEYS[1], ttl) end
 local id, notice = announce(ARGV[10], KEYS[2], ARGV[9], ARGV[1], 'status', ARGV[11], ARGV[4], ttl)
-if ttl then redis.call('PUBLISH', ARGV[16], notice .. snapshot(KEYS[1]) .. '}') end
+if not ttl and ARGV[15] == '' then return {'ok', id, pre_id} end
+-- The job as it is now, read once: an end publishes it on the ends channel (so that a
+-- request waiting for the end needs no second read) unless it is large, and the caller
+-- gets the fields it asked for.
+local flat = redis.call('HGETALL', KEYS[1])
+local fields, size = {}, 0
+for i = 1, #flat, 2 do
+  size = size + #flat[i] + #flat[i + 1]
+  fields[flat[i]] = flat[i + 1]
+end
+if ttl then
+  local job = ''
+  if size <= NOTICE_JOB_MAX_BYTES then job = ',"job":' .. cjson.encode(fields) end
+  redis.call('PUBLISH', ARGV[16], notice .. job .. '}')
+end
 if ARGV[15] == '' then return {'ok', id, pre_id} end
-if ARGV[15] == '*' then return {'ok', id, pre_id, unpack(redis.call('HGETALL', KEYS[1]))} end
-local names = {}
-for name in string.gmatch(ARGV[15], '[^,]+') do names[#names + 1] = name end
-local values = redis.call('HMGET', KEYS[1], unpack(names))
-for i = 1, #names do if values[i] == false then values[i] = '' end end
+if ARGV[15] == '*' then return {'ok', id, pre_id, unpack(flat)} end
+local values = {}
+for name in string.gmatch(ARGV[15], '[^,]+') do values[#values + 1] = fields[name] or '' end
 return {'ok', id, pre_id, unpack(values)}
-"""
+""".replace("NOTICE_JOB_MAX_BYTES", str(NOTICE_JOB_MAX_BYTES))
 )
 
 APPEND_EVENT = (

@@ -21,7 +21,7 @@ from jobs.models import EventType, Job
 from jobs.schemas import validation_error_field
 from jobs.schemas.base import JobInput
 from jobs.states import JobStatus
-from jobs.store import ALL_FIELDS, JobStore, Lease, Transition, transition
+from jobs.store import ALL_FIELDS, JobStore, Lease, LeaseMode, Transition, transition
 from pipelines.base import Files
 from workers.engine import Engine, Outcome
 from workers.leases import Held, LeaseKeeper
@@ -56,17 +56,9 @@ class JobRunner:
         The script that takes the lease also checks the status and returns the job as it
         is after the change: one round trip before the engine gets the request."""
         lease = self.keeper.new_lease()
+        fields = {"started_at": repr(time.time()), "worker": self.worker_name}
         started = self.store.apply(
-            Transition(
-                job_id=job_id,
-                target=JobStatus.RUNNING,
-                sources=QUEUED,
-                fields={"started_at": repr(time.time()), "worker": self.worker_name},
-                lease_mode="acquire",
-                lease=lease,
-                kind=self.kind,
-                read_back=ALL_FIELDS,
-            )
+            self._from_queue(job_id, JobStatus.RUNNING, fields, "acquire", lease)
         )
         if not started.ok:
             if started.reason == "canceled":
@@ -85,15 +77,28 @@ class JobRunner:
     def _end_canceled_in_queue(self, job_id: str) -> None:
         """A job canceled while queued whose end the API has not recorded yet (the script
         reads the job's webhook back: no read before it)."""
-        self.store.apply(
-            Transition(
-                job_id=job_id,
-                target=JobStatus.CANCELED,
-                sources=QUEUED,
-                fields={"finished_at": repr(time.time())},
-                kind=self.kind,
-                read_back=ALL_FIELDS,
-            )
+        fields = {"finished_at": repr(time.time())}
+        self.store.apply(self._from_queue(job_id, JobStatus.CANCELED, fields))
+
+    def _from_queue(
+        self,
+        job_id: str,
+        target: JobStatus,
+        fields: dict[str, str],
+        lease_mode: LeaseMode = "",
+        lease: Lease | None = None,
+    ) -> Transition:
+        """A transition of a queued job known by its id alone; the script returns the
+        whole job after it (the caller's job, and the webhook of its events)."""
+        return Transition(
+            job_id=job_id,
+            target=target,
+            sources=QUEUED,
+            fields=fields,
+            lease_mode=lease_mode,
+            lease=lease,
+            kind=self.kind,
+            read_back=ALL_FIELDS,
         )
 
     def _run_held(self, job: Job, held: Held) -> None:
