@@ -25,8 +25,9 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from jobs import keys
+from jobs.kombu_redis import priority_lists
 from jobs.metrics import RECORDED, MetricDef
-from jobs.queues import PRIORITY_VALUES, celery_list, queue_name
+from jobs.queues import queue_name
 from jobs.settings import Settings
 
 WORKER_LABELS = ("worker", "kind", "pipeline", "device", "host")
@@ -51,9 +52,9 @@ async def read_snapshot(r: aredis.Redis, settings: Settings) -> Snapshot:
     snap = Snapshot()
     pipelines = settings.enabled_pipelines
     lists = [
-        (name, config.kind, priority, celery_list(queue_name(name), value))
+        (name, config.kind, priority, key)
         for name, config in pipelines.items()
-        for priority, value in PRIORITY_VALUES.items()
+        for priority, key in priority_lists(queue_name(name)).items()
     ]
     now = time.time()
     pipe = r.pipeline(transaction=False)

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from api.files import FileService
 from api.hub import EventHub
 from jobs import keys
-from jobs.broker import task_message
+from jobs.broker import job_message
 from jobs.codec import dumps, job_from_fields
 from jobs.errors import Conflict, InputError, NotFound, QueueFull
 from jobs.models import EventType, Job, JobCreate
@@ -124,7 +124,7 @@ class JobService:
             max_queued=self.settings.queue.limit_for(body.kind),
             idempotency=(idempotency_key, digest) if idempotency_key else None,
             # Stored and queued in one script: a job never exists without its message.
-            message=None if cached is not None else task_message(self.celery, job),
+            message=None if cached is not None else job_message(self.celery, job),
         )
         if result.outcome == "dup":
             if result.body_hash != digest:

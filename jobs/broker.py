@@ -1,37 +1,22 @@
 """The Celery app on the Redis broker: one queue per pipeline, three priorities, acks late.
 
-Shared by the API and the reaper (which send tasks) and the workers (which run them).
+Shared by the API and the reaper (which queue jobs) and the workers (which run them). The
+broker's Redis layout is `jobs/kombu_redis.py`'s alone.
 """
 
 from __future__ import annotations
 
-import base64
-import json
-import os
-import socket
-import uuid
-import weakref
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 from celery import Celery
 
+from jobs import kombu_redis
+from jobs.kombu_redis import PRIORITY_VALUES, TaskMessage
 from jobs.models import Job
-from jobs.queues import (
-    PRIORITY_STEPS,
-    PRIORITY_VALUES,
-    QUEUE_SEP,
-    TASK_NAME,
-    TaskMessage,
-    celery_list,
-    celery_priority,
-    queue_name,
-)
+from jobs.queues import TASK_NAME, queue_name
 from jobs.settings import Settings
-
-REDIS_TRANSPORT = "jobs.redis_transport:Transport"
-"""kombu's Redis transport, sharing one Redis client per channel (see the module)."""
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -39,7 +24,7 @@ def make_celery(settings: Settings) -> Celery:
         raise ValueError("redis_url is not set")
     app = Celery("mmq", broker=settings.redis_url, set_as_current=False)
     if urlsplit(settings.redis_url).scheme in ("redis", "rediss"):
-        app.conf.broker_transport = REDIS_TRANSPORT
+        app.conf.broker_transport = kombu_redis.TRANSPORT
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -56,74 +41,16 @@ def make_celery(settings: Settings) -> Celery:
         task_send_sent_event=False,
         task_default_priority=PRIORITY_VALUES["normal"],
         broker_connection_retry_on_startup=True,
-        broker_transport_options={
-            "visibility_timeout": settings.queue.visibility_timeout_s,
-            "priority_steps": PRIORITY_STEPS,
-            "sep": QUEUE_SEP,
-            "queue_order_strategy": "priority",
-        },
+        broker_transport_options=kombu_redis.transport_options(settings.queue.visibility_timeout_s),
         task_routes={TASK_NAME: {"queue": queue_name("default")}},
     )
     return app
 
 
-def enqueue(app: Celery, job: Job) -> None:
-    """Send the task that runs `job` to its pipeline's queue at its priority."""
-    app.send_task(
-        TASK_NAME,
-        args=[job.id],
-        queue=queue_name(job.pipeline),
-        priority=celery_priority(job.priority),
-    )
-
-
-ORIGIN = f"gen{os.getpid()}@{socket.gethostname()}"
-
-
-_TEMPLATES: weakref.WeakKeyDictionary[Celery, tuple[dict[str, Any], dict[str, Any], list[Any]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _task_template(app: Celery) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
-    """Headers, properties and the body after the args of a run-job task, built once per
-    app by Celery (protocol 2); only the task id and the job id differ between tasks."""
-    template = _TEMPLATES.get(app)
-    if template is None:
-        task = app.amqp.as_task_v2("", TASK_NAME, args=[""], origin=ORIGIN, ignore_result=None)
-        template = _TEMPLATES[app] = (task.headers, task.properties, list(task.body[1:]))
-    return template
-
-
-def task_message(app: Celery, job: Job) -> TaskMessage:
-    """The message `enqueue` would send for `job`, built without I/O, for the API to push
-    in the same script that stores the job (one round trip; the job and its message
-    exist together or not at all). Celery builds the task (protocol 2) once per app; the
-    envelope is the one kombu's Redis transport writes in `Channel.basic_publish` (body
-    base64, a delivery tag, the anonymous exchange routed by queue name). A test holds it
-    equal to kombu's own."""
-    headers, properties, rest = _task_template(app)
-    queue = queue_name(job.pipeline)
-    priority = celery_priority(job.priority)
-    task_id = str(uuid.uuid4())
-    args = [job.id]
-    body = json.dumps([args, *rest]).encode()
-    envelope = {
-        "body": base64.b64encode(body).decode(),
-        "content-encoding": "utf-8",
-        "content-type": "application/json",
-        "headers": {**headers, "id": task_id, "root_id": task_id, "argsrepr": repr(args)},
-        "properties": {
-            **properties,
-            "correlation_id": task_id,
-            "delivery_mode": 2,
-            "delivery_info": {"exchange": "", "routing_key": queue},
-            "priority": priority,
-            "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
-        },
-    }
-    return TaskMessage(celery_list(queue, priority), json.dumps(envelope))
+def job_message(app: Celery, job: Job) -> TaskMessage:
+    """The task message that runs `job` on its pipeline's queue at its priority, for the
+    script that stores (submit) or requeues (reaper) the job to push with it."""
+    return kombu_redis.task_message(app, job.id, queue_name(job.pipeline), job.priority)
 
 
 WEBHOOK_TASK = "mmq.deliver_webhook"

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+from jobs.kombu_redis import PUSH_MESSAGE_LUA
+
 NOTICE_JOB_MAX_BYTES = 16_384
 """A job whose fields add up to more than this is not carried in its end notice."""
 
 # A status event as JSON, built inside Redis so that its stream id can go into the notice.
-# Returns the stream id and the notice without its closing brace (an end notice is
-# published again, with the job, on the ends channel).
+# `data` is JSON text already (decoding and encoding it again here would round its
+# floats: cjson keeps 14 digits). Returns the stream id and the notice without its
+# closing brace (an end notice is published again, with the job, on the ends channel).
 _PUBLISH = """
 local function announce(channel, stream, maxlen, job_id, etype, data, ts, ttl)
   local id = redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
                         'type', etype, 'data', data, 'ts', ts)
   if ttl then redis.call('EXPIRE', stream, ttl) end
-  local notice = '{"id":"' .. id .. '","job_id":"' .. job_id .. '","type":"' .. etype ..
-                 '","data":' .. data .. ',"ts":' .. ts
+  local notice = '{"id":' .. cjson.encode(id) .. ',"job_id":' .. cjson.encode(job_id) ..
+                 ',"type":' .. cjson.encode(etype) .. ',"data":' .. data .. ',"ts":' .. ts
   redis.call('PUBLISH', channel, notice .. '}')
   return id, notice
 end
@@ -22,82 +25,95 @@ end
 
 SUBMIT = (
     _PUBLISH
+    + PUSH_MESSAGE_LUA
     + """
 -- KEYS: job, owner index, queued set, idempotency key, events stream, task list, counter
--- ARGV: job_id, max_queued, score, idem_ttl, idem_value, maxlen, channel, event data, ts,
---       task message ('' for none), counter field ('' for none), the job's fields as
---       a JSON array of name, value pairs (one argument: cheaper to send than 40)
-if ARGV[5] ~= '' then
+-- ARGV[1]: JSON {job_id, max_queued, score, idem_ttl_s, idem_value ('' for none), maxlen,
+--   channel, event (JSON text), ts, message ('' for none), counter_field ('' for none),
+--   fields: the job's fields as [name, value, ...]}
+local a = cjson.decode(ARGV[1])
+if a.idem_value ~= '' then
   local prev = redis.call('GET', KEYS[4])
   if prev then return {'dup', prev} end
 end
-if redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[2]) then return {'full', ''} end
-redis.call('HSET', KEYS[1], unpack(cjson.decode(ARGV[12])))
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-redis.call('SADD', KEYS[3], ARGV[1])
-if ARGV[5] ~= '' then redis.call('SET', KEYS[4], ARGV[5], 'EX', ARGV[4]) end
-local id = announce(ARGV[7], KEYS[5], ARGV[6], ARGV[1], 'status', ARGV[8], ARGV[9], nil)
-if ARGV[10] ~= '' then redis.call('LPUSH', KEYS[6], ARGV[10]) end
-if ARGV[11] ~= '' then redis.call('HINCRBY', KEYS[7], ARGV[11], 1) end
+if redis.call('SCARD', KEYS[3]) >= a.max_queued then return {'full', ''} end
+if a.message ~= '' then push_message(KEYS[6], a.message) end
+redis.call('HSET', KEYS[1], unpack(a.fields))
+redis.call('ZADD', KEYS[2], a.score, a.job_id)
+redis.call('SADD', KEYS[3], a.job_id)
+if a.idem_value ~= '' then redis.call('SET', KEYS[4], a.idem_value, 'EX', a.idem_ttl_s) end
+local id = announce(a.channel, KEYS[5], a.maxlen, a.job_id, 'status', a.event, a.ts, nil)
+if a.counter_field ~= '' then redis.call('HINCRBY', KEYS[7], a.counter_field, 1) end
 return {'ok', id}
 """
 )
 
 TRANSITION = (
     _PUBLISH
+    + PUSH_MESSAGE_LUA
     + """
--- KEYS: job, events stream, lease, running zset, queued set
--- ARGV: job_id, sources (comma-joined), target, now, lease mode, lease token, lease ttl ms,
---       end ttl s, maxlen, channel, event data, terminal (0/1), pre-event type ('' for
---       none: an output or error event written just before the status event), pre-event
---       data, fields to read back after the change (comma-joined, '' for none, '*' for
---       all of them), ends channel, field pairs...
+-- KEYS: job, events stream, lease, running zset, queued set, task list
+-- ARGV[1]: JSON {job_id, sources: [status, ...], target, now, lease_mode, lease_token,
+--   lease_ttl_ms, end_ttl_s (0: not an end), maxlen, channel, ends_channel, event (JSON
+--   text), pre_event_type ('' for none: an output or error event written just before the
+--   status event), pre_event (JSON text), read_back: [field, ...] (['*']: all of them),
+--   fields: {name: value}, message: a task message to push on the task list ('' for none)}
+local a = cjson.decode(ARGV[1])
 local current = redis.call('HMGET', KEYS[1], 'status', 'cancel_requested')
 local status = current[1]
 if not status then return {'missing', ''} end
-if not string.find(',' .. ARGV[2] .. ',', ',' .. status .. ',', 1, true) then
-  return {'status', status}
+local allowed = false
+for _, source in ipairs(a.sources) do
+  if source == status then allowed = true end
 end
-local mode = ARGV[5]
+if not allowed then return {'status', status} end
+local mode = a.lease_mode
 if mode == 'check' then
-  if redis.call('GET', KEYS[3]) ~= ARGV[6] then return {'lease', status} end
+  if redis.call('GET', KEYS[3]) ~= a.lease_token then return {'lease', status} end
 elseif mode == 'absent' then
   if redis.call('EXISTS', KEYS[3]) == 1 then return {'lease', status} end
 elseif mode == 'acquire' then
-  if current[2] == '1' then
-    return {'canceled', status}
-  end
-  if not redis.call('SET', KEYS[3], ARGV[6], 'NX', 'PX', ARGV[7]) then
+  if current[2] == '1' then return {'canceled', status} end
+  if not redis.call('SET', KEYS[3], a.lease_token, 'NX', 'PX', a.lease_ttl_ms) then
     return {'lease', status}
   end
   redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 end
-local target = ARGV[3]
-redis.call('HSET', KEYS[1], 'status', target, unpack(ARGV, 17))
+-- The first write of a requeue: should it fail, the job is left as it was.
+if a.message ~= '' then push_message(KEYS[6], a.message) end
+local target = a.target
+local pairs_ = {'status', target}
+for name, value in pairs(a.fields) do
+  pairs_[#pairs_ + 1] = name
+  pairs_[#pairs_ + 1] = value
+end
+redis.call('HSET', KEYS[1], unpack(pairs_))
 local ttl = nil
 local pre_id = ''
-if ARGV[12] == '1' then ttl = ARGV[8] end
-if ARGV[13] ~= '' then
-  if ARGV[13] == 'output' then
+if a.end_ttl_s > 0 then ttl = a.end_ttl_s end
+if a.pre_event_type ~= '' then
+  if a.pre_event_type == 'output' then
     local cur = redis.call('HGET', KEYS[1], 'first_output_at')
-    if not cur or cur == '' then redis.call('HSET', KEYS[1], 'first_output_at', ARGV[4]) end
+    if not cur or cur == '' then redis.call('HSET', KEYS[1], 'first_output_at', a.now) end
   end
-  pre_id = announce(ARGV[10], KEYS[2], ARGV[9], ARGV[1], ARGV[13], ARGV[14], ARGV[4], nil)
+  pre_id = announce(a.channel, KEYS[2], a.maxlen, a.job_id, a.pre_event_type, a.pre_event,
+                    a.now, nil)
 end
 if target == 'queued' then
-  redis.call('SADD', KEYS[5], ARGV[1])
-  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('SADD', KEYS[5], a.job_id)
+  redis.call('ZREM', KEYS[4], a.job_id)
 elseif target == 'running' then
-  redis.call('SREM', KEYS[5], ARGV[1])
-  redis.call('ZADD', KEYS[4], tonumber(ARGV[4]) + tonumber(ARGV[7]) / 1000, ARGV[1])
+  redis.call('SREM', KEYS[5], a.job_id)
+  redis.call('ZADD', KEYS[4], tonumber(a.now) + a.lease_ttl_ms / 1000, a.job_id)
 else
-  redis.call('SREM', KEYS[5], ARGV[1])
-  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('SREM', KEYS[5], a.job_id)
+  redis.call('ZREM', KEYS[4], a.job_id)
   if mode == 'check' then redis.call('DEL', KEYS[3]) end
 end
 if ttl then redis.call('EXPIRE', KEYS[1], ttl) end
-local id, notice = announce(ARGV[10], KEYS[2], ARGV[9], ARGV[1], 'status', ARGV[11], ARGV[4], ttl)
-if not ttl and ARGV[15] == '' then return {'ok', id, pre_id} end
+local id, notice = announce(a.channel, KEYS[2], a.maxlen, a.job_id, 'status', a.event, a.now,
+                            ttl)
+if not ttl and #a.read_back == 0 then return {'ok', id, pre_id} end
 -- The job as it is now, read once: an end publishes it on the ends channel (so that a
 -- request waiting for the end needs no second read) unless it is large, and the caller
 -- gets the fields it asked for.
@@ -110,14 +126,25 @@ end
 if ttl then
   local job = ''
   if size <= NOTICE_JOB_MAX_BYTES then job = ',"job":' .. cjson.encode(fields) end
-  redis.call('PUBLISH', ARGV[16], notice .. job .. '}')
+  redis.call('PUBLISH', a.ends_channel, notice .. job .. '}')
 end
-if ARGV[15] == '' then return {'ok', id, pre_id} end
-if ARGV[15] == '*' then return {'ok', id, pre_id, unpack(flat)} end
+if #a.read_back == 0 then return {'ok', id, pre_id} end
+if a.read_back[1] == '*' then return {'ok', id, pre_id, unpack(flat)} end
 local values = {}
-for name in string.gmatch(ARGV[15], '[^,]+') do values[#values + 1] = fields[name] or '' end
+for _, name in ipairs(a.read_back) do values[#values + 1] = fields[name] or '' end
 return {'ok', id, pre_id, unpack(values)}
 """.replace("NOTICE_JOB_MAX_BYTES", str(NOTICE_JOB_MAX_BYTES))
+)
+
+RESEND = (
+    PUSH_MESSAGE_LUA
+    + """
+-- KEYS: job, task list; ARGV: the job's task message
+-- Push the message of a job that is still queued (one whose message went missing).
+if redis.call('HGET', KEYS[1], 'status') ~= 'queued' then return 0 end
+push_message(KEYS[2], ARGV[1])
+return 1
+"""
 )
 
 APPEND_EVENT = (

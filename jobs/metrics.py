@@ -77,9 +77,16 @@ BATCH_SECONDS = MetricDef(
     "mmq_batch_duration_seconds", "Time a pipeline took to run one batch.", ("pipeline",), SECONDS
 )
 
+MESSAGES_RESENT = MetricDef(
+    "mmq_messages_resent",
+    "Task messages the reaper sent again for queued jobs: `stranded` (taken by a worker "
+    "that died before starting the job) or `missing` (none anywhere).",
+    ("reason",),
+)
+
 RECORDED = (
     JOBS_SUBMITTED, JOBS_FINISHED, QUEUE_WAIT, FIRST_OUTPUT, TPOT, END_TO_END, BATCH_SIZE,
-    BATCH_SECONDS,
+    BATCH_SECONDS, MESSAGES_RESENT,
 )  # fmt: skip
 """Every metric kept in Redis (the API adds gauges it reads at scrape time)."""
 

@@ -18,8 +18,8 @@ import redis.asyncio as aredis
 
 from jobs import keys, lua
 from jobs.codec import dumps, event_from_entry, flat_pairs, job_from_fields, job_to_fields
+from jobs.kombu_redis import TaskMessage
 from jobs.models import Event, EventType, Job, WebhookSpec
-from jobs.queues import TaskMessage
 from jobs.settings import Settings
 from jobs.states import JobStatus, allowed_sources, check_transition
 from jobs.webhooks import wants
@@ -78,6 +78,8 @@ class Transition:
     read_back: tuple[str, ...] = ()
     """Fields the script returns after a successful change (no second read); `ALL_FIELDS`
     for the whole job."""
+    message: TaskMessage | None = None
+    """A requeue's task message, pushed by the same script (a queued job always has one)."""
 
     def webhook_after(self, result: TransitionResult) -> WebhookSpec | None:
         """The job's webhook: as given, else as read back with `ALL_FIELDS`."""
@@ -97,36 +99,37 @@ class Transition:
         return events
 
     def script_args(self, settings: Settings, now: float) -> tuple[list[str], list[str]]:
+        """The transition script's keys and its one argument."""
         for source in self.sources:
             check_transition(source, self.target)
-        data = {"status": str(self.target), **self.event_data}
         key_list = [
             keys.job(self.job_id),
             keys.job_events(self.job_id),
             keys.lease(self.job_id),
             keys.RUNNING,
             keys.queued(self.kind),
+            self.message.list_key if self.message else keys.job(self.job_id) + ":unused",
         ]
-        args = [
-            self.job_id,
-            ",".join(sorted(self.sources)),
-            str(self.target),
-            repr(now),
-            self.lease_mode,
-            self.lease.token if self.lease else "",
-            str(self.lease.ttl_ms if self.lease else 0),
-            str(settings.job_ttl_s),
-            str(settings.events_maxlen),
-            keys.EVENTS_CHANNEL,
-            dumps(data),
-            "1" if self.target.terminal else "0",
-            str(self.pre_event[0]) if self.pre_event else "",
-            dumps(self.pre_event[1]) if self.pre_event else "",
-            ",".join(self.read_back),
-            keys.ENDS_CHANNEL,
-            *flat_pairs(self.fields),
-        ]
-        return key_list, args
+        change = {
+            "job_id": self.job_id,
+            "sources": sorted(self.sources),
+            "target": str(self.target),
+            "now": repr(now),
+            "lease_mode": self.lease_mode,
+            "lease_token": self.lease.token if self.lease else "",
+            "lease_ttl_ms": self.lease.ttl_ms if self.lease else 0,
+            "end_ttl_s": settings.job_ttl_s if self.target.terminal else 0,
+            "maxlen": settings.events_maxlen,
+            "channel": keys.EVENTS_CHANNEL,
+            "ends_channel": keys.ENDS_CHANNEL,
+            "event": dumps({"status": str(self.target), **self.event_data}),
+            "pre_event_type": str(self.pre_event[0]) if self.pre_event else "",
+            "pre_event": dumps(self.pre_event[1]) if self.pre_event else "",
+            "read_back": list(self.read_back),
+            "fields": self.fields,
+            "message": self.message.envelope if self.message else "",
+        }
+        return key_list, [dumps(change)]
 
 
 def transition(
@@ -139,6 +142,7 @@ def transition(
     lease: Lease | None = None,
     sources: frozenset[JobStatus] | None = None,
     pre_event: tuple[EventType, dict[str, Any]] | None = None,
+    message: TaskMessage | None = None,
 ) -> Transition:
     """A transition of `job` to `target` from any status the table allows (or `sources`)."""
     return Transition(
@@ -152,6 +156,7 @@ def transition(
         kind=job.kind,
         pre_event=pre_event,
         webhook=job.webhook,
+        message=message,
     )
 
 
@@ -207,6 +212,7 @@ class JobStore:
         self._append = client.register_script(lua.APPEND_EVENT)
         self._renew = client.register_script(lua.RENEW_LEASE)
         self._give_back = client.register_script(lua.GIVE_BACK_LEASE)
+        self._resend = client.register_script(lua.RESEND)
 
     @classmethod
     def connect(cls, settings: Settings, on_event: EventListener | None = None) -> Self:
@@ -263,6 +269,11 @@ class JobStore:
         args = [lease.token, job_id]
         return bool(self._give_back(keys=[keys.lease(job_id), keys.RUNNING], args=args))
 
+    def resend(self, job_id: str, message: TaskMessage) -> bool:
+        """Push `message` if the job is still queued (its own went missing)."""
+        key_list = [keys.job(job_id), message.list_key]
+        return bool(self._resend(keys=key_list, args=[message.envelope]))
+
     def expired_running(self, now: float, limit: int = 100) -> list[str]:
         return list(self.r.zrangebyscore(keys.RUNNING, "-inf", now, start=0, num=limit))
 
@@ -313,20 +324,21 @@ class AsyncJobStore:
             message.list_key if message else unused,
             counter[0] if counter else unused,
         ]
-        args = [
-            job.id,
-            str(max_queued),
-            repr(job.created_at),
-            str(self.settings.idempotency_ttl_s),
-            f"{job.id}|{body_hash}" if idem_key else "",
-            str(self.settings.events_maxlen),
-            keys.EVENTS_CHANNEL,
-            dumps({"status": "queued"}),
-            repr(job.created_at),
-            message.envelope if message else "",
-            counter[1] if counter else "",
-            dumps(flat_pairs(job_to_fields(job))),
-        ]
+        submit = {
+            "job_id": job.id,
+            "max_queued": max_queued,
+            "score": repr(job.created_at),
+            "idem_ttl_s": self.settings.idempotency_ttl_s,
+            "idem_value": f"{job.id}|{body_hash}" if idem_key else "",
+            "maxlen": self.settings.events_maxlen,
+            "channel": keys.EVENTS_CHANNEL,
+            "event": dumps({"status": "queued"}),
+            "ts": repr(job.created_at),
+            "message": message.envelope if message else "",
+            "counter_field": counter[1] if counter else "",
+            "fields": flat_pairs(job_to_fields(job)),
+        }
+        args = [dumps(submit)]
         outcome, value = await self._submit(keys=key_list, args=args)
         if outcome == "ok" and job.webhook is not None and self.on_event is not None:
             queued = _event(value, job.id, "status", {"status": "queued"}, job.created_at)
@@ -381,6 +393,3 @@ class AsyncJobStore:
 
     async def events(self, job_id: str, after: str | None = None) -> list[Event]:
         return _events_from(job_id, await self.r.xrange(keys.job_events(job_id), _after(after)))
-
-    async def queued_count(self, kind: str) -> int:
-        return int(await self.r.scard(keys.queued(kind)))

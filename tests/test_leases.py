@@ -11,9 +11,13 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from celery import Celery
 
 from jobs import keys
-from jobs.broker import enqueue, make_celery
+from jobs.broker import make_celery
+from jobs.kombu_redis import UNACKED
+from jobs.models import Job
+from jobs.queues import TASK_NAME, queue_name
 from jobs.settings import load_settings
 from jobs.store import JobStore
 from tests.conftest import Api, new_owner
@@ -101,6 +105,11 @@ def test_sigkilled_worker_jobs_run_again_elsewhere_exactly_once(
     survivor.stop()
 
 
+def redeliver(app: Celery, job: Job) -> None:
+    """Send the job's task again, as Celery redelivers one."""
+    app.send_task(TASK_NAME, args=[job.id], queue=queue_name(job.pipeline))
+
+
 def test_redelivered_task_for_ended_or_held_job_is_dropped(
     dep: Deployment, owner: Api, rclient: redis.Redis
 ) -> None:
@@ -113,13 +122,13 @@ def test_redelivered_task_for_ended_or_held_job_is_dropped(
     assert job is not None
     events_before = len(rclient.xrange(keys.job_events(job.id)))
     celery = make_celery(settings)
-    enqueue(celery, job)
+    redeliver(celery, job)
 
     held = owner.submit("echo", text="held", sleep_ms=3000, group="held")
     wait_until(lambda: owner.get(held["id"])["status"] == "running", worker)
     held_job = store.get(held["id"])
     assert held_job is not None
-    enqueue(celery, held_job)
+    redeliver(celery, held_job)
 
     expected = [f"job {job.id}: dropped:succeeded", f"job {held_job.id}: dropped:running"]
     wait_until(lambda: all(line in worker.log() for line in expected), worker, timeout_s=10)
@@ -153,7 +162,7 @@ def test_a_message_taken_by_a_worker_that_died_before_the_job_started_is_requeue
         timeout=60, check=False,
     )  # fmt: skip
     assert taker.stdout.strip() == "took", taker.stderr
-    assert rclient.hlen("unacked") >= 1 and owner.get(job["id"])["status"] == "queued"
+    assert rclient.hlen(UNACKED) >= 1 and owner.get(job["id"])["status"] == "queued"
     worker = dep.start_worker("sleep")
     ended = owner.wait(job["id"], timeout_s=30)
     assert ended["status"] == "succeeded" and ended["attempts"] == 1

@@ -1,12 +1,12 @@
 """The reaper: gives the jobs of dead workers to live ones.
 
-A running job whose lease expired (its worker died or hung) goes back to `queued` and is
-enqueued again, within about `lease.ttl_s + lease.reaper_interval_s`. Past
-`lease.max_attempts` runs it ends `failed` with the reason instead of looping.
-It forgets the liveness entries of workers silent for `DEAD_WORKER_BEATS` heartbeats
-(a killed worker never says goodbye), and puts back the task messages that a worker took
-and died with before starting their job (`workers/stranded.py`). Several reapers may run
-at once: each change is a guarded atomic transition.
+A running job whose lease expired (its worker died or hung) goes back to `queued`, with
+its new task message pushed by the same script, within about `lease.ttl_s +
+lease.reaper_interval_s`. Past `lease.max_attempts` runs it ends `failed` with the reason
+instead of looping. It forgets the liveness entries of workers silent for
+`DEAD_WORKER_BEATS` heartbeats (a killed worker never says goodbye), and gives a task
+message back to queued jobs that lack one (`workers/stranded.py`). Several reapers may
+run at once: each change is a guarded atomic script.
 """
 
 from __future__ import annotations
@@ -19,25 +19,29 @@ import redis
 from celery import Celery
 
 from jobs import keys
-from jobs.broker import enqueue
+from jobs.broker import job_message
 from jobs.codec import dumps
-from jobs.models import EventType
+from jobs.metered import MeteredJobStore
+from jobs.models import EventType, Job
 from jobs.settings import Settings
 from jobs.states import JobStatus
-from jobs.store import JobStore, transition
-from workers.stranded import restore_stranded
+from jobs.store import Transition, transition
+from workers.stranded import resend_missing, restore_stranded
 
 log = logging.getLogger(__name__)
 
 RUNNING = frozenset({JobStatus.RUNNING})
 DEAD_WORKER_BEATS = 60
+MISSING_SWEEP_EVERY = 10
+"""Sweeps between two looks for queued jobs without a message (it reads every queue)."""
 
 
 class Reaper:
-    def __init__(self, store: JobStore, settings: Settings, app: Celery) -> None:
+    def __init__(self, store: MeteredJobStore, settings: Settings, app: Celery) -> None:
         self.store = store
         self.settings = settings
         self.app = app
+        self._sweeps = 0
 
     def sweep(self) -> int:
         """Requeue or fail every running job whose lease has expired; returns how many."""
@@ -47,44 +51,57 @@ class Reaper:
             if job is None or job.status is not JobStatus.RUNNING:
                 self.store.r.zrem(keys.RUNNING, job_id)
                 continue
-            if job.attempts >= self.settings.lease.max_attempts:
-                error = {
-                    "type": "worker_lost",
-                    "message": f"the worker running this job was lost {job.attempts} times "
-                    f"(max_attempts={self.settings.lease.max_attempts})",
-                }
-                change = transition(
-                    job,
-                    JobStatus.FAILED,
-                    sources=RUNNING,
-                    lease_mode="absent",
-                    fields={"error": dumps(error), "finished_at": repr(time.time())},
-                    event_data={"error": error},
-                    pre_event=(EventType.ERROR, error),
-                )
-            else:
-                change = transition(
-                    job,
-                    JobStatus.QUEUED,
-                    sources=RUNNING,
-                    lease_mode="absent",
-                    fields={
-                        "queued_at": repr(time.time()),
-                        "started_at": "",
-                        "first_output_at": "",
-                    },
-                    event_data={"reason": "worker_lost", "attempts": job.attempts},
-                )
-            result = self.store.apply(change)
-            if not result.ok:
+            change = self._take_back(job)
+            try:
+                if not self.store.apply(change).ok:
+                    continue
+            except redis.ResponseError:  # this job's script failed: nothing of it changed
+                log.exception("job %s: could not take it back; trying again next sweep", job_id)
                 continue
             handled += 1
             if change.target is JobStatus.QUEUED:
                 log.warning("job %s: worker lost, queued again (attempt %d)", job_id, job.attempts)
-                enqueue(self.app, job)
             else:
                 log.error("job %s: failed after %d lost workers", job_id, job.attempts)
         return handled
+
+    def _take_back(self, job: Job) -> Transition:
+        """The change for a running job whose worker was lost: queued again with its
+        message, or failed once it has used its attempts."""
+        if job.attempts >= self.settings.lease.max_attempts:
+            error = {
+                "type": "worker_lost",
+                "message": f"the worker running this job was lost {job.attempts} times "
+                f"(max_attempts={self.settings.lease.max_attempts})",
+            }
+            return transition(
+                job,
+                JobStatus.FAILED,
+                sources=RUNNING,
+                lease_mode="absent",
+                fields={"error": dumps(error), "finished_at": repr(time.time())},
+                event_data={"error": error},
+                pre_event=(EventType.ERROR, error),
+            )
+        return transition(
+            job,
+            JobStatus.QUEUED,
+            sources=RUNNING,
+            lease_mode="absent",
+            fields={"queued_at": repr(time.time()), "started_at": "", "first_output_at": ""},
+            event_data={"reason": "worker_lost", "attempts": job.attempts},
+            message=job_message(self.app, job),
+        )
+
+    def resend(self) -> int:
+        """Give a task message back to queued jobs that lack one; returns how many. Looks
+        for missing ones every `MISSING_SWEEP_EVERY` calls."""
+        grace_s = self.settings.lease.ttl_s
+        sent = restore_stranded(self.app, self.store, grace_s)
+        if self._sweeps % MISSING_SWEEP_EVERY == 0:
+            sent += resend_missing(self.app, self.store, grace_s)
+        self._sweeps += 1
+        return sent
 
     def forget_dead_workers(self) -> int:
         """Drop the liveness entries of long-silent workers; returns how many."""
@@ -95,7 +112,7 @@ class Reaper:
         while not stop.wait(self.settings.lease.reaper_interval_s):
             try:
                 self.sweep()
-                restore_stranded(self.app, self.store, grace_s=self.settings.lease.ttl_s)
+                self.resend()
                 self.forget_dead_workers()
             except (redis.RedisError, OSError):
                 log.exception("reaper sweep failed")

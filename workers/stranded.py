@@ -1,67 +1,92 @@
-"""Task messages stranded with a dead worker before it started their job.
+"""Queued jobs without a runnable task message, and the sweeps that give them one.
 
-Celery's Redis transport keeps every delivered, unacknowledged message in its `unacked`
-hash until the worker acks it; a worker that dies between taking a message and starting
-the job (the job is still `queued`, so no lease exists for the reaper to see) leaves the
-message there until `visibility_timeout` (hours). This sweep puts such messages back in
-their queue once they are older than `grace_s` and their job is not running: a live
-worker starts a job within milliseconds of taking its message, and a duplicate message
-is harmless (a task for a job that is not queued is dropped without running).
+A queued job is run by its task message. Two ways it can sit without one:
+
+- **stranded**: a worker took the message and died before starting the job (so no lease
+  exists for the lease sweep to see). kombu keeps a delivered, unacknowledged message in
+  its `unacked` record until `visibility_timeout` (hours); `restore_stranded` puts back a
+  run-job message older than `grace_s` whose job is not running (a live worker starts a
+  job within milliseconds of taking its message).
+- **missing**: no message anywhere (older data, a manual edit, a Redis that lost a write):
+  `resend_missing` sends a new one for a job queued longer than `grace_s` whose message is
+  neither waiting in its queue nor unacknowledged.
+
+A duplicate message is harmless either way: a task for a job that is not queued, or
+whose lease a live worker holds, is dropped without running.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import time
-from typing import Any
 
 from celery import Celery
 
+from jobs import keys
+from jobs.broker import job_message
+from jobs.kombu_redis import Unacked, queued_job_ids
+from jobs.metered import MeteredJobStore
+from jobs.metrics import MESSAGES_RESENT, Sample
+from jobs.queues import queue_name
 from jobs.states import JobStatus
-from jobs.store import JobStore
 
 log = logging.getLogger(__name__)
 
 BATCH = 100
 
 
-def job_id_of(payload: dict[str, Any]) -> str | None:
-    """The job id argument of a Celery task message (protocol 2), None if not one."""
-    try:
-        body = payload["body"]
-        if payload.get("properties", {}).get("body_encoding") == "base64":
-            body = base64.b64decode(body)
-        args = json.loads(body)[0]
-        return str(args[0]) if args else None
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None
-
-
-def restore_stranded(app: Celery, store: JobStore, grace_s: float) -> int:
-    """Requeue unacked messages older than `grace_s` whose job is not running; returns
-    how many were put back."""
+def restore_stranded(app: Celery, store: MeteredJobStore, grace_s: float) -> int:
+    """Requeue unacked run-job messages older than `grace_s` whose job is not running;
+    returns how many were put back."""
+    unacked = Unacked(app)
     restored = 0
-    with app.pool.acquire(block=True) as conn:
-        channel = conn.default_channel
-        qos = channel.qos
-        client = channel.client
-        ceil = time.time() - grace_s
-        tags = client.zrangebyscore(qos.unacked_index_key, "-inf", ceil, start=0, num=BATCH)
-        for raw_tag in tags:
-            tag = raw_tag.decode() if isinstance(raw_tag, bytes) else str(raw_tag)
-            raw = client.hget(qos.unacked_key, tag)
-            if raw is None:
-                continue
-            payload = json.loads(raw)[0]
-            job_id = job_id_of(payload)
-            job = store.get(job_id) if job_id else None
-            if job is not None and job.status is JobStatus.RUNNING:
-                continue  # a live worker holds it (or the lease sweep will take it back)
-            qos.restore_by_tag(tag, client)
-            restored += 1
-            log.warning(
-                "job %s: its task message was stranded with a dead worker; requeued", job_id
-            )
+    for tag, job_id in unacked.older_than(time.time() - grace_s, BATCH):
+        if job_id is None:
+            continue  # not a run-job message (webhook deliveries wait on their ETA)
+        job = store.get(job_id)
+        if job is not None and job.status is JobStatus.RUNNING:
+            continue  # a live worker holds it (or the lease sweep will take it back)
+        unacked.restore(tag)
+        restored += 1
+        log.warning("job %s: its task message was stranded with a dead worker; requeued", job_id)
+    store.tally.add(_resent("stranded", restored))
     return restored
+
+
+def resend_missing(app: Celery, store: MeteredJobStore, grace_s: float) -> int:
+    """Send a new task message for each job queued longer than `grace_s` that has none;
+    returns how many were sent."""
+    queued = _queued_since(store, time.time() - grace_s)
+    if not queued:
+        return 0
+    jobs = [job for job in map(store.get, queued) if job and job.status is JobStatus.QUEUED]
+    # Waiting lists first, then unacked: the way a message moves when a worker takes it.
+    have: set[str] = set()
+    for pipeline in {job.pipeline for job in jobs}:
+        have |= queued_job_ids(store.r, queue_name(pipeline))
+    have |= Unacked(app).job_ids()
+    sent = 0
+    for job in jobs:
+        if job.id not in have and store.resend(job.id, job_message(app, job)):
+            sent += 1
+            log.warning("job %s: queued without a task message; sent it again", job.id)
+    store.tally.add(_resent("missing", sent))
+    return sent
+
+
+def _queued_since(store: MeteredJobStore, before: float) -> list[str]:
+    """Queued job ids (every kind) whose last queueing was before `before`."""
+    ids = [
+        job_id
+        for key in store.r.scan_iter(match=keys.queued("*"), count=BATCH)
+        for job_id in store.r.smembers(key)
+    ]
+    pipe = store.r.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hget(keys.job(job_id), "queued_at")
+    stamps = pipe.execute()
+    return [j for j, at in zip(ids, stamps, strict=True) if at and float(at) < before]
+
+
+def _resent(reason: str, count: int) -> list[Sample]:
+    return [(MESSAGES_RESENT, (reason,), count)] if count else []

@@ -1,0 +1,225 @@
+"""Everything mmq knows of kombu's Redis layout, in one module (nothing else names a key
+or a field of it).
+
+Celery's Redis broker is kombu's Redis transport. mmq reads and writes its data directly
+where going through Celery would cost atomicity or a round trip:
+
+- the submit and requeue scripts push a job's task message themselves, in the script
+  that stores or requeues the job, so a queued job never lacks its message
+  (`task_message`, `PUSH_MESSAGE_LUA`);
+- `/metrics` reads each queue's depth, and the reaper finds queued jobs whose message is
+  missing (`priority_lists`, `queued_job_ids`);
+- the reaper puts back messages left in `unacked` by a worker that died before starting
+  their job (`Unacked`);
+- workers and the API use `Transport`, kombu's transport with one Redis client per
+  channel.
+
+The layout, as kombu 5.6 and 5.7 write it (`kombu/transport/redis.py`), pinned by
+`KOMBU_VERSIONS` here and in pyproject.toml, and held to kombu's own by
+`tests/test_kombu_redis.py`:
+
+- a queue is one list per priority step: the bare queue name for step 0, then
+  `queue:3`, `queue:6`, `queue:9` (`sep`); producers LPUSH, consumers BRPOP, so the
+  right end is the oldest message;
+- a message is a JSON envelope: the body (base64), its encoding and content type, the
+  task's headers, and properties with a delivery tag, the routing and the priority;
+- a delivered message that is not acknowledged yet is kept in the hash `unacked` (tag ->
+  JSON `[envelope, exchange, routing key]`) and the sorted set `unacked_index` (tag ->
+  time of delivery).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import uuid
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+
+import redis
+from celery import Celery
+from kombu.transport import redis as kombu_redis
+
+from jobs.queues import TASK_NAME
+
+KOMBU_VERSIONS = (">=5.6", "<5.8")
+"""The kombu releases whose Redis layout this module matches (pyproject pins the same)."""
+
+TRANSPORT = "jobs.kombu_redis:Transport"
+"""`broker_transport` for redis:// and rediss:// brokers (see `Transport`)."""
+
+PRIORITY_VALUES: dict[str, int] = {"high": 0, "normal": 3, "low": 6}
+"""mmq's priorities as kombu priority steps: lower numbers are served first."""
+PRIORITY_STEPS = [0, 3, 6, 9]
+QUEUE_SEP = ":"
+"""Between a queue's name and a priority step in the names of its lists."""
+UNACKED = "unacked"
+UNACKED_INDEX = "unacked_index"
+
+PUSH_MESSAGE_LUA = """
+local function push_message(list, envelope)
+  redis.call('LPUSH', list, envelope)
+end
+"""
+"""Lua: what kombu's producer does with a message (scripts that queue a job call it)."""
+
+
+def transport_options(visibility_timeout_s: float) -> dict[str, Any]:
+    """Celery's `broker_transport_options` for this layout."""
+    return {
+        "visibility_timeout": visibility_timeout_s,
+        "priority_steps": PRIORITY_STEPS,
+        "sep": QUEUE_SEP,
+        "queue_order_strategy": "priority",
+    }
+
+
+class TaskMessage(NamedTuple):
+    """A task message as kombu's Redis transport stores it: its list and its envelope."""
+
+    list_key: str
+    envelope: str
+
+
+def priority_list(queue: str, step: int) -> str:
+    """The list that holds a queue's messages of one priority step."""
+    return f"{queue}{QUEUE_SEP}{step}" if step else queue
+
+
+def priority_lists(queue: str) -> dict[str, str]:
+    """mmq priority -> the list of `queue` that holds it."""
+    return {name: priority_list(queue, step) for name, step in PRIORITY_VALUES.items()}
+
+
+ORIGIN = f"gen{os.getpid()}@{socket.gethostname()}"
+
+_TEMPLATES: weakref.WeakKeyDictionary[Celery, tuple[dict[str, Any], dict[str, Any], list[Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _task_template(app: Celery) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+    """Headers, properties and the body after the args of a run-job task, built once per
+    app by Celery (protocol 2); only the task id and the job id differ between tasks."""
+    template = _TEMPLATES.get(app)
+    if template is None:
+        task = app.amqp.as_task_v2("", TASK_NAME, args=[""], origin=ORIGIN, ignore_result=None)
+        template = _TEMPLATES[app] = (task.headers, task.properties, list(task.body[1:]))
+    return template
+
+
+def task_message(app: Celery, job_id: str, queue: str, priority: str) -> TaskMessage:
+    """The message that runs `job_id` from `queue` at mmq `priority`, as Celery's
+    `send_task` would send it, built without I/O for a script to push with the job."""
+    headers, properties, rest = _task_template(app)
+    step = PRIORITY_VALUES[priority]
+    task_id = str(uuid.uuid4())
+    args = [job_id]
+    body = json.dumps([args, *rest]).encode()
+    envelope = {
+        "body": base64.b64encode(body).decode(),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {**headers, "id": task_id, "root_id": task_id, "argsrepr": repr(args)},
+        "properties": {
+            **properties,
+            "correlation_id": task_id,
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": step,
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+        },
+    }
+    return TaskMessage(priority_list(queue, step), json.dumps(envelope))
+
+
+def job_id_of(envelope: dict[str, Any]) -> str | None:
+    """The job id argument of a run-job task message; None for any other message."""
+    try:
+        if envelope["headers"].get("task") != TASK_NAME:
+            return None
+        body = envelope["body"]
+        if envelope.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+        return str(args[0]) if args else None
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+        return None
+
+
+def queued_job_ids(client: redis.Redis, queue: str) -> set[str]:
+    """The job ids of every message waiting in `queue` (all priorities)."""
+    pipe = client.pipeline(transaction=False)
+    for key in priority_lists(queue).values():
+        pipe.lrange(key, 0, -1)
+    found: set[str] = set()
+    for raws in pipe.execute():
+        found.update(j for j in (job_id_of(json.loads(raw)) for raw in raws) if j)
+    return found
+
+
+class Unacked:
+    """kombu's record of delivered, unacknowledged messages, through a channel of `app`."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    @contextmanager
+    def _channel(self) -> Iterator[Any]:
+        with self.app.pool.acquire(block=True) as conn:
+            yield conn.default_channel
+
+    def job_ids(self) -> set[str]:
+        """The job ids of every unacknowledged message."""
+        with self._channel() as channel:
+            raws = channel.client.hvals(UNACKED)
+        return {j for j in (job_id_of(json.loads(raw)[0]) for raw in raws) if j}
+
+    def older_than(self, before: float, limit: int) -> list[tuple[str, str | None]]:
+        """(delivery tag, job id) of messages delivered before `before`, oldest first."""
+        found: list[tuple[str, str | None]] = []
+        with self._channel() as channel:
+            client = channel.client
+            for raw_tag in client.zrangebyscore(UNACKED_INDEX, "-inf", before, 0, limit):
+                tag = raw_tag.decode() if isinstance(raw_tag, bytes) else str(raw_tag)
+                raw = client.hget(UNACKED, tag)
+                if raw is not None:
+                    found.append((tag, job_id_of(json.loads(raw)[0])))
+        return found
+
+    def restore(self, tag: str) -> None:
+        """Put the message back at the head of its queue (kombu's own restore)."""
+        with self._channel() as channel:
+            channel.qos.restore_by_tag(tag, channel.client)
+
+
+class Channel(kombu_redis.Channel):  # type: ignore[misc]
+    """kombu's channel, sharing one Redis client instead of building one per command.
+
+    kombu's `Channel.conn_or_acquire` builds a new `redis.Redis` for each synchronous use,
+    and the acks-late path uses it twice per task: to note the delivered message in
+    `unacked` (before the task runs) and to remove it (the ack). Building a client fills
+    its table of ~170 response callbacks, ~90 us here: over a quarter of a worker's CPU
+    per no-op job, on the consumer thread that every task passes through. A client is
+    safe to share between threads (each command takes a connection from the pool)."""
+
+    _shared_client: Any = None
+
+    @contextmanager
+    def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
+        if client:
+            yield client
+            return
+        shared = self._shared_client
+        if shared is None or shared.connection_pool is not self.pool:
+            shared = self._shared_client = self._create_client()
+        yield shared
+
+
+class Transport(kombu_redis.Transport):  # type: ignore[misc]
+    Channel = Channel
