@@ -42,6 +42,7 @@ from rich.table import Table
 
 from bench.common import percentile_ms, run_level
 from bench.overhead import check_alive, jsonable
+from jobs.states import ends_job
 from mmq.sse import aparse_lines
 from workers.launcher import ProcSpec, Supervisor, mmq_command
 from workers.redis_server import RedisServer, free_port
@@ -50,7 +51,6 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path("bench/results/asr.json")
 THROUGHPUT_GOAL = 1.3
 FIRST_SHARE_GOAL = 0.3
-TERMINAL = frozenset({"succeeded", "failed", "canceled"})
 MODES: dict[str, dict[str, Any]] = {
     "alone": {"max_batch": 1, "runners": 1, "options": {}},
     "batched": {"max_batch": 8, "runners": 1, "max_wait_ms": 50, "options": {}},
@@ -142,7 +142,7 @@ async def transcribe(client: httpx.AsyncClient, key: str, pipeline: str) -> Samp
                 sample.first_s = time.perf_counter() - start
             elif etype == "output":
                 sample.text = data["text"]
-            elif etype == "status" and data["status"] in TERMINAL:
+            elif ends_job(etype, data):
                 if data["status"] != "succeeded":
                     sample.error = f"{data['status']}: {data.get('error')}"[:200]
                 break

@@ -14,7 +14,6 @@ from typing import Any, Literal, TypeVar
 from pydantic import (
     BaseModel,
     Field,
-    PrivateAttr,
     SecretStr,
     field_validator,
     model_validator,
@@ -218,19 +217,10 @@ class PipelineConfig(BaseModel):
     model's files (parameters x dtype x 1.2)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Pipeline-specific options."""
-    _parsed: dict[tuple[type, int], tuple[dict[str, Any], Any]] = PrivateAttr(default_factory=dict)
-    """Parsed options by (model, id of the options dict); copies share it, and each entry
-    holds its dict, so an id is never reused while its entry lives."""
 
     def options_as(self, model: type[OptionsT]) -> OptionsT:
-        """`options` validated as `model`, once per config (submit reads them often)."""
-        key = (model, id(self.options))
-        cached = self._parsed.get(key)
-        if cached is not None and cached[0] is self.options:
-            return cached[1]  # type: ignore[no-any-return]
-        parsed = model.model_validate(self.options)
-        self._parsed[key] = (self.options, parsed)
-        return parsed
+        """`options` validated as `model` (the pipeline's own options class)."""
+        return model.model_validate(self.options)
 
 
 class KindConfig(BaseModel):

@@ -4,15 +4,20 @@
 queued ──> running ──> succeeded | failed | canceled
   │  ^         │
   │  └─────────┘  (only the reaper, taking a dead worker's job back)
-  └──> canceled | failed (failed only when the task could not be enqueued)
+  └──> canceled
 ```
 
-Every status change goes through `check_transition`; the store writes it atomically.
+Every status change goes through `check_transition`; the store writes it atomically. A
+job has ended when its status is terminal, and a job's events have ended with its
+terminal status event (`ends_job`): the one definition that streams, waits and webhooks
+use.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from typing import Any
 
 
 class JobStatus(StrEnum):
@@ -30,7 +35,7 @@ class JobStatus(StrEnum):
 TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED})
 
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELED, JobStatus.FAILED}),
+    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELED}),
     JobStatus.RUNNING: frozenset(
         {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED, JobStatus.QUEUED}
     ),
@@ -38,6 +43,14 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.FAILED: frozenset(),
     JobStatus.CANCELED: frozenset(),
 }
+
+
+TERMINAL_VALUES = frozenset(str(status) for status in TERMINAL)
+
+
+def ends_job(etype: str, data: Mapping[str, Any]) -> bool:
+    """Whether an event of type `etype` with `data` is its job's terminal status event."""
+    return etype == "status" and data.get("status") in TERMINAL_VALUES
 
 
 class InvalidTransition(Exception):

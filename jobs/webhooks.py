@@ -12,15 +12,16 @@ import hashlib
 import hmac
 from typing import Any
 
+from jobs.states import ends_job
+
 EVENT_CHOICES = frozenset({"terminal", "status", "partial", "progress", "output", "error", "all"})
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "canceled"})
 
 
 def wants(events: list[str], etype: str, data: dict[str, Any]) -> bool:
     """Whether a webhook subscribed to `events` gets an event of `etype` with `data`."""
     if "all" in events or etype in events:
         return True
-    return "terminal" in events and etype == "status" and data.get("status") in TERMINAL_STATUSES
+    return "terminal" in events and ends_job(etype, data)
 
 
 def secret_bytes(secret: str) -> bytes:

@@ -21,10 +21,10 @@ from typing import Any
 
 import httpx
 
+from jobs.states import TERMINAL_VALUES, ends_job
 from mmq.sse import SseMessage, aparse_lines, parse_lines
 
 JobDict = dict[str, Any]
-TERMINAL = {"succeeded", "failed", "canceled"}
 
 
 class MmqAPIError(Exception):
@@ -73,7 +73,7 @@ def _event(message: SseMessage) -> dict[str, Any]:
 
 
 def _is_end(event: dict[str, Any]) -> bool:
-    return event.get("type") == "status" and event.get("data", {}).get("status") in TERMINAL
+    return ends_job(str(event.get("type")), event.get("data") or {})
 
 
 def _prefer_wait(deadline: float | None, step_s: float) -> dict[str, str]:
@@ -82,7 +82,8 @@ def _prefer_wait(deadline: float | None, step_s: float) -> dict[str, str]:
 
 
 def _waited_enough(job: JobDict, deadline: float | None) -> bool:
-    return job["status"] in TERMINAL or (deadline is not None and time.monotonic() >= deadline)
+    ended = job["status"] in TERMINAL_VALUES
+    return ended or (deadline is not None and time.monotonic() >= deadline)
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
