@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
 
 from jobs.models import Event, EventType, Job
 
@@ -61,3 +62,15 @@ def event_from_entry(job_id: str, entry_id: str, fields: dict[str, str]) -> Even
         data=json.loads(fields["data"]),
         ts=float(fields["ts"]),
     )
+
+
+# redis-py types every reply as `bytes | str` whatever `decode_responses` says; mmq's
+# clients decode, so their replies are text. These say so to the type checker (no copy).
+
+
+def text_map(reply: Mapping[bytes | str, bytes | str]) -> dict[str, str]:
+    return cast(dict[str, str], reply)
+
+
+def text_list(reply: Iterable[Any]) -> list[str]:
+    return cast(list[str], list(reply))

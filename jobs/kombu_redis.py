@@ -198,7 +198,7 @@ class Unacked:
             channel.qos.restore_by_tag(tag, channel.client)
 
 
-class Channel(kombu_redis.Channel):  # type: ignore[misc]
+class Channel(kombu_redis.Channel):
     """kombu's channel, sharing one Redis client instead of building one per command.
 
     kombu's `Channel.conn_or_acquire` builds a new `redis.Redis` for each synchronous use,
@@ -217,9 +217,9 @@ class Channel(kombu_redis.Channel):  # type: ignore[misc]
             return
         shared = self._shared_client
         if shared is None or shared.connection_pool is not self.pool:
-            shared = self._shared_client = self._create_client()
+            shared = self._shared_client = self._create_client()  # type: ignore[no-untyped-call]
         yield shared
 
 
-class Transport(kombu_redis.Transport):  # type: ignore[misc]
+class Transport(kombu_redis.Transport):
     Channel = Channel

@@ -17,7 +17,15 @@ import redis
 import redis.asyncio as aredis
 
 from jobs import keys, lua
-from jobs.codec import dumps, event_from_entry, flat_pairs, job_from_fields, job_to_fields
+from jobs.codec import (
+    dumps,
+    event_from_entry,
+    flat_pairs,
+    job_from_fields,
+    job_to_fields,
+    text_list,
+    text_map,
+)
 from jobs.kombu_redis import TaskMessage
 from jobs.models import Event, EventType, Job, WebhookSpec
 from jobs.settings import Settings
@@ -191,8 +199,9 @@ def _decode_result(change: Transition, raw: list[Any]) -> TransitionResult:
     return TransitionResult(ok=False, reason=outcome, status=value)
 
 
-def _events_from(job_id: str, entries: list[Any]) -> list[Event]:
-    return [event_from_entry(job_id, entry_id, fields) for entry_id, fields in entries]
+def _events_from(job_id: str, entries: Any) -> list[Event]:
+    """Events from an XRANGE reply (of a decoding client)."""
+    return [event_from_entry(job_id, entry_id, fields) for entry_id, fields in entries or []]
 
 
 def _after(after: str | None) -> str:
@@ -222,7 +231,7 @@ class JobStore:
         return cls(client, settings, on_event)
 
     def get(self, job_id: str) -> Job | None:
-        fields = self.r.hgetall(keys.job(job_id))
+        fields = text_map(self.r.hgetall(keys.job(job_id)))
         return job_from_fields(fields) if fields else None
 
     def apply(self, change: Transition) -> TransitionResult:
@@ -275,7 +284,7 @@ class JobStore:
         return bool(self._resend(keys=key_list, args=[message.envelope]))
 
     def expired_running(self, now: float, limit: int = 100) -> list[str]:
-        return list(self.r.zrangebyscore(keys.RUNNING, "-inf", now, start=0, num=limit))
+        return text_list(self.r.zrangebyscore(keys.RUNNING, "-inf", now, start=0, num=limit))
 
     def cancel_requested(self, job_ids: list[str]) -> set[str]:
         if not job_ids:
@@ -338,8 +347,7 @@ class AsyncJobStore:
             "counter_field": counter[1] if counter else "",
             "fields": flat_pairs(job_to_fields(job)),
         }
-        args = [dumps(submit)]
-        outcome, value = await self._submit(keys=key_list, args=args)
+        outcome, value = await self._submit(keys=key_list, args=[dumps(submit)])
         if outcome == "ok" and job.webhook is not None and self.on_event is not None:
             queued = _event(value, job.id, "status", {"status": "queued"}, job.created_at)
             if wants(job.webhook.events, "status", queued["data"]):
@@ -354,7 +362,7 @@ class AsyncJobStore:
         return None
 
     async def get(self, job_id: str) -> Job | None:
-        fields = await self.r.hgetall(keys.job(job_id))
+        fields = text_map(await self.r.hgetall(keys.job(job_id)))
         return job_from_fields(fields) if fields else None
 
     async def apply(self, change: Transition) -> TransitionResult:
@@ -379,7 +387,7 @@ class AsyncJobStore:
         rows = await self.r.zrevrangebyscore(
             keys.owner_jobs(owner), max_score, "-inf", start=0, num=count, withscores=True
         )
-        return [(str(member), float(score)) for member, score in rows]
+        return [(str(row[0]), float(row[1])) for row in rows]
 
     async def get_many(self, job_ids: list[str]) -> list[Job | None]:
         pipe = self.r.pipeline(transaction=False)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import redis
 
 from jobs import keys
+from jobs.codec import flat_pairs
 from jobs.settings import Settings
 from jobs.store import JobStore, Lease
 
@@ -41,7 +42,7 @@ class LeaseKeeper:
         self._held: dict[str, Held] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._pubsub = store.r.pubsub(ignore_subscribe_messages=True)
+        self._pubsub = store.r.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         self._threads = [
             threading.Thread(target=self._beat_loop, name="lease-heartbeat", daemon=True),
             threading.Thread(target=self._listen_loop, name="cancel-listener", daemon=True),
@@ -105,7 +106,7 @@ class LeaseKeeper:
     def _mark_alive(self) -> None:
         pipe = self.store.r.pipeline()
         pipe.zadd(keys.WORKERS, {self.name: time.time()})
-        pipe.hset(keys.worker(self.name), mapping=self.info)
+        pipe.hset(keys.worker(self.name), items=flat_pairs(self.info))
         pipe.expire(keys.worker(self.name), int(self.settings.lease.heartbeat_s * 5) + 1)
         pipe.execute()
 

@@ -24,6 +24,7 @@ from celery import Celery
 
 from jobs import keys
 from jobs.broker import job_message
+from jobs.codec import text_list
 from jobs.kombu_redis import Unacked, queued_job_ids
 from jobs.metered import MeteredJobStore
 from jobs.metrics import MESSAGES_RESENT, Sample
@@ -78,8 +79,8 @@ def _queued_since(store: MeteredJobStore, before: float) -> list[str]:
     """Queued job ids (every kind) whose last queueing was before `before`."""
     ids = [
         job_id
-        for key in store.r.scan_iter(match=keys.queued("*"), count=BATCH)
-        for job_id in store.r.smembers(key)
+        for key in text_list(store.r.scan_iter(match=keys.queued("*"), count=BATCH))
+        for job_id in text_list(store.r.smembers(key))
     ]
     pipe = store.r.pipeline(transaction=False)
     for job_id in ids:

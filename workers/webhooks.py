@@ -110,7 +110,7 @@ class Deliverer:
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         cap = self.settings.webhooks.backoff_max_s
-        base = min(cap, self.settings.webhooks.backoff_s * 2 ** (attempt - 1))
+        base = min(cap, self.settings.webhooks.backoff_s * 2.0 ** (attempt - 1))
         delay = base / 2 + random.uniform(0, base / 2)
         return round(min(cap, max(delay, retry_after or 0.0)), 3)
 
@@ -126,11 +126,12 @@ def run_webhook_worker(settings: Settings) -> None:
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     deliverer = Deliverer(settings, client, app)
 
-    @app.task(name=WEBHOOK_TASK, acks_late=True, ignore_result=True)
     def deliver_webhook(job_id: str, url: str, event: dict[str, Any], attempt: int) -> str:
         outcome = deliverer.deliver(job_id, url, event, attempt)
         log.info("webhook %s %s attempt %d: %s", job_id, event.get("id"), attempt, outcome)
         return outcome
+
+    app.task(name=WEBHOOK_TASK, acks_late=True, ignore_result=True)(deliver_webhook)
 
     app.worker_main(
         [
