@@ -12,6 +12,7 @@ state) and its images are discarded.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,16 +29,14 @@ from pipelines.image.output import latent_preview
 class Share:
     """One request's part of a call: its prompts, one seed per image, its start image."""
 
-    request: Request
+    request: Request[ImageInput]
     seeds: list[int]
     init_image: Image.Image | None = None
     live: bool = True
 
     @property
     def input(self) -> ImageInput:
-        inp = self.request.input
-        assert isinstance(inp, ImageInput)
-        return inp
+        return self.request.input
 
 
 @dataclass
@@ -64,9 +63,11 @@ class BatchCall:
         self.generators = [
             torch.Generator("cpu").manual_seed(seed) for share in shares for seed in share.seeds
         ]
+        self._started = 0.0
 
     def run(self) -> dict[Share, Generated]:
         """Generated images of the requests still live at the end; raises `Canceled`."""
+        self._started = time.monotonic()
         out = self.pipe(**self._kwargs())
         flags = out.nsfw_content_detected or [False] * len(out.images)
         result: dict[Share, Generated] = {}
@@ -104,11 +105,14 @@ class BatchCall:
 
     def _on_step(self, pipe: Diffuser, i: int, t: Any, tensors: dict[str, Any]) -> dict[str, Any]:
         for share in self.shares:
-            if share.live and share.request.cancelled():
+            if share.live and share.request.drop_if_canceled():
                 share.live = False
-                share.request.drop_canceled()
         if not any(share.live for share in self.shares):
             raise Canceled
+        if i == 0:
+            ms = (time.monotonic() - self._started) * 1000
+            for share in self.shares:
+                share.request.record_timing("first_step_ms", ms)
         total = int(getattr(pipe, "num_timesteps", 0) or self.shares[0].input.steps)
         self._report(i + 1, total, tensors.get("latents"))
         return {}
