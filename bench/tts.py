@@ -66,9 +66,9 @@ class FirstAudio:
     last_byte_ms: float
     """Client side, p50: request sent to the last audio byte."""
     worker_first_ms: float
-    """Worker side, p50: run start to the first chunk (the job's `first_audio_ms`)."""
+    """Worker side, p50: run start to the first chunk (the job's `timings.first_audio_ms`)."""
     worker_total_ms: float
-    """Worker side, p50: run start to the last chunk (`synthesis_ms`)."""
+    """Worker side, p50: run start to the last chunk (`timings.synthesis_ms`)."""
     ratio: float = 0.0
     """first_byte_ms / last_byte_ms."""
 
@@ -180,8 +180,8 @@ async def first_audio(api_url: str, voice: str, runs: int) -> FirstAudio:
             job = (await client.get(f"/v1/jobs/{job_id}", headers={"Prefer": "wait=30"})).json()
             client_first.append(first * 1000)
             client_last.append(last * 1000)
-            worker_first.append(job["output"]["first_audio_ms"])
-            worker_total.append(job["output"]["synthesis_ms"])
+            worker_first.append(job["timings"]["first_audio_ms"])
+            worker_total.append(job["timings"]["synthesis_ms"])
     p50 = [
         statistics.median(xs[1:]) for xs in (client_first, client_last, worker_first, worker_total)
     ]

@@ -40,6 +40,16 @@ class JobErrorInfo(BaseModel):
 
 
 class Timings(BaseModel):
+    """A job's timings, in milliseconds: the first four from its timestamps, for every
+    kind; the rest are its pipeline's own, measured on the worker, where the kind has them
+    (None elsewhere):
+
+    - asr: `first_segment_ms`
+    - tts: `first_audio_ms`, `synthesis_ms`
+    - image: `first_step_ms`
+    - llm: `ttft_ms`, `tpot_ms`, `itl_ms`, `e2e_ms`
+    """
+
     queue_wait_ms: float | None = None
     """From submit (or the last requeue) to the start of the run."""
     time_to_first_output_ms: float | None = None
@@ -56,6 +66,14 @@ class Timings(BaseModel):
     """LLM: mean gap between streamed chunks."""
     e2e_ms: float | None = None
     """LLM: from the request reaching the engine to its last token."""
+    first_segment_ms: float | None = None
+    """ASR: from the start of its batch's decoding (its audio read) to its first segment."""
+    first_audio_ms: float | None = None
+    """TTS: from the start of synthesis to the first chunk of audio."""
+    synthesis_ms: float | None = None
+    """TTS: from the start of synthesis to the last chunk of audio."""
+    first_step_ms: float | None = None
+    """Image: from the start of its batch's diffusers call to the end of the first step."""
 
 
 class WebhookSpec(BaseModel):
@@ -110,7 +128,7 @@ class Job(BaseModel):
     cancel_requested: bool = False
     webhook: WebhookSpec | None = None
     extra_timings: dict[str, float] = Field(default_factory=dict)
-    """Pipeline-specific timings (e.g. LLM tpot_ms), merged into `timings`."""
+    """Pipeline-specific timings (see `Timings`), merged into `timings`."""
 
     @property
     def timings(self) -> Timings:

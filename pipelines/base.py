@@ -1,7 +1,17 @@
 """The protocol between the worker engine and a pipeline.
 
 The engine owns batching, cancel, events and timings; a pipeline only says how to load
-its model, which requests may share a batch (`batch_key`), and how to run a batch.
+its model, which requests may share a batch (`batch_key`), how to set up one request
+(`prepare`) and how to run a batch of prepared requests (`run`). A pipeline declares its
+input type once, as its first type parameter: `class TtsPipeline(Pipeline[TtsInput, Plan])`.
+
+What a pipeline may raise, and what the engine does with it:
+
+    jobs.errors.InputError   from prepare: that request fails as invalid_input
+    Exception                from prepare: that request fails (logged); from run: the
+                             unfinished requests of the batch fail
+    Canceled                 from run: every request of the batch was canceled
+    BackendLost              from run: the batch goes back to the queue
 """
 
 from __future__ import annotations
@@ -9,11 +19,16 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar, Protocol
+from typing import Any, BinaryIO, ClassVar, Generic, Protocol, TypeVar
 
 from jobs.schemas.base import JobInput
 from jobs.settings import PipelineConfig, Settings
+
+InputT = TypeVar("InputT", bound=JobInput)
+InputT_co = TypeVar("InputT_co", bound=JobInput, covariant=True)
+PreparedT = TypeVar("PreparedT")
 
 
 class Canceled(Exception):
@@ -43,14 +58,14 @@ class Files(Protocol):
         ...
 
 
-class Request(Protocol):
+class Request(Protocol[InputT_co]):
     """One request of a batch, as a pipeline sees it."""
 
     @property
     def job_id(self) -> str: ...
 
     @property
-    def input(self) -> JobInput: ...
+    def input(self) -> InputT_co: ...
 
     @property
     def done(self) -> bool: ...
@@ -60,8 +75,14 @@ class Request(Protocol):
         """The job's files (raises where the worker has no storage)."""
         ...
 
-    def cancelled(self) -> bool:
-        """True once the job's owner asked to cancel it: stop at the next step."""
+    @property
+    def canceled(self) -> bool:
+        """True once the job's owner asked to cancel it."""
+        ...
+
+    def drop_if_canceled(self) -> bool:
+        """At each step: True (and the request ends canceled) once a cancel was asked;
+        the caller stops working on it, the rest of the batch goes on."""
         ...
 
     def partial(self, data: dict[str, Any]) -> None:
@@ -70,6 +91,10 @@ class Request(Protocol):
 
     def progress(self, step: int, total: int, **extra: Any) -> None:
         """Emit a progress event."""
+        ...
+
+    def record_timing(self, name: str, ms: float) -> None:
+        """Add one of the kind's own timings (a field of `jobs.models.Timings`)."""
         ...
 
     def succeed(self, output: dict[str, Any]) -> None:
@@ -85,16 +110,32 @@ class Request(Protocol):
         ...
 
 
-class Pipeline(ABC):
-    """A model behind one kind: load, warm up, run batches, unload."""
+@dataclass(frozen=True)
+class EngineKnobs:
+    """How the worker's engine batches for a pipeline, and its Celery concurrency."""
+
+    max_batch: int
+    max_wait_ms: float
+    runners: int
+    concurrency: int
+
+    @classmethod
+    def of(cls, config: PipelineConfig) -> EngineKnobs:
+        return cls(config.max_batch, config.max_wait_ms, config.runners, config.concurrency)
+
+
+class Pipeline(ABC, Generic[InputT, PreparedT]):
+    """A model behind one kind: load, warm up, prepare requests, run batches, unload.
+
+    The engine calls `prepare` for each request of a batch, on the runner thread, just
+    before `run`: an exception there fails that request alone (InputError: bad input),
+    and `run` gets the others. A request canceled or finished before `run` is left out.
+    """
 
     kind: ClassVar[str]
-    input_model: ClassVar[type[JobInput]]
 
     def __init__(self, config: PipelineConfig, settings: Settings) -> None:
         self.config = config
-        """The pipeline's settings; a pipeline may adjust its batching knobs here (the
-        worker runs its engine and Celery consumer with these)."""
         self.settings = settings
         self.name = config.kind
         """The pipeline's name in settings (`[pipelines.NAME]`); the worker sets it."""
@@ -103,20 +144,31 @@ class Pipeline(ABC):
     def load(self) -> None:
         """Load the model onto the worker's device."""
 
-    def warmup(self) -> None:  # noqa: B027 - optional hook
+    def warmup(self) -> None:
         """Run once after load, before the first job."""
 
-    def batch_key(self, request: JobInput) -> Hashable | None:
+    def knobs(self) -> EngineKnobs:
+        """The engine's batching knobs and the worker's concurrency (default: settings)."""
+        return EngineKnobs.of(self.config)
+
+    def batch_key(self, request: InputT) -> Hashable | None:
         """Requests with equal keys may share a batch; None: this request runs alone."""
         return None
 
     @abstractmethod
-    def run(self, batch: Sequence[Request]) -> None:
+    def prepare(self, request: Request[InputT]) -> PreparedT:
+        """Set up one request (fetch its inputs, check it against the model)."""
+
+    @abstractmethod
+    def run(self, batch: Sequence[PreparedT]) -> None:
         """Run one batch and finish every request in it (succeed, fail or drop_canceled)."""
 
-    def unload(self) -> None:  # noqa: B027 - optional hook
+    def unload(self) -> None:
         """Free the model."""
 
-    def describe(self) -> dict[str, Any]:
-        """What /v1/models and logs show about this pipeline."""
-        return {"kind": self.kind, "model": self.config.model}
+
+class SimplePipeline(Pipeline[InputT, Request[InputT]]):
+    """A pipeline with nothing to set up per request: `run` gets the requests."""
+
+    def prepare(self, request: Request[InputT]) -> Request[InputT]:
+        return request

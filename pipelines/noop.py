@@ -7,7 +7,7 @@ from collections.abc import Hashable, Sequence
 from pydantic import Field
 
 from jobs.schemas.base import JobInput
-from pipelines.base import Pipeline, Request
+from pipelines.base import Request, SimplePipeline
 
 
 class NoopInput(JobInput):
@@ -15,17 +15,15 @@ class NoopInput(JobInput):
     """Echoed back as the output."""
 
 
-class NoopPipeline(Pipeline):
+class NoopPipeline(SimplePipeline[NoopInput]):
     kind = "noop"
-    input_model = NoopInput
 
     def load(self) -> None:
         pass
 
-    def batch_key(self, request: JobInput) -> Hashable | None:
+    def batch_key(self, request: NoopInput) -> Hashable | None:
         return "noop"
 
-    def run(self, batch: Sequence[Request]) -> None:
+    def run(self, batch: Sequence[Request[NoopInput]]) -> None:
         for request in batch:
-            assert isinstance(request.input, NoopInput)
             request.succeed({"payload": request.input.payload})

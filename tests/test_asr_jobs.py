@@ -79,7 +79,9 @@ def test_long_mp3_streams_segments_early_and_in_order(dep: Deployment, api: Api)
         if event["type"] == "partial":
             partials.append((time.monotonic() - sent, event["data"]["segment"]))
     total_s = time.monotonic() - sent
-    out = client.get(job["id"])["output"]
+    ended = client.get(job["id"])
+    out = ended["output"]
+    assert 0 < ended["timings"]["first_segment_ms"] < 0.5 * ended["timings"]["run_ms"]
     assert out["language"] == "en" and 55 < out["duration"] < 62
     assert wer(reference(LONG), out["text"]) <= MAX_WER, out["text"]
     assert [segment for _, segment in partials] == out["segments"]

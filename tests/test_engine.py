@@ -9,28 +9,37 @@ from typing import Any
 
 import pytest
 
+from jobs.errors import InputError
 from jobs.models import EventType
 from jobs.schemas.base import JobInput
 from jobs.settings import PipelineConfig, Settings
 from pipelines.base import Pipeline, Request
-from workers.engine import Engine, WorkItem
+from workers.engine import Engine, Outcome, WorkItem
 
 
 class Item(JobInput):
     key: str = "a"
     value: int = 0
     fail: bool = False
+    reject: str = ""
+    """Raise in prepare: `input` an InputError, `bug` a RuntimeError."""
+    timing_ms: float | None = None
+    """Record it as the request's `ttft_ms`."""
+    drop_in_run: bool = False
+    """Run checks for cancel first (`drop_if_canceled`) and leaves this one at that."""
 
 
-class Recorder(Pipeline):
+class Recorder(Pipeline[Item, Request[Item]]):
     """Records each batch it runs; optionally holds the first batch until released."""
 
     kind = "test"
-    input_model = Item
 
     def __init__(self, hold_first: bool = False) -> None:
         super().__init__(PipelineConfig(kind="test", impl="x:y"), Settings())
         self.batches: list[tuple[float, list[int]]] = []
+        self.prepared_on: list[str] = []
+        self.started = threading.Event()
+        """Set as a batch starts running (the runner is busy from then on)."""
         self.release = threading.Event()
         if not hold_first:
             self.release.set()
@@ -38,21 +47,30 @@ class Recorder(Pipeline):
     def load(self) -> None:
         pass
 
-    def batch_key(self, request: JobInput) -> Hashable | None:
-        assert isinstance(request, Item)
+    def batch_key(self, request: Item) -> Hashable | None:
         return request.key if request.key != "solo" else None
 
-    def run(self, batch: Sequence[Request]) -> None:
+    def prepare(self, request: Request[Item]) -> Request[Item]:
+        self.prepared_on.append(threading.current_thread().name)
+        if request.input.reject == "input":
+            raise InputError("value", "rejected in prepare")
+        if request.input.reject == "bug":
+            raise RuntimeError("prepare broke")
+        return request
+
+    def run(self, batch: Sequence[Request[Item]]) -> None:
+        self.started.set()
         self.release.wait(5)
-        values = [r.input.value for r in batch if isinstance(r.input, Item)]
-        self.batches.append((time.monotonic(), values))
-        if any(isinstance(r.input, Item) and r.input.fail for r in batch):
+        self.batches.append((time.monotonic(), [r.input.value for r in batch]))
+        if any(r.input.fail for r in batch):
             raise ValueError("bad batch")
         for request in batch:
+            if request.input.drop_in_run and request.drop_if_canceled():
+                continue
+            if request.input.timing_ms is not None:
+                request.record_timing("ttft_ms", request.input.timing_ms)
             request.partial({"seen": True})
-            request.succeed(
-                {"value": request.input.value if isinstance(request.input, Item) else 0}
-            )
+            request.succeed({"value": request.input.value})
 
 
 Events = list[tuple[str, EventType, dict[str, Any]]]
@@ -143,7 +161,7 @@ def test_batches_grow_while_the_runner_is_busy(make_engine: Any, events: Events)
     pipeline = Recorder(hold_first=True)
     engine = make_engine(pipeline, max_batch=3, max_wait_ms=0)
     first = _submit(engine, events, 1)
-    time.sleep(0.05)
+    assert pipeline.started.wait(5)  # the runner took the first batch and is busy
     rest = [
         engine.submit(f"r{i}", Item(value=10 + i), _sink(events), threading.Event())
         for i in range(5)
@@ -175,7 +193,7 @@ def test_a_canceled_request_is_dropped_before_its_batch_runs(
     pipeline = Recorder(hold_first=True)
     engine = make_engine(pipeline, max_batch=4, max_wait_ms=0)
     (blocker,) = _submit(engine, events, 1, key="x")
-    time.sleep(0.05)
+    assert pipeline.started.wait(5)
     cancel = threading.Event()
     dropped = engine.submit("drop", Item(value=7), _sink(events), cancel)
     kept = engine.submit("keep", Item(value=8), _sink(events), threading.Event())
@@ -187,3 +205,57 @@ def test_a_canceled_request_is_dropped_before_its_batch_runs(
     assert [values for _, values in pipeline.batches] == [[0], [8]]
     assert not any(job_id == "drop" for job_id, _, _ in events)
     assert blocker.done
+
+
+def test_a_failing_prepare_fails_only_its_request(
+    make_engine: Any, events: Events, caplog: pytest.LogCaptureFixture
+) -> None:
+    pipeline = Recorder()
+    engine = make_engine(pipeline, max_batch=4, max_wait_ms=5000)
+    good, bad_input, bug, other = (
+        engine.submit(f"p{i}", Item(value=i, reject=reject), _sink(events), threading.Event())
+        for i, reject in enumerate(["", "input", "bug", ""])
+    )
+    outcomes = [item.wait(5) for item in (good, bad_input, bug, other)]
+    assert [o.status for o in outcomes if o] == ["succeeded", "failed", "failed", "succeeded"]
+    assert isinstance(bad_input.outcome and bad_input.outcome.error, InputError)
+    assert isinstance(bug.outcome and bug.outcome.error, RuntimeError)
+    assert [values for _, values in pipeline.batches] == [[0, 3]]  # run got the prepared
+    assert len(pipeline.prepared_on) == 4
+    assert all(name.startswith("engine-test-") for name in pipeline.prepared_on)
+    assert {job_id for job_id, _, _ in events} == {"p0", "p3"}
+    logged = [r for r in caplog.records if r.name == "workers.engine"]
+    assert [r.getMessage() for r in logged] == ["pipeline test: preparing job p2 failed"]
+    assert logged[0].exc_info is not None  # a bug is logged with its traceback; bad input not
+
+
+def test_recorded_timings_reach_the_outcome(make_engine: Any, events: Events) -> None:
+    engine = make_engine(Recorder(), max_batch=2, max_wait_ms=5000)
+    timed = engine.submit("t", Item(value=1, timing_ms=12.34567), _sink(events), threading.Event())
+    plain = engine.submit("p", Item(value=2), _sink(events), threading.Event())
+    outcome = timed.wait(5)
+    assert outcome is not None and outcome.timings == {"ttft_ms": 12.346}
+    untimed = plain.wait(5)
+    assert untimed is not None and untimed.timings == {}
+    timed.record_timing("e2e_ms", 1.0)  # after the end: ignored
+    assert outcome.timings == {"ttft_ms": 12.346}
+
+
+def test_a_request_canceled_mid_batch_is_dropped_by_the_helper(
+    make_engine: Any, events: Events
+) -> None:
+    pipeline = Recorder(hold_first=True)
+    engine = make_engine(pipeline, max_batch=2, max_wait_ms=5000)
+    cancel = threading.Event()
+    kept = engine.submit("keep", Item(value=1, drop_in_run=True), _sink(events), threading.Event())
+    dropped = engine.submit("drop", Item(value=2, drop_in_run=True), _sink(events), cancel)
+    assert pipeline.started.wait(5)  # both are in the running batch
+    assert not dropped.canceled
+    cancel.set()
+    assert dropped.canceled
+    pipeline.release.set()
+    outcome = dropped.wait(5)
+    assert outcome is not None and outcome.status == "canceled"
+    assert (kept.wait(5) or Outcome("none")).status == "succeeded"
+    assert [values for _, values in pipeline.batches] == [[1, 2]]
+    assert [job_id for job_id, _, _ in events] == ["keep"]

@@ -75,6 +75,9 @@ def test_piper_streams_each_sentence_and_tiny_en_reads_it_back(api: Api, tmp_pat
     output = job["output"]
     assert output["engine"] == "piper" and output["voice"] == "joe"
     assert output["sentences"] == 5 and output["sample_rate"] == 22050
+    timings = job["timings"]
+    assert 0 < timings["first_audio_ms"] < timings["synthesis_ms"] <= timings["run_ms"]
+    assert "first_audio_ms" not in output
     found = events(api.http, job["id"])
     partials = [e["data"] for e in found if e["type"] == "partial"]
     assert [p["seq"] for p in partials] == list(range(len(partials)))

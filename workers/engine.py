@@ -4,6 +4,8 @@ Task threads `submit` requests and wait on them. Runner threads (`runners`, usua
 take a batch when one is ready: a group of requests with the same `batch_key` that has
 reached `max_batch`, or whose oldest request has waited `max_wait_ms`. While every runner
 is busy, groups keep growing, so batches fill up under load and stay small when idle.
+A runner prepares each request of its batch (`Pipeline.prepare`; a failure fails that
+request alone), runs the prepared ones, and finishes whatever the pipeline left open.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobs.errors import InputError
 from jobs.models import EventType
 from jobs.schemas.base import JobInput
 from pipelines.base import BackendLost, Canceled, Files, Pipeline
@@ -35,6 +38,8 @@ class Outcome:
     """`succeeded`, `failed`, `canceled`, or `lost` (the backend went away: run it again)."""
     output: dict[str, Any] | None = None
     error: BaseException | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    """The kind's own timings the pipeline recorded (`Request.record_timing`)."""
 
 
 @dataclass(eq=False)
@@ -49,6 +54,7 @@ class WorkItem:
     job_files: Files | None = None
     submitted_at: float = field(default_factory=time.monotonic)
     outcome: Outcome | None = None
+    timings: dict[str, float] = field(default_factory=dict)
     _finished: threading.Event = field(default_factory=threading.Event)
     _emit_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -62,14 +68,26 @@ class WorkItem:
             raise RuntimeError("this worker has no storage for job files")
         return self.job_files
 
-    def cancelled(self) -> bool:
+    @property
+    def canceled(self) -> bool:
         return self.cancel_event.is_set()
+
+    def drop_if_canceled(self) -> bool:
+        if self.cancel_event.is_set():
+            self.drop_canceled()
+            return True
+        return False
 
     def partial(self, data: dict[str, Any]) -> None:
         self._emit(EventType.PARTIAL, data)
 
     def progress(self, step: int, total: int, **extra: Any) -> None:
         self._emit(EventType.PROGRESS, {"step": step, "total": total, **extra})
+
+    def record_timing(self, name: str, ms: float) -> None:
+        with self._emit_lock:
+            if self.outcome is None:
+                self.timings[name] = round(ms, 3)
 
     def succeed(self, output: dict[str, Any]) -> None:
         self._finish(Outcome("succeeded", output=output))
@@ -97,6 +115,7 @@ class WorkItem:
         with self._emit_lock:
             if self.outcome is not None:
                 return
+            outcome.timings = dict(self.timings)
             self.outcome = outcome
         self._finished.set()
 
@@ -106,7 +125,7 @@ class Engine:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: Pipeline[Any, Any],
         *,
         name: str,
         max_batch: int = 1,
@@ -160,10 +179,6 @@ class Engine:
             self._cv.notify()
         return item
 
-    def pending(self) -> int:
-        with self._cv:
-            return sum(len(group) for group in self._groups.values())
-
     # -- runner side ---------------------------------------------------------------
 
     def _runner(self) -> None:
@@ -175,14 +190,14 @@ class Engine:
                         return
                     self._cv.wait(self._next_wait_locked())
                     batch = self._take_batch_locked()
-            self._run(batch)
+            self.run_batch(batch)
 
     def _take_batch_locked(self) -> list[WorkItem] | None:
         """The ready group whose oldest request has waited longest, at most max_batch."""
         now = time.monotonic()
         ready: tuple[float, Hashable] | None = None
         for key, group in list(self._groups.items()):
-            group[:] = [item for item in group if not self._drop_if_canceled(item)]
+            group[:] = [item for item in group if not item.drop_if_canceled()]
             if not group:
                 del self._groups[key]
                 continue
@@ -208,18 +223,15 @@ class Engine:
         oldest = min(group[0].submitted_at for group in self._groups.values())
         return max(0.0, oldest + self.max_wait_s - time.monotonic()) + 0.0005
 
-    @staticmethod
-    def _drop_if_canceled(item: WorkItem) -> bool:
-        if item.cancelled():
-            item.drop_canceled()
-            return True
-        return False
-
-    def _run(self, batch: list[WorkItem]) -> None:
+    def run_batch(self, batch: list[WorkItem]) -> None:
+        """Prepare and run one batch on this thread, and finish what the pipeline left
+        open (the runners call it; tests hand it exact batches)."""
         started = time.monotonic()
+        prepared = [ready for item in batch for ready in self._prepare(item)]
         error: BaseException | None = None
         try:
-            self.pipeline.run(batch)
+            if prepared:
+                self.pipeline.run(prepared)
         except Canceled:
             pass
         except BackendLost as exc:
@@ -227,19 +239,32 @@ class Engine:
                 "pipeline %s lost its backend in a batch of %d: %s", self.name, len(batch), exc
             )
             for item in batch:
-                if item.cancelled():
-                    item.drop_canceled()
-                else:
+                if not item.drop_if_canceled():
                     item.give_back(exc)
+        except InputError as exc:  # bad input found while running: no traceback to log
+            log.info("pipeline %s: %s in a batch of %d", self.name, exc, len(batch))
+            error = exc
         except Exception as exc:  # a failing pipeline fails its batch; the worker lives on
             log.exception("pipeline %s failed a batch of %d", self.name, len(batch))
             error = exc
         for item in batch:
-            if item.done:
-                continue
-            if item.cancelled():
-                item.drop_canceled()
-            else:
+            if not item.done and not item.drop_if_canceled():
                 item.fail(error or RuntimeError("the pipeline returned no result"))
         if self.observer is not None:
             self.observer(self.name, len(batch), time.monotonic() - started)
+
+    def _prepare(self, item: WorkItem) -> list[Any]:
+        """[the prepared request], or [] where it ended: canceled, or its prepare failed
+        (only this request fails; its batch mates go on)."""
+        if item.drop_if_canceled():
+            return []
+        try:
+            ready = self.pipeline.prepare(item)
+        except InputError as exc:
+            item.fail(exc)
+            return []
+        except Exception as exc:
+            log.exception("pipeline %s: preparing job %s failed", self.name, item.job_id)
+            item.fail(exc)
+            return []
+        return [] if item.done else [ready]

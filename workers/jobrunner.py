@@ -134,10 +134,9 @@ class JobRunner:
             return
         if outcome.status == "succeeded":
             output = outcome.output or {}
-            extra = output.pop("_timings", None) if isinstance(output, dict) else None
             fields = {"output": dumps(output)}
-            if extra:
-                fields["extra_timings"] = dumps(extra)
+            if outcome.timings:  # the kind's own (`jobs.models.Timings`)
+                fields["extra_timings"] = dumps(outcome.timings)
             self._end(
                 job, JobStatus.SUCCEEDED, RUNNING, held.lease, fields, (EventType.OUTPUT, output)
             )

@@ -1,7 +1,8 @@
 """A worker process: one pipeline on one device, a Celery consumer of its queue.
 
 Loads the pipeline, starts its engine and the lease keeper, then runs a Celery worker
-with the threads pool: its concurrency is how many requests may be in flight here.
+with the threads pool: its concurrency is how many requests may be in flight here. The
+engine's batching knobs and that concurrency are the pipeline's `knobs()`.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from typing import Any
 
 from celery import Celery
 
@@ -35,7 +37,7 @@ def worker_name(pipeline: str, instance: int) -> str:
     return f"{pipeline}-{instance}@{socket.gethostname()}.{os.getpid()}"
 
 
-def build_pipeline(settings: Settings, pipeline_name: str) -> Pipeline:
+def build_pipeline(settings: Settings, pipeline_name: str) -> Pipeline[Any, Any]:
     config = settings.pipelines[pipeline_name]
     cls = import_object(config.impl)
     if not (isinstance(cls, type) and issubclass(cls, Pipeline)):
@@ -57,7 +59,8 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
     """Serve `pipeline_name` until the Celery worker stops (SIGTERM, SIGINT)."""
     name = worker_name(pipeline_name, instance)
     pipeline = build_pipeline(settings, pipeline_name)
-    config = pipeline.config  # as the pipeline adjusted it
+    config = pipeline.config
+    knobs = pipeline.knobs()
     log.info("worker %s: loading %s (%s)", name, pipeline_name, config.model or config.impl)
     pipeline.load()
     pipeline.warmup()
@@ -73,9 +76,9 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
     engine = Engine(
         pipeline,
         name=pipeline_name,
-        max_batch=config.max_batch,
-        max_wait_ms=config.max_wait_ms,
-        runners=config.runners,
+        max_batch=knobs.max_batch,
+        max_wait_ms=knobs.max_wait_ms,
+        runners=knobs.runners,
         observer=lambda name, size, seconds: store.tally.add(batch_samples(name, size, seconds)),
     )
     storage = make_storage(settings)
@@ -96,7 +99,7 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
             [
                 "worker",
                 "--pool=threads",
-                f"--concurrency={config.concurrency}",
+                f"--concurrency={knobs.concurrency}",
                 f"--queues={queue_name(pipeline_name)}",
                 f"--hostname={name}",
                 f"--loglevel={settings.log_level}",

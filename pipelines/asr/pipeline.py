@@ -12,29 +12,28 @@ packaged tiny.en), `device`, and `options`:
   number lets windows of different requests share a generate call (0: none).
 
 The engine's `max_batch` is how many requests decode in lockstep (one window each per
-forward pass); 1 decodes each request alone.
+forward pass); 1 decodes each request alone. `prepare` decodes each request's audio
+before its batch runs. Timing: `first_segment_ms`, from the start of the batch's
+decoding to the request's first segment.
 """
 
 from __future__ import annotations
 
-import logging
+import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from jobs.errors import InputError
 from jobs.schemas.asr import AsrInput
-from jobs.schemas.base import JobInput
 from pipelines.asr.batch import DEFAULT_CONTEXT_TOKENS, decode_step
 from pipelines.asr.decode import SAMPLE_RATE, decode_file
 from pipelines.asr.model import load_model, spec_from_config
 from pipelines.asr.options import DecodeOptions
-from pipelines.asr.prepare import Prepared, prepare
+from pipelines.asr.prepare import Prepared
+from pipelines.asr.prepare import prepare as prepare_stream
 from pipelines.base import Pipeline, Request
-
-log = logging.getLogger(__name__)
 
 DEFAULT_FIRST_WINDOW_S = 6.0
 
@@ -43,11 +42,18 @@ DEFAULT_FIRST_WINDOW_S = 6.0
 class Decoding:
     """A request being decoded, and the segments it has so far."""
 
-    request: Request
+    request: Request[AsrInput]
     prepared: Prepared
-    batch_size: int
+    batch_size: int = 1
     """Requests of the batch it decoded in (1: alone)."""
     segments: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, segment: dict[str, Any], started: float) -> None:
+        """Keep a decoded segment and send it out; the first one's time is a timing."""
+        if not self.segments:
+            self.request.record_timing("first_segment_ms", (time.monotonic() - started) * 1000)
+        self.segments.append(self.prepared.restore(segment))
+        self.request.partial({"segment": self.segments[-1]})
 
     def output(self) -> dict[str, Any]:
         stream = self.prepared.stream
@@ -61,9 +67,8 @@ class Decoding:
         }
 
 
-class AsrPipeline(Pipeline):
+class AsrPipeline(Pipeline[AsrInput, Decoding]):
     kind = "asr"
-    input_model = AsrInput
 
     def load(self) -> None:
         options = self.config.options
@@ -74,60 +79,38 @@ class AsrPipeline(Pipeline):
 
     def warmup(self) -> None:
         noise = np.random.default_rng(0).normal(0, 0.01, 2 * SAMPLE_RATE).astype(np.float32)
-        stream = prepare(self.model, noise, DecodeOptions(language="en"), 0).stream
+        stream = prepare_stream(self.model, noise, DecodeOptions(language="en"), 0).stream
         decode_step(self.model, [stream], self.context_tokens)
 
-    def batch_key(self, request: JobInput) -> Hashable | None:
-        assert isinstance(request, AsrInput)
+    def batch_key(self, request: AsrInput) -> Hashable | None:
         options = DecodeOptions.from_input(request)
         return None if options.word_timestamps else options.batch_key()
 
-    def run(self, batch: Sequence[Request]) -> None:
-        opened = [self._open(request, len(batch)) for request in batch]
-        jobs = [job for job in opened if job is not None]
+    def prepare(self, request: Request[AsrInput]) -> Decoding:
+        """Decode the request's audio and set up its decoding."""
+        inp = request.input
+        with request.files.input_path(inp.audio, "audio") as path:
+            audio = decode_file(path, self.settings.limits)
+        options = DecodeOptions.from_input(inp)
+        return Decoding(request, prepare_stream(self.model, audio, options, self.first_window_s))
+
+    def run(self, batch: Sequence[Decoding]) -> None:
+        started = time.monotonic()
+        jobs = list(batch)
+        for job in jobs:
+            job.batch_size = len(jobs)
         while jobs := [job for job in jobs if not self._finished(job)]:
             found = decode_step(self.model, [j.prepared.stream for j in jobs], self.context_tokens)
             for job, segments in zip(jobs, found, strict=True):
                 for segment in segments:
-                    job.segments.append(job.prepared.restore(segment))
-                    job.request.partial({"segment": job.segments[-1]})
+                    job.add(segment, started)
 
-    def describe(self) -> dict[str, Any]:
-        spec = getattr(self, "spec", None)
-        extra = {"device": spec.device, "compute_type": spec.compute_type} if spec else {}
-        return {**super().describe(), **extra}
-
-    def _open(self, request: Request, batch_size: int) -> Decoding | None:
-        """Decode the request's audio and set up its decoding; None if it is done."""
-        if self._canceled_request(request):
-            return None
-        assert isinstance(request.input, AsrInput)
-        options = DecodeOptions.from_input(request.input)
-        try:
-            with request.files.input_path(request.input.audio, "audio") as path:
-                audio = decode_file(path, self.settings.limits)
-        except InputError as exc:
-            request.fail(exc)
-            return None
-        except Exception as exc:  # one request's fault never fails its batch mates
-            log.exception("job %s: reading its audio failed", request.job_id)
-            request.fail(exc)
-            return None
-        prepared = prepare(self.model, audio, options, self.first_window_s)
-        return Decoding(request, prepared, batch_size)
-
-    def _finished(self, job: Decoding) -> bool:
+    @staticmethod
+    def _finished(job: Decoding) -> bool:
         """True once the job has ended: decoded to the end (it succeeds) or canceled."""
-        if self._canceled_request(job.request):
+        if job.request.drop_if_canceled():
             return True
         if job.prepared.stream.done:
             job.request.succeed(job.output())
-            return True
-        return False
-
-    @staticmethod
-    def _canceled_request(request: Request) -> bool:
-        if request.cancelled():
-            request.drop_canceled()
             return True
         return False

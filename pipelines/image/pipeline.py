@@ -1,8 +1,10 @@
 """The image pipeline: diffusers text-to-image (and image-to-image) behind the engine.
 
 Requests with the same batch key (mode, size, steps, guidance, scheduler, strength) run
-as one call (`batch.BatchCall`); the engine forms the batches. Each finished request
-stores its images and answers their signed URLs and seeds (and base64 on request).
+as one call (`batch.BatchCall`); the engine forms the batches. `prepare` checks each
+request against the model, picks its seeds and reads its start image. Each finished
+request stores its images and answers their signed URLs and seeds (and base64 on
+request). Timing: `first_step_ms`, from the start of the call to its first step's end.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from jobs.errors import InputError
-from jobs.schemas.base import JobInput
 from jobs.schemas.image import ImageInput, ImageOptions
 from jobs.settings import PipelineConfig, Settings
 from pipelines.base import Canceled, Pipeline, Request
@@ -28,9 +29,8 @@ log = logging.getLogger(__name__)
 SEED_SPACE = 2**63
 
 
-class ImagePipeline(Pipeline):
+class ImagePipeline(Pipeline[ImageInput, Share]):
     kind = "image"
-    input_model = ImageInput
 
     def __init__(self, config: PipelineConfig, settings: Settings) -> None:
         super().__init__(config, settings)
@@ -65,8 +65,7 @@ class ImagePipeline(Pipeline):
     def unload(self) -> None:
         self._loaded = None
 
-    def batch_key(self, request: JobInput) -> Hashable | None:
-        assert isinstance(request, ImageInput)
+    def batch_key(self, request: ImageInput) -> Hashable | None:
         mode = ("img2img", request.strength) if request.init_image else ("txt2img", None)
         return (
             *mode,
@@ -77,21 +76,19 @@ class ImagePipeline(Pipeline):
             request.scheduler or self.opts.default_scheduler,
         )
 
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "schedulers": list(self.opts.schedulers)}
+    def prepare(self, request: Request[ImageInput]) -> Share:
+        """The request's seeds and start image; InputError where the model cannot serve it."""
+        inp = request.input
+        try:
+            inp.check_pipeline(self.config)
+        except InputError as exc:
+            raise InputError(f"input.{exc.field}", exc.reason) from None
+        base = inp.seed if inp.seed is not None else secrets.randbelow(SEED_SPACE)
+        seeds = [(base + i) % SEED_SPACE for i in range(inp.n)]
+        return Share(request, seeds, self._start_image(request))
 
-    def run(self, batch: Sequence[Request]) -> None:
-        shares: list[Share] = []
-        for request in batch:
-            try:
-                shares.append(self._share(request))
-            except InputError as exc:
-                request.fail(exc)
-            except Exception as exc:  # e.g. storage down: this request fails, not the batch
-                log.exception("image job %s: preparing its request failed", request.job_id)
-                request.fail(exc)
-        if not shares:
-            return
+    def run(self, batch: Sequence[Share]) -> None:
+        shares = list(batch)
         call = BatchCall(self._view(shares[0]), shares, self._preview())
         try:
             generated = call.run()
@@ -103,18 +100,8 @@ class ImagePipeline(Pipeline):
 
     # -- before the call ---------------------------------------------------------------
 
-    def _share(self, request: Request) -> Share:
+    def _start_image(self, request: Request[ImageInput]) -> Any:
         inp = request.input
-        assert isinstance(inp, ImageInput)
-        try:
-            inp.check_pipeline(self.config)
-        except InputError as exc:
-            raise InputError(f"input.{exc.field}", exc.reason) from None
-        base = inp.seed if inp.seed is not None else secrets.randbelow(SEED_SPACE)
-        seeds = [(base + i) % SEED_SPACE for i in range(inp.n)]
-        return Share(request, seeds, self._start_image(request, inp))
-
-    def _start_image(self, request: Request, inp: ImageInput) -> Any:
         if inp.init_image is None:
             return None
         if self.loaded.img2img is None:
@@ -145,8 +132,7 @@ class ImagePipeline(Pipeline):
 
     def _finish(self, share: Share, result: Generated, sizes: dict[str, int]) -> None:
         request = share.request
-        if request.cancelled():
-            request.drop_canceled()
+        if request.drop_if_canceled():
             return
         inp = share.input
         images = [
@@ -170,7 +156,13 @@ class ImagePipeline(Pipeline):
         )
 
     def _store(
-        self, request: Request, inp: ImageInput, i: int, image: Any, seed: int, nsfw: bool
+        self,
+        request: Request[ImageInput],
+        inp: ImageInput,
+        i: int,
+        image: Any,
+        seed: int,
+        nsfw: bool,
     ) -> dict[str, Any]:
         data = encode(image, inp.format)
         name = f"image-{i}.{EXTENSIONS[inp.format]}"

@@ -9,7 +9,7 @@ stops taking a slot in the engine's batch.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,7 +73,7 @@ class EngineClient:
     def close(self) -> None:
         self.http.close()
 
-    def stream(self, path: str, body: dict[str, Any]) -> Iterator[Delta | Finish]:
+    def stream(self, path: str, body: dict[str, Any]) -> Generator[Delta | Finish, None, None]:
         """The chunks of one streamed generation; raises EngineLost when the engine goes
         away, InputError when it refuses the request (a prompt over its context)."""
         reason: str | None = None

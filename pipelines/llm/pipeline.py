@@ -1,8 +1,8 @@
 """LLM jobs on a continuous-batching engine server.
 
 The engine batches sequences itself, so each job is its own request (no batch key) and
-the worker feeds the engine `max_inflight` of them at once: the pipeline sets its
-worker's concurrency and runners to that number, and a semaphore holds the line, so the
+the worker feeds the engine `max_inflight` of them at once: the pipeline's `knobs` set
+its worker's concurrency and runners to that number, and a semaphore holds the line, so the
 rest wait in the Redis queue (priorities, 429) instead of in a hidden backlog inside the
 engine. Tokens stream back as `partial` events; the job records TTFT, TPOT, mean ITL
 and E2E as the worker sees them. When the engine process dies, a monitor restarts it
@@ -14,11 +14,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any, ClassVar
 
 from jobs.schemas.llm import LlmInput, LlmOptions
 from jobs.settings import PipelineConfig, Settings
-from pipelines.base import BackendLost, Pipeline, Request
+from pipelines.base import BackendLost, EngineKnobs, Request, SimplePipeline
 from pipelines.llm.client import Delta, EngineClient, EngineLost, Finish, request_body
 from pipelines.llm.server import EngineServer, EngineSpec
 from pipelines.llm.timing import TokenClock
@@ -31,21 +30,15 @@ ENGINE_EXIT_GRACE_S = 2.0
 """How long a broken stream waits to see whether the engine process exited."""
 
 
-class LlmPipeline(Pipeline):
-    kind: ClassVar[str] = "llm"
-    input_model: ClassVar[type[LlmInput]] = LlmInput
+class LlmPipeline(SimplePipeline[LlmInput]):
+    kind = "llm"
 
     def __init__(self, config: PipelineConfig, settings: Settings) -> None:
-        self.options = config.options_as(LlmOptions)
-        slots = self.options.max_inflight
-        # One request per engine call, max_inflight calls at once: the engine batches.
-        config = config.model_copy(
-            update={"max_batch": 1, "max_wait_ms": 0.0, "runners": slots, "concurrency": slots}
-        )
         super().__init__(config, settings)
+        self.options = config.options_as(LlmOptions)
         self.server: EngineServer | None = None
         self.client: EngineClient | None = None
-        self._slots = threading.BoundedSemaphore(slots)
+        self._slots = threading.BoundedSemaphore(self.options.max_inflight)
         self._ready = threading.Event()
         self._ready_lock = threading.Lock()
         self._stop = threading.Event()
@@ -76,16 +69,17 @@ class LlmPipeline(Pipeline):
         if self.client is not None:
             self.client.close()
 
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "engine": self.options.engine}
+    def knobs(self) -> EngineKnobs:
+        """One request per engine call, `max_inflight` calls at once: the engine batches."""
+        slots = self.options.max_inflight
+        return EngineKnobs(max_batch=1, max_wait_ms=0.0, runners=slots, concurrency=slots)
 
-    def run(self, batch: Sequence[Request]) -> None:
+    def run(self, batch: Sequence[Request[LlmInput]]) -> None:
         for request in batch:
             self._generate(request)
 
-    def _generate(self, request: Request) -> None:
+    def _generate(self, request: Request[LlmInput]) -> None:
         inp = request.input
-        assert isinstance(inp, LlmInput)
         if not self._ready.wait(self.options.startup_timeout_s):
             raise BackendLost("the engine is not back up")
         assert self.client is not None and self.server is not None
@@ -98,8 +92,7 @@ class LlmPipeline(Pipeline):
             chunks = self.client.stream(path, body)
             try:
                 for chunk in chunks:
-                    if request.cancelled():
-                        request.drop_canceled()
+                    if request.drop_if_canceled():
                         return
                     if isinstance(chunk, Delta):
                         clock.chunk()
@@ -119,7 +112,8 @@ class LlmPipeline(Pipeline):
             "completion_tokens": completion,
             "total_tokens": finish.usage.get("prompt_tokens", 0) + completion,
         }
-        timings = clock.timings(completion)
+        for name, ms in clock.timings(completion).items():
+            request.record_timing(name, ms)
         request.succeed(
             {
                 "text": "".join(text),
@@ -127,7 +121,6 @@ class LlmPipeline(Pipeline):
                 "usage": usage,
                 "model": self.server.spec.served_name,
                 "cached": False,
-                "_timings": timings,
             }
         )
 

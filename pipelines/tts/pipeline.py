@@ -1,16 +1,21 @@
 """The TTS pipeline: the voices of settings, spoken sentence by sentence as partial events.
 
-Each request runs alone (engines have no batch dimension); a device runs several engine
-instances as separate worker processes (`instances`). For one request:
+Each request runs alone (engines have no batch dimension: no batch key), so bad input
+found while speaking (a reference clip that cannot be read) fails only its request; a
+device runs several engine instances as separate worker processes (`instances`). For one
+request:
 
-1. the voice is resolved from the pipeline's `options.voices` (unknown: invalid input);
-2. the text is split into sentences (`pipelines.tts.text`);
-3. each sentence is synthesized in order; every chunk an engine yields goes out at once
+1. `prepare` resolves the voice from the pipeline's `options.voices` (unknown: invalid
+   input) and splits the text into sentences (`pipelines.tts.text`);
+2. each sentence is synthesized in order; every chunk an engine yields goes out at once
    as a `partial` event `{seq, sentence, text, sample_rate, samples, audio}` (`audio`:
    base64 little-endian PCM16 mono), plus `stream` (base64, the next bytes of the
    requested format's stream) for flac, mp3 and opus; a `progress` event follows each
    sentence; a cancel stops before the next sentence (or the next XTTS chunk);
-4. the whole audio is encoded in the requested format and stored; the output names it.
+3. the whole audio is encoded in the requested format and stored; the output names it.
+
+Timings: `first_audio_ms` (start of synthesis to the first chunk with audio) and
+`synthesis_ms` (to the last chunk).
 """
 
 from __future__ import annotations
@@ -19,14 +24,14 @@ import base64
 import contextlib
 import os
 import time
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from jobs.errors import InputError
-from jobs.schemas.base import JobInput
 from jobs.schemas.tts import TtsInput, TtsOptions
 from jobs.settings import PipelineConfig, Settings
 from pipelines.base import Pipeline, Request
@@ -41,9 +46,18 @@ from pipelines.tts.engines import SpeakOptions, SpeechEngine, make_engine
 from pipelines.tts.text import split_sentences
 
 
-class TtsPipeline(Pipeline):
+@dataclass(frozen=True)
+class Plan:
+    """One request, prepared: its voice, that voice's engine, the sentences to speak."""
+
+    request: Request[TtsInput]
+    voice: str
+    engine: SpeechEngine
+    sentences: list[str]
+
+
+class TtsPipeline(Pipeline[TtsInput, Plan]):
     kind = "tts"
-    input_model = TtsInput
 
     def __init__(self, config: PipelineConfig, settings: Settings) -> None:
         super().__init__(config, settings)
@@ -62,44 +76,9 @@ class TtsPipeline(Pipeline):
                 for _ in engine.speak("Ready.", SpeakOptions()):
                     pass
 
-    def batch_key(self, request: JobInput) -> Hashable | None:
-        return None
-
-    def run(self, batch: Sequence[Request]) -> None:
-        for request in batch:
-            try:
-                self._speak(request)
-            except InputError as exc:
-                request.fail(exc)
-
-    def unload(self) -> None:
-        for engine in self.engines.values():
-            engine.unload()
-        self.engines.clear()
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "voices": self.options.names()}
-
-    def _speak(self, request: Request) -> None:
+    def prepare(self, request: Request[TtsInput]) -> Plan:
+        """The voice, its engine and the sentences; InputError where they do not fit."""
         inp = request.input
-        assert isinstance(inp, TtsInput)
-        name, engine, sentences = self._plan(inp)
-        with _reference(request, inp) as reference:
-            options = SpeakOptions(
-                speed=inp.speed if engine.native_speed else 1.0,
-                language=inp.language,
-                reference=reference,
-            )
-            audio = _Speech(request, inp, engine).run(sentences, options)
-        if audio is None:
-            return  # canceled
-        spec = FORMATS[inp.format]
-        data = encode_file(audio.samples(), audio.rate, inp.format)
-        stored = request.files.put_output(f"speech.{spec.extension}", data, spec.content_type)
-        request.succeed({"audio": stored, **audio.summary(inp, name, len(sentences))})
-
-    def _plan(self, inp: TtsInput) -> tuple[str, SpeechEngine, list[str]]:
-        """The voice's name, its engine and the sentences; InputError where they do not fit."""
         name = self.options.resolve(inp.voice)
         engine = self.engines[name]
         if inp.reference_audio and not engine.clones:
@@ -109,23 +88,52 @@ class TtsPipeline(Pipeline):
         sentences = split_sentences(inp.text, min(limit, engine_limit))
         if not sentences:
             raise InputError("text", "has nothing to speak")
-        return name, engine, sentences
+        return Plan(request, name, engine, sentences)
+
+    def run(self, batch: Sequence[Plan]) -> None:
+        for plan in batch:  # a batch of one: no batch key
+            self._speak(plan)
+
+    def unload(self) -> None:
+        for engine in self.engines.values():
+            engine.unload()
+        self.engines.clear()
+
+    def _speak(self, plan: Plan) -> None:
+        request, engine = plan.request, plan.engine
+        inp = request.input
+        with _reference(request) as reference:
+            options = SpeakOptions(
+                speed=inp.speed if engine.native_speed else 1.0,
+                language=inp.language,
+                reference=reference,
+            )
+            audio = _Speech(request, engine).run(plan.sentences, options)
+        if audio is None:
+            return  # canceled
+        spec = FORMATS[inp.format]
+        data = encode_file(audio.samples(), audio.rate, inp.format)
+        stored = request.files.put_output(f"speech.{spec.extension}", data, spec.content_type)
+        request.succeed({"audio": stored, **audio.summary(plan.voice, len(plan.sentences))})
 
 
 @contextlib.contextmanager
-def _reference(request: Request, inp: TtsInput) -> Iterator[Path | None]:
-    if inp.reference_audio is None:
+def _reference(request: Request[TtsInput]) -> Iterator[Path | None]:
+    ref = request.input.reference_audio
+    if ref is None:
         yield None
         return
-    with request.files.input_path(inp.reference_audio, "reference_audio") as path:
+    with request.files.input_path(ref, "reference_audio") as path:
         yield path
 
 
 class _Speech:
     """One request's synthesis: sentences in, partial events out, the audio kept."""
 
-    def __init__(self, request: Request, inp: TtsInput, engine: SpeechEngine) -> None:
+    def __init__(self, request: Request[TtsInput], engine: SpeechEngine) -> None:
+        inp = request.input
         self.request = request
+        self.format = inp.format
         self.engine = engine
         self.rate = inp.sample_rate or engine.sample_rate
         tempo = 1.0 if engine.native_speed else inp.speed
@@ -135,38 +143,33 @@ class _Speech:
         self.chunks: list[np.ndarray] = []
         self.seq = 0
         self.total = 0
-        self.first_audio_ms: float | None = None
-        self.synthesis_ms = 0.0
         self._started = time.monotonic()
 
     def run(self, sentences: list[str], options: SpeakOptions) -> _Speech | None:
         """Speak every sentence; None when the request was canceled on the way."""
         for index, sentence in enumerate(sentences):
             for chunk in self.engine.speak(sentence, options):
-                if self.request.cancelled():
-                    break
+                if self.request.drop_if_canceled():
+                    return None
                 self._emit(self.shaper.feed(chunk), index, sentence)
-            if self.request.cancelled():
-                self.request.drop_canceled()
+            if self.request.drop_if_canceled():
                 return None
             self.request.progress(index + 1, len(sentences))
         tail = self.shaper.flush()
         self._emit(tail, len(sentences) - 1, "", closing=True)
-        self.synthesis_ms = _ms(time.monotonic() - self._started)
+        self._record("synthesis_ms")
         return self
 
-    def summary(self, inp: TtsInput, voice: str, sentences: int) -> dict[str, Any]:
+    def summary(self, voice: str, sentences: int) -> dict[str, Any]:
         """The job's output, beside the stored file."""
         return {
-            "format": inp.format,
+            "format": self.format,
             "sample_rate": self.rate,
             "duration_s": round(self.total / self.rate, 3),
             "voice": voice,
             "engine": self.engine.engine,
             "sentences": sentences,
             "chunks": self.seq,
-            "first_audio_ms": self.first_audio_ms,
-            "synthesis_ms": self.synthesis_ms,
             "worker_pid": os.getpid(),
         }
 
@@ -191,11 +194,10 @@ class _Speech:
         }
         if self.encoder:
             data["stream"] = base64.b64encode(stream).decode()
-        if self.first_audio_ms is None and samples.size:
-            self.first_audio_ms = _ms(time.monotonic() - self._started)
+        if samples.size and self.total == samples.size:  # the first chunk with audio
+            self._record("first_audio_ms")
         self.request.partial(data)
         self.seq += 1
 
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000.0, 3)
+    def _record(self, name: str) -> None:
+        self.request.record_timing(name, (time.monotonic() - self._started) * 1000.0)

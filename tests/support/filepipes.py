@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pydantic import Field
 
-from jobs.errors import InputError
 from jobs.filerefs import FileRef
 from jobs.schemas.base import JobInput
 from pipelines.base import Pipeline, Request
@@ -21,30 +21,32 @@ class FileSumInput(JobInput):
     output_name: str = Field(default="sum.txt", pattern=r"^[a-z0-9_.-]{1,40}$")
 
 
-class FileSumPipeline(Pipeline):
+@dataclass(frozen=True)
+class Summed:
+    request: Request[FileSumInput]
+    sha256: str
+    size: int
+
+
+class FileSumPipeline(Pipeline[FileSumInput, Summed]):
     """Hashes its input file and stores the hex digest as the job's output file."""
 
     kind = "filesum"
-    input_model = FileSumInput
 
     def load(self) -> None:
         pass
 
-    def run(self, batch: Sequence[Request]) -> None:
-        for request in batch:
-            try:
-                request.succeed(self._one(request))
-            except InputError as exc:
-                request.fail(exc)
-
-    def _one(self, request: Request) -> dict[str, object]:
-        assert isinstance(request.input, FileSumInput)
-        files = request.files
+    def prepare(self, request: Request[FileSumInput]) -> Summed:
         sha, size = hashlib.sha256(), 0
-        with files.open_input(request.input.file, "file") as stream:
+        with request.files.open_input(request.input.file, "file") as stream:
             while chunk := stream.read(1 << 20):
                 sha.update(chunk)
                 size += len(chunk)
-        digest = sha.hexdigest()
-        output = files.put_output(request.input.output_name, digest.encode(), "text/plain")
-        return {"sha256": digest, "bytes": size, "file": output}
+        return Summed(request, sha.hexdigest(), size)
+
+    def run(self, batch: Sequence[Summed]) -> None:
+        for summed in batch:
+            request = summed.request
+            data = summed.sha256.encode()
+            output = request.files.put_output(request.input.output_name, data, "text/plain")
+            request.succeed({"sha256": summed.sha256, "bytes": summed.size, "file": output})

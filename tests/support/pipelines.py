@@ -7,13 +7,12 @@ import os
 import time
 import uuid
 from collections.abc import Hashable, Sequence
-from typing import Any
 
 from pydantic import Field
 
 from jobs.errors import InputError
 from jobs.schemas.base import JobInput
-from pipelines.base import Canceled, Pipeline, Request
+from pipelines.base import Request, SimplePipeline
 
 
 class EchoInput(JobInput):
@@ -32,43 +31,40 @@ class EchoInput(JobInput):
     """Report this time per output token (as an LLM pipeline does) in the job's timings."""
 
 
-class EchoPipeline(Pipeline):
+class EchoPipeline(SimplePipeline[EchoInput]):
     kind = "echo"
-    input_model = EchoInput
 
     def load(self) -> None:
         pass
 
-    def batch_key(self, request: JobInput) -> Hashable | None:
-        assert isinstance(request, EchoInput)
+    def batch_key(self, request: EchoInput) -> Hashable | None:
         return request.group
 
-    def run(self, batch: Sequence[Request]) -> None:
+    def run(self, batch: Sequence[Request[EchoInput]]) -> None:
         inputs = [r.input for r in batch]
-        assert all(isinstance(i, EchoInput) for i in inputs)
         batch_id = uuid.uuid4().hex
-        longest = max(i.sleep_ms for i in inputs if isinstance(i, EchoInput))
-        if any(isinstance(i, EchoInput) and i.crash for i in inputs):
+        longest = max(i.sleep_ms for i in inputs)
+        if any(i.crash for i in inputs):
             time.sleep(longest / 2000)
             os._exit(17)
-        if any(isinstance(i, EchoInput) and i.fail for i in inputs):
+        if any(i.fail for i in inputs):
             raise RuntimeError("boom: the echo pipeline was asked to fail")
         time.sleep(longest / 1000)
         for request in batch:
-            assert isinstance(request.input, EchoInput)
             if request.input.reject:
                 request.fail(InputError("text", "rejected by the pipeline"))
                 continue
             request.partial({"text": request.input.text[:1]})
-            output: dict[str, Any] = {
-                "text": request.input.text,
-                "batch_id": batch_id,
-                "batch_size": len(batch),
-                "pid": os.getpid(),
-            }
             if request.input.tpot_ms is not None:
-                output["_timings"] = {"tpot_ms": request.input.tpot_ms}
-            request.succeed(output)
+                request.record_timing("tpot_ms", request.input.tpot_ms)
+            request.succeed(
+                {
+                    "text": request.input.text,
+                    "batch_id": batch_id,
+                    "batch_size": len(batch),
+                    "pid": os.getpid(),
+                }
+            )
 
 
 class SleepInput(JobInput):
@@ -76,22 +72,20 @@ class SleepInput(JobInput):
     step_ms: int = Field(default=50, ge=0, le=10_000)
 
 
-class SleepPipeline(Pipeline):
+class SleepPipeline(SimplePipeline[SleepInput]):
     """Sleeps step by step, one request at a time, and stops at the next step on cancel."""
 
     kind = "sleep"
-    input_model = SleepInput
 
     def load(self) -> None:
         pass
 
-    def run(self, batch: Sequence[Request]) -> None:
+    def run(self, batch: Sequence[Request[SleepInput]]) -> None:
         (request,) = batch
-        assert isinstance(request.input, SleepInput)
         total = request.input.steps
         for step in range(1, total + 1):
-            if request.cancelled():
-                raise Canceled
+            if request.drop_if_canceled():
+                return
             time.sleep(request.input.step_ms / 1000)
             request.progress(step, total)
         request.succeed({"steps": total, "pid": os.getpid()})
