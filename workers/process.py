@@ -48,11 +48,12 @@ def build_pipeline(settings: Settings, pipeline_name: str) -> Pipeline[Any, Any]
 
 
 def register_task(app: Celery, runner: JobRunner) -> None:
-    @app.task(name=TASK_NAME, acks_late=True, ignore_result=True)
     def run_job(job_id: str) -> str:
         outcome = runner.run(job_id)
         log.info("job %s: %s", job_id, outcome)
         return outcome
+
+    app.task(name=TASK_NAME, acks_late=True, ignore_result=True)(run_job)
 
 
 def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> None:
