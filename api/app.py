@@ -18,7 +18,6 @@ from api.openai import audio as openai_audio
 from api.openai import chat as openai_chat
 from api.openai import images as openai_images
 from api.openai import speech as openai_speech
-from api.redis_pool import connection_pool
 from api.routes import events, files, health, jobs, metrics
 from api.service import JobService
 from jobs.broker import make_celery, webhook_sender
@@ -41,7 +40,8 @@ def create_app(settings: Settings) -> FastAPI:
         storage = make_storage(settings)
         # A missing or forbidden bucket stops the API here, with the reason.
         await anyio.to_thread.run_sync(storage.check)
-        pool = connection_pool(
+        # Blocking: a burst of requests waits for a connection instead of failing.
+        pool = aredis.BlockingConnectionPool.from_url(
             settings.redis_url or "", decode_responses=True, max_connections=256, timeout=10
         )
         client = aredis.Redis(connection_pool=pool)
