@@ -101,7 +101,7 @@ class _Listener:
                 await asyncio.sleep(0.5)
             finally:
                 with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: unannotated
 
 
 class EventHub:
