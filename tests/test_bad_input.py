@@ -152,3 +152,23 @@ async def test_private_webhook_is_422_where_not_allowed(
     r = await api.post("/v1/jobs", json=bad_events)
     assert r.status_code == 422 and _error(r)["param"] == "webhook.events"
     await _nothing_queued(inprocess, api)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", {"model": "m", "messages": []}, "messages"),
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "x"}]}, "messages.0.role"),
+        ("/v1/completions", {"model": "m", "prompt": ["a", "b"]}, "prompt"),
+        ("/v1/images/generations", {"prompt": "a cat", "size": "big"}, "size"),
+        ("/v1/images/generations", {"prompt": "a cat", "colour": "red"}, "colour"),
+        ("/v1/audio/speech", {"model": "tts-1", "voice": "alloy"}, "input"),
+    ],
+)
+async def test_openai_routes_name_the_field_as_their_request_does(
+    inprocess: InProcess, api: httpx.AsyncClient, path: str, body: dict[str, object], param: str
+) -> None:
+    r = await api.post(path, json=body)
+    assert r.status_code == 422, r.text
+    assert _error(r)["param"] == param
+    await _nothing_queued(inprocess, api)
