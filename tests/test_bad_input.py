@@ -80,8 +80,8 @@ async def test_malformed_json_is_422(api: httpx.AsyncClient) -> None:
 async def test_bad_query_parameters_are_422_naming_them(api: httpx.AsyncClient) -> None:
     bad = await api.get("/v1/jobs", params={"cursor": "not-a-cursor"})
     assert bad.status_code == 422 and _error(bad)["param"] == "cursor"
-    for params, param in [({"limit": 0}, "limit"), ({"status": "sleeping"}, "status")]:
-        r = await api.get("/v1/jobs", params=params)
+    for param, value in [("limit", "0"), ("status", "sleeping")]:
+        r = await api.get("/v1/jobs", params={param: value})
         assert r.status_code == 422 and _error(r)["param"] == param, r.text
     job = (await api.post("/v1/jobs", json={"kind": "echo", "input": {"text": "x"}})).json()
     r = await api.get(f"/v1/jobs/{job['id']}/events", params={"after": "nonsense"})
