@@ -10,15 +10,18 @@ import redis.asyncio as aredis
 from fastapi import FastAPI
 
 from api import errors
+from api.auth import ApiKeys
+from api.cache import ResponseCache
 from api.deps import AppState
 from api.files import FileService
+from api.health import Health
 from api.hub import EventHub
 from api.limits import BodySizeLimit
+from api.metrics import MetricsReader
 from api.openai import audio as openai_audio
 from api.openai import chat as openai_chat
 from api.openai import images as openai_images
 from api.openai import speech as openai_speech
-from api.redis_pool import connection_pool
 from api.routes import events, files, health, jobs, metrics
 from api.service import JobService
 from jobs.broker import make_celery, webhook_sender
@@ -41,7 +44,8 @@ def create_app(settings: Settings) -> FastAPI:
         storage = make_storage(settings)
         # A missing or forbidden bucket stops the API here, with the reason.
         await anyio.to_thread.run_sync(storage.check)
-        pool = connection_pool(
+        # Blocking: a burst of requests waits for a connection instead of failing.
+        pool = aredis.BlockingConnectionPool.from_url(
             settings.redis_url or "", decode_responses=True, max_connections=256, timeout=10
         )
         client = aredis.Redis(connection_pool=pool)
@@ -49,9 +53,16 @@ def create_app(settings: Settings) -> FastAPI:
         store = MeteredAsyncJobStore(client, settings, on_event=webhook_sender(celery))
         hub = EventHub(client)
         await hub.start()
-        file_service = FileService(settings, storage, client)
-        service = JobService(settings, store, celery, hub, files=file_service)
-        app.state.mmq = AppState(settings, client, store, celery, hub, service, storage)
+        files = FileService(settings, storage, client)
+        cache = ResponseCache(settings, store, client)
+        service = JobService(settings, store, celery, hub, files, cache)
+        app.state.mmq = AppState(
+            settings=settings,
+            service=service,
+            api_keys=ApiKeys(client, settings),
+            health=Health(client, settings),
+            metrics=MetricsReader(client, settings),
+        )
         try:
             yield
         finally:

@@ -1,40 +1,63 @@
-"""Process-wide state of the API, built once in the app's lifespan."""
+"""Process-wide state of the API, built once in the app's lifespan, and the FastAPI
+dependencies that hand its parts to routes. Routes never see the Redis client."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
-import redis.asyncio as aredis
-from celery import Celery
-from fastapi import Request
+from fastapi import Depends
+from starlette.requests import HTTPConnection
 
+from api.files import FileService
+from api.health import Health
+from api.metrics import MetricsReader
+from api.service import JobService
 from jobs.settings import Settings
-from jobs.store import AsyncJobStore
 
 if TYPE_CHECKING:
-    from api.hub import EventHub
-    from api.service import JobService
-    from storage.base import Storage
+    from api.auth import ApiKeys
 
 
-@dataclass
+@dataclass(frozen=True)
 class AppState:
     settings: Settings
-    redis: aredis.Redis
-    store: AsyncJobStore
-    celery: Celery
-    hub: EventHub
     service: JobService
-    storage: Storage
+    """The one door to jobs (and the files their inputs name)."""
+    api_keys: ApiKeys
+    health: Health
+    metrics: MetricsReader
 
 
-def get_state(request: Request) -> AppState:
-    state: AppState = request.app.state.mmq
+def get_state(conn: HTTPConnection) -> AppState:
+    state: AppState = conn.app.state.mmq
     return state
 
 
-async def get_service(request: Request) -> JobService:
-    """FastAPI dependency. `async` so that FastAPI calls it on the event loop: a plain
-    `def` dependency costs a hop to the thread pool on every request."""
-    return get_state(request).service
+# The dependencies are `async` so that FastAPI calls them on the event loop: a plain
+# `def` dependency costs a hop to the thread pool on every request.
+
+
+async def get_settings(conn: HTTPConnection) -> Settings:
+    return get_state(conn).settings
+
+
+async def get_service(conn: HTTPConnection) -> JobService:
+    return get_state(conn).service
+
+
+async def get_files(conn: HTTPConnection) -> FileService:
+    return get_state(conn).service.files
+
+
+async def get_health(conn: HTTPConnection) -> Health:
+    return get_state(conn).health
+
+
+async def get_metrics(conn: HTTPConnection) -> MetricsReader:
+    return get_state(conn).metrics
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+Service = Annotated[JobService, Depends(get_service)]
+Files = Annotated[FileService, Depends(get_files)]

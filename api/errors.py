@@ -5,6 +5,7 @@ Every error body is `{"error": {"type", "message", "param"}}` (OpenAI clients re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -58,7 +59,7 @@ async def on_mmq_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-def _loc(loc: tuple[Any, ...] | list[Any]) -> str:
+def _loc(loc: Sequence[Any]) -> str:
     parts = [str(p) for p in loc]
     if parts and parts[0] in {"body", "query", "header", "path"}:
         parts = parts[1:]

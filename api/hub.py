@@ -29,17 +29,7 @@ from jobs.states import TERMINAL
 log = logging.getLogger(__name__)
 
 RESYNC: dict[str, Any] = {"type": "__resync__"}
-_JOB_ID = '"job_id":"'
 SUBSCRIBE_TIMEOUT_S = 10.0
-
-
-def _job_id_of(raw: str) -> str:
-    """The job id of a notice without parsing it: most notices have no local subscriber."""
-    start = raw.find(_JOB_ID)
-    if start < 0:
-        return ""
-    start += len(_JOB_ID)
-    return raw[start : raw.find('"', start)]
 
 
 def ends(notice: dict[str, Any]) -> bool:
@@ -111,7 +101,7 @@ class _Listener:
                 await asyncio.sleep(0.5)
             finally:
                 with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: unannotated
 
 
 class EventHub:
@@ -184,12 +174,10 @@ class EventHub:
 
 
 def _dispatch(table: Subscribers, raw: str) -> None:
-    """A notice to the local subscribers of its job (parsed only if it has some)."""
-    queues = table.get(_job_id_of(raw))
-    if queues:
-        notice = json.loads(raw)
-        for queue in queues:
-            queue.put_nowait(notice)
+    """A notice to the local subscribers of its job."""
+    notice: dict[str, Any] = json.loads(raw)
+    for queue in table.get(notice["job_id"], ()):
+        queue.put_nowait(notice)
 
 
 def _resync(table: Subscribers) -> None:

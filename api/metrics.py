@@ -48,6 +48,17 @@ class Snapshot:
     devices: list[dict[str, str]] = field(default_factory=list)
 
 
+class MetricsReader:
+    """What `/metrics` reads, built once per process (routes never hold the client)."""
+
+    def __init__(self, client: aredis.Redis, settings: Settings) -> None:
+        self._r = client
+        self._settings = settings
+
+    async def snapshot(self) -> Snapshot:
+        return await read_snapshot(self._r, self._settings)
+
+
 async def read_snapshot(r: aredis.Redis, settings: Settings) -> Snapshot:
     snap = Snapshot()
     pipelines = settings.enabled_pipelines

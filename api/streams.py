@@ -8,7 +8,7 @@ the only reads are the replay and a re-read after the hub lost its connection.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from api.hub import EventHub, ends
@@ -36,8 +36,8 @@ async def follow(
     hub: EventHub,
     job_id: str,
     after: str | None,
-    keepalive_s: float = 15.0,
-) -> AsyncIterator[Event | None]:
+    keepalive_s: float,
+) -> AsyncGenerator[Event | None, None]:
     """Every event of the job after `after`, in order, once each; None for keep-alives."""
     last = stream_id_key(after) if after else (0, 0)
     async with hub.subscribe(job_id) as notices:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,6 +14,7 @@ import redis
 
 from jobs.apikeys import create_key
 from tests.support.deploy import Deployment, flush, serving
+from tests.support.inprocess import InProcess, inprocess_settings, serve_in_process
 from workers.redis_server import RedisServer
 
 WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"mmq-test-webhook-secret-32-bytes").decode()
@@ -90,3 +92,19 @@ def api(deployment: Deployment, request: pytest.FixtureRequest) -> Api:
     """A client with a fresh owner for this test."""
     name = "t" + str(abs(hash(request.node.nodeid)) % 10**10) + str(time.monotonic_ns() % 10**6)
     return new_owner(deployment.redis_url, deployment.base_url, name)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Tests marked `anyio` run on asyncio, as the API does under uvicorn."""
+    return "asyncio"
+
+
+@pytest.fixture
+async def inprocess(redis_url: str, tmp_path: Path) -> AsyncIterator[InProcess]:
+    """The API in this process on a flushed Redis, no worker (tests/support/inprocess.py).
+    Async: a test that uses it is marked `anyio`."""
+    flush(redis_url)
+    settings = inprocess_settings(redis_url, tmp_path, webhook_secret=WEBHOOK_SECRET)
+    async with serve_in_process(settings) as served:
+        yield served

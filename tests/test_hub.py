@@ -4,6 +4,7 @@ alone; followers open the events channel, which closes after they leave, and reo
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -164,3 +165,23 @@ def test_a_malformed_notice_is_skipped_and_the_hub_listens_on(
 
     [end] = asyncio.run(main())
     assert end["data"] == {"status": "succeeded"}
+
+
+def test_notices_are_read_as_json_whatever_their_spacing_or_key_order(
+    redis_url: str, store: JobStore
+) -> None:
+    """A notice is parsed, not scanned: `"job_id": "…"` with a space, or after `data`,
+    still reaches the job's subscribers; notices of other jobs do not."""
+
+    async def main() -> list[Notice]:
+        async with _hub(redis_url, 5.0) as hub:
+            job = _put(store)
+            async with hub.subscribe(job.id, ends_only=True) as end:
+                other = {"id": "1-0", "job_id": "job_other", "type": "status", "ts": 1.0}
+                store.r.publish(keys.ENDS_CHANNEL, json.dumps(other | {"data": {}}))
+                ours = {"type": "status", "data": {"status": "succeeded"}, "job_id": job.id}
+                store.r.publish(keys.ENDS_CHANNEL, json.dumps({**ours, "id": "2-0", "ts": 2.0}))
+                return await _until(end, _succeeded)
+
+    [end] = asyncio.run(main())
+    assert end["id"] == "2-0" and end["job_id"].startswith("job_hub")

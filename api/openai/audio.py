@@ -12,19 +12,19 @@ that goes away before the end cancels its job.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from collections.abc import Iterator
+from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.datastructures import FormData, UploadFile
 
-from api.auth import current_owner
-from api.deps import AppState, get_state
-from api.files import FileService
+from api.auth import Owner
+from api.deps import Service
 from api.openai.common import (
-    cancel_shielded,
+    SSE_KEEPALIVE,
+    ended_badly,
     failure_body,
     job_failure,
     renamed,
@@ -32,14 +32,14 @@ from api.openai.common import (
     wait_for_end,
 )
 from api.openai.transcripts import ResponseFormat, transcript_response
-from api.streams import follow
+from api.service import JobService
+from api.streaming import stream_job
 from jobs.errors import InputError, MmqError, NotFound, TooLarge
 from jobs.models import Event, EventType, Job, JobCreate
 from jobs.schemas import validation_error_field
+from jobs.settings import Limits
 
 router = APIRouter(prefix="/v1/audio", tags=["openai"])
-
-Owner = Annotated[str, Depends(current_owner)]
 
 DEFAULT_MODELS = frozenset({"whisper-1"})
 """OpenAI model names that mean "the default ASR pipeline"."""
@@ -114,45 +114,51 @@ class TranscriptionForm(BaseModel):
 
 
 @router.post("/transcriptions", responses={413: {}, 422: {}, 429: {}}, openapi_extra=UPLOAD_BODY)
-async def create_transcription(request: Request, owner: Owner) -> Response:
+async def create_transcription(request: Request, owner: Owner, service: Service) -> Response:
     """Speech to text in the audio's language (OpenAI's audio.transcriptions.create)."""
-    return await _transcribe(request, owner, "transcribe")
+    return await _transcribe(request, service, owner, "transcribe")
 
 
 @router.post("/translations", responses={413: {}, 422: {}, 429: {}}, openapi_extra=UPLOAD_BODY)
-async def create_translation(request: Request, owner: Owner) -> Response:
+async def create_translation(request: Request, owner: Owner, service: Service) -> Response:
     """Speech to English text (OpenAI's audio.translations.create)."""
-    return await _transcribe(request, owner, "translate")
+    return await _transcribe(request, service, owner, "translate")
 
 
-async def _transcribe(request: Request, owner: str, task: str) -> Response:
-    state = get_state(request)
+async def _transcribe(request: Request, service: JobService, owner: str, task: str) -> Response:
     # Parsed here, after the API key is checked, not by FastAPI before it.
     form = await request.form(max_files=1, max_fields=32)
     try:
-        fields, upload = _parse(form, state)
-        job = await _submit(state, owner, fields, upload, task)
+        fields, upload = _parse(form, service.settings.limits)
+        job = await _submit(service, owner, fields, upload, task)
     except InputError as exc:
         raise renamed(exc, PARAMS) from None
     finally:
         await form.close()
     headers = {"X-Job-Id": job.id}
     if fields.stream:
-        events = _stream(state, owner, job.id)
+        events = await stream_job(
+            service,
+            owner,
+            job.id,
+            _Deltas(),
+            keepalive=SSE_KEEPALIVE,
+            cancel_on_disconnect=True,
+        )
         headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-    ended = await wait_for_end(request, state, owner, job.id)
+    ended = await wait_for_end(request, service, owner, job.id)
     if ended.status != "succeeded" or ended.output is None:
         return job_failure(ended, PARAMS)
     words = "word" in fields.timestamp_granularities
     return transcript_response(ended.output, fields.response_format, task, words, headers)
 
 
-def _parse(form: FormData, state: AppState) -> tuple[TranscriptionForm, UploadFile]:
+def _parse(form: FormData, limits: Limits) -> tuple[TranscriptionForm, UploadFile]:
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
         raise InputError("file", "send the audio as the multipart/form-data field 'file'")
-    limit = state.settings.limits.audio_max_bytes
+    limit = limits.audio_max_bytes
     if upload.size is not None and upload.size > limit:
         raise TooLarge("file", f"is {upload.size} bytes, over the limit of {limit} bytes")
     values: dict[str, Any] = {k: v for k, v in form.items() if isinstance(v, str)}
@@ -165,45 +171,34 @@ def _parse(form: FormData, state: AppState) -> tuple[TranscriptionForm, UploadFi
 
 
 async def _submit(
-    state: AppState, owner: str, fields: TranscriptionForm, upload: UploadFile, task: str
+    service: JobService, owner: str, fields: TranscriptionForm, upload: UploadFile, task: str
 ) -> Job:
     """Check the request, store the upload, submit the job naming it."""
-    service = state.service
     service.validate(JobCreate(kind="asr", input=fields.job_input(task, PENDING_KEY)))
-    files = FileService(state.settings, state.storage, state.redis)
-    stored = await files.upload(owner, upload)
+    stored = await service.files.upload(owner, upload)
     body = JobCreate(kind="asr", input=fields.job_input(task, stored.key))
     try:
         job, _ = await service.submit(owner, body)
     except MmqError:
         with contextlib.suppress(NotFound):
-            await files.delete(stored.key)
+            await service.files.delete(stored.key)
         raise
     return job
 
 
-async def _stream(state: AppState, owner: str, job_id: str) -> AsyncIterator[bytes]:
+class _Deltas:
     """SSE: a delta per segment as the worker decodes it, then done (or an error)."""
-    ended = False
-    text: list[str] = []
-    try:
-        async for event in follow(state.store, state.hub, job_id, None, 15.0):
-            if event is None:
-                yield b": keep-alive\n\n"
-            elif event.type is EventType.PARTIAL:
-                delta = str(event.data["segment"]["text"])
-                delta = delta if text else delta.lstrip()
-                text.append(delta)
-                yield sse({"type": "transcript.text.delta", "delta": delta})
-            elif event.type is EventType.OUTPUT:
-                yield sse({"type": "transcript.text.done", "text": event.data.get("text", "")})
-            elif _ended_badly(event):
-                yield sse(failure_body(str(event.data["status"]), event.data.get("error"), PARAMS))
-        ended = True
-    finally:
-        if not ended:
-            await cancel_shielded(state, owner, job_id)
 
+    def __init__(self) -> None:
+        self.started = False
 
-def _ended_badly(event: Event) -> bool:
-    return event.type is EventType.STATUS and event.data.get("status") in {"failed", "canceled"}
+    def __call__(self, event: Event) -> Iterator[bytes]:
+        if event.type is EventType.PARTIAL:
+            delta = str(event.data["segment"]["text"])
+            delta = delta if self.started else delta.lstrip()
+            self.started = True
+            yield sse({"type": "transcript.text.delta", "delta": delta})
+        elif event.type is EventType.OUTPUT:
+            yield sse({"type": "transcript.text.done", "text": event.data.get("text", "")})
+        elif ended_badly(event):
+            yield sse(failure_body(str(event.data["status"]), event.data.get("error"), PARAMS))

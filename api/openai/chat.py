@@ -10,136 +10,55 @@ goes away cancels its job, which aborts the sequence in the engine.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from collections.abc import Iterator
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from api.auth import current_owner
-from api.deps import AppState, get_state
-from api.openai.common import cancel_shielded, failure_body, job_failure, renamed, sse, wait_for_end
-from api.streams import follow
+from api.auth import Owner
+from api.deps import Service, SettingsDep
+from api.openai.chat_models import ChatRequest, CompletionRequest
+from api.openai.common import (
+    SSE_KEEPALIVE,
+    ended_badly,
+    failure_body,
+    job_failure,
+    renamed,
+    sse,
+    wait_for_end,
+)
+from api.service import JobService
+from api.streaming import stream_job
+from api.streams import is_terminal
 from jobs.errors import InputError
-from jobs.models import EventType, Job, JobCreate
+from jobs.models import Event, EventType, Job, JobCreate
 
 router = APIRouter(prefix="/v1", tags=["openai"])
-
-Owner = Annotated[str, Depends(current_owner)]
 
 PARAMS: dict[str, str] = {}
 """Job input fields under another name in OpenAI's request (none: the same names)."""
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    type: Literal["text"]
-    text: str
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-
-    def as_input(self) -> dict[str, str]:
-        role = "system" if self.role == "developer" else self.role
-        content = self.content
-        text = content if isinstance(content, str) else "".join(p.text for p in content)
-        return {"role": role, "content": text}
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    include_usage: bool = False
-
-
-class Sampling(BaseModel):
-    """What chat and completion requests share. Unknown fields are ignored, as OpenAI
-    clients send many; `n` must be 1."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str = Field(min_length=1, max_length=256)
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    n: Literal[1] = 1
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    cache: bool = True
-    """mmq extension: answer a deterministic request from the response cache."""
-
-    def sampling_input(self) -> dict[str, Any]:
-        stop = [self.stop] if isinstance(self.stop, str) else self.stop
-        values = {
-            "model": self.model,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "stop": stop,
-            "seed": self.seed,
-            "cache": self.cache,
-        }
-        return {k: v for k, v in values.items() if v is not None}
-
-    @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
-
-
-class ChatRequest(Sampling):
-    messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-
-    def job_input(self) -> dict[str, Any]:
-        values = self.sampling_input()
-        if self.max_completion_tokens is not None:
-            values["max_tokens"] = self.max_completion_tokens
-        return {**values, "messages": [m.as_input() for m in self.messages]}
-
-
-class CompletionRequest(Sampling):
-    prompt: str | list[str]
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, prompt: str | list[str]) -> str | list[str]:
-        if isinstance(prompt, list) and len(prompt) != 1:
-            raise ValueError("give one prompt (a list of several is not served)")
-        return prompt
-
-    def job_input(self) -> dict[str, Any]:
-        prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-        return {**self.sampling_input(), "prompt": prompt}
-
-
 @router.post("/chat/completions", responses={422: {}, 429: {}})
-async def create_chat_completion(request: Request, body: ChatRequest, owner: Owner) -> Response:
+async def create_chat_completion(
+    request: Request, owner: Owner, body: ChatRequest, service: Service
+) -> Response:
     """A chat completion (OpenAI's chat.completions.create), streamed or not."""
-    return await _complete(request, owner, body, chat=True)
+    return await _complete(request, service, owner, body, chat=True)
 
 
 @router.post("/completions", responses={422: {}, 429: {}})
-async def create_completion(request: Request, body: CompletionRequest, owner: Owner) -> Response:
+async def create_completion(
+    request: Request, owner: Owner, body: CompletionRequest, service: Service
+) -> Response:
     """A text completion (OpenAI's completions.create), streamed or not."""
-    return await _complete(request, owner, body, chat=False)
+    return await _complete(request, service, owner, body, chat=False)
 
 
 @router.get("/models")
-async def list_models(request: Request, owner: Owner) -> dict[str, Any]:
+async def list_models(owner: Owner, settings: SettingsDep) -> dict[str, Any]:
     """Every model the deployment serves, all kinds: pipeline names, models, aliases."""
-    settings = get_state(request).settings
     seen: dict[str, dict[str, Any]] = {}
     for name, config in settings.enabled_pipelines.items():
         for model_id in (name, config.model, *config.aliases):
@@ -156,20 +75,31 @@ async def list_models(request: Request, owner: Owner) -> dict[str, Any]:
 
 
 async def _complete(
-    request: Request, owner: str, body: ChatRequest | CompletionRequest, *, chat: bool
+    request: Request,
+    service: JobService,
+    owner: str,
+    body: ChatRequest | CompletionRequest,
+    *,
+    chat: bool,
 ) -> Response:
-    state = get_state(request)
     try:
-        job, _ = await state.service.submit(owner, JobCreate(kind="llm", input=body.job_input()))
+        job, _ = await service.submit(owner, JobCreate(kind="llm", input=body.job_input()))
     except InputError as exc:
         raise renamed(exc, PARAMS) from None
     view = _View(job, body.model, chat)
     headers = {"X-Job-Id": job.id}
     if body.stream:
-        chunks = _stream(state, owner, job.id, view, body.include_usage)
+        chunks = await stream_job(
+            service,
+            owner,
+            job.id,
+            _Chunks(view, body.include_usage),
+            keepalive=SSE_KEEPALIVE,
+            cancel_on_disconnect=True,
+        )
         headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
-    ended = await wait_for_end(request, state, owner, job.id)
+    ended = await wait_for_end(request, service, owner, job.id)
     if ended.output is None or ended.status != "succeeded":
         return job_failure(ended, PARAMS)
     return JSONResponse(view.whole(ended.output), headers=headers)
@@ -215,34 +145,31 @@ class _View:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
 
-async def _stream(
-    state: AppState, owner: str, job_id: str, view: _View, include_usage: bool
-) -> AsyncIterator[bytes]:
-    """SSE chunks: a delta per partial event, the finish reason, usage, `[DONE]`."""
-    ended = False
-    try:
-        if view.chat:
+class _Chunks:
+    """A job's events as SSE chunks: the role first (chat), a delta per partial event,
+    the finish reason, usage where asked for, an error if the job did not succeed, and
+    `[DONE]` at the end."""
+
+    def __init__(self, view: _View, include_usage: bool) -> None:
+        self.view = view
+        self.include_usage = include_usage
+        self.started = False
+
+    def __call__(self, event: Event) -> Iterator[bytes]:
+        view = self.view
+        if not self.started and view.chat:
             yield view.chunk("", role=True)
-        keepalive_s = state.settings.api.keepalive_s
-        async for event in follow(state.store, state.hub, job_id, None, keepalive_s):
-            if event is None:
-                yield b": keep-alive\n\n"
-            elif event.type is EventType.PARTIAL:
+        self.started = True
+        if event.type is EventType.PARTIAL:
+            yield view.chunk(str(event.data.get("text", "")))
+        elif event.type is EventType.OUTPUT:
+            if event.data.get("cached"):  # no partial events: the whole text at once
                 yield view.chunk(str(event.data.get("text", "")))
-            elif event.type is EventType.OUTPUT:
-                if event.data.get("cached"):  # no partial events: the whole text at once
-                    yield view.chunk(str(event.data.get("text", "")))
-                yield view.chunk(None, reason=event.data.get("finish_reason"))
-                if include_usage:
-                    yield view.usage_chunk(event.data.get("usage"))
-            elif event.type is EventType.STATUS and event.data.get("status") in {
-                "failed",
-                "canceled",
-            }:
-                status = str(event.data["status"])
-                yield sse(failure_body(status, event.data.get("error"), PARAMS))
-        yield b"data: [DONE]\n\n"
-        ended = True
-    finally:
-        if not ended:
-            await cancel_shielded(state, owner, job_id)
+            yield view.chunk(None, reason=event.data.get("finish_reason"))
+            if self.include_usage:
+                yield view.usage_chunk(event.data.get("usage"))
+        elif ended_badly(event):
+            status = str(event.data["status"])
+            yield sse(failure_body(status, event.data.get("error"), PARAMS))
+        if is_terminal(event):
+            yield b"data: [DONE]\n\n"

@@ -1,23 +1,23 @@
 """What every OpenAI-compatible route shares: errors named as OpenAI's request names
-its fields, SSE frames, waiting for a job's end, and canceling the job of a client that
-went away."""
+its fields, SSE frames, and waiting for a job's end (canceling it if the client goes
+away first)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Mapping
 from typing import Any
 
-import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from api.deps import AppState
 from api.errors import error_body
-from api.streams import follow
-from jobs.errors import Conflict, InputError, NotFound
-from jobs.models import Job
+from api.service import JobService
+from api.streaming import stream_job, until_disconnected
+from jobs.errors import InputError
+from jobs.models import Event, EventType, Job
+
+SSE_KEEPALIVE = b": keep-alive\n\n"
 
 
 def renamed(exc: InputError, params: Mapping[str, str]) -> InputError:
@@ -71,23 +71,19 @@ def sse(payload: Mapping[str, Any]) -> bytes:
     return f"data: {json.dumps(payload)}\n\n".encode()
 
 
-async def wait_for_end(request: Request, state: AppState, owner: str, job_id: str) -> Job:
+def ended_badly(event: Event) -> bool:
+    """Whether the event is the terminal status of a job that failed or was canceled."""
+    return event.type is EventType.STATUS and event.data.get("status") in {"failed", "canceled"}
+
+
+def _no_frames(event: Event) -> tuple[bytes, ...]:
+    return ()
+
+
+async def wait_for_end(request: Request, service: JobService, owner: str, job_id: str) -> Job:
     """The job once it has ended; cancels it if the client goes away first."""
-    ended = False
-    try:
-        async for event in follow(state.store, state.hub, job_id, None, keepalive_s=1.0):
-            if event is None and await request.is_disconnected():
-                break
-        else:
-            ended = True
-    finally:
-        if not ended:
-            await cancel_shielded(state, owner, job_id)
-    return await state.service.get(owner, job_id)
-
-
-async def cancel_shielded(state: AppState, owner: str, job_id: str) -> None:
-    """Cancel the job of a client that went away (its task is being canceled: shield
-    the clean-up from that)."""
-    with anyio.CancelScope(shield=True), contextlib.suppress(Conflict, NotFound):
-        await state.service.cancel(owner, job_id)
+    events = await stream_job(service, owner, job_id, _no_frames, cancel_on_disconnect=True)
+    async with until_disconnected(request):
+        async for _ in events:
+            pass
+    return await service.get(owner, job_id)

@@ -13,24 +13,20 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.auth import current_owner
-from api.deps import get_service, get_state
+from api.auth import Owner
+from api.deps import Service
 from api.openai.common import job_failure, renamed, wait_for_end
-from api.service import JobService
 from jobs.errors import InputError
 from jobs.models import Job, JobCreate
 from jobs.states import JobStatus
 
 router = APIRouter(prefix="/v1/images", tags=["openai"])
-
-Owner = Annotated[str, Depends(current_owner)]
-Service = Annotated[JobService, Depends(get_service)]
 
 SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 PARAMS = {"width": "size", "height": "size", "format": "output_format", "kind": "model"}
@@ -63,16 +59,15 @@ class ImageGenerationRequest(BaseModel):
 
 @router.post("/generations", responses={422: {}, 429: {}})
 async def create_image(
-    request: Request, body: ImageGenerationRequest, owner: Owner, service: Service
+    request: Request, owner: Owner, body: ImageGenerationRequest, service: Service
 ) -> JSONResponse:
     """Images from a prompt (OpenAI's images.generate); answers once they are made."""
-    state = get_state(request)
     create = JobCreate(kind="image", input=job_input(body))
     try:
         job, _ = await service.submit(owner, create)
     except InputError as exc:
         raise renamed(exc, PARAMS) from None
-    job = await wait_for_end(request, state, owner, job.id)
+    job = await wait_for_end(request, service, owner, job.id)
     if job.status is not JobStatus.SUCCEEDED:
         return job_failure(job, PARAMS)
     return JSONResponse(images_response(job, body), headers={"X-Job-Id": job.id})

@@ -20,35 +20,29 @@ A client that goes away cancels its job.
 from __future__ import annotations
 
 import base64
-import contextlib
 import struct
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Annotated, Literal
+from collections.abc import Iterator
+from typing import Any, Literal
 
-import anyio
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.auth import current_owner
-from api.deps import AppState, get_service, get_state
-from api.openai.common import failure_response, renamed, sse
-from api.service import JobService
-from api.streams import follow
-from jobs.errors import Conflict, InputError, NotFound
+from api.auth import Owner
+from api.deps import Service, SettingsDep
+from api.openai.common import ended_badly, failure_response, renamed, sse
+from api.streaming import prepend, stream_job
+from api.streams import is_terminal
+from jobs.errors import InputError
 from jobs.models import Event, EventType, JobCreate
 from jobs.queues import pipeline_for
 from jobs.schemas.tts import CONTENT_TYPES, AudioFormat, TtsOptions
+from jobs.settings import Settings
 
 router = APIRouter(prefix="/v1/audio", tags=["openai"])
 
-Owner = Annotated[str, Depends(current_owner)]
-Service = Annotated[JobService, Depends(get_service)]
-
 OPENAI_PCM_RATE = 24_000
 """OpenAI's `pcm` is 24 kHz; mmq resamples to it unless `sample_rate` is given."""
-Chunks = AsyncGenerator[dict[str, object] | Event, None]
-"""The data of a job's partial events, then its terminal event where it did not succeed."""
 PARAMS = {"text": "input", "format": "response_format"}
 """Job input fields under another name in OpenAI's request."""
 
@@ -82,35 +76,33 @@ class SpeechRequest(BaseModel):
     responses={200: {"content": {t: {} for t in {*CONTENT_TYPES.values(), "text/event-stream"}}}},
 )
 async def create_speech(
-    request: Request, body: SpeechRequest, owner: Owner, service: Service
+    owner: Owner, body: SpeechRequest, service: Service, settings: SettingsDep
 ) -> StreamingResponse | JSONResponse:
     """Speech from text, streamed as it is synthesized (OpenAI's audio.speech.create)."""
-    state = get_state(request)
-    job_input = _job_input(state, body)
+    job_input = _job_input(settings, body)
     try:
         job, _ = await service.submit(owner, JobCreate(kind="tts", input=job_input))
     except InputError as exc:
         raise renamed(exc, PARAMS) from None
-    events = _audio_events(state, job.id)
-    first = await anext(events, None)
-    if first is None or isinstance(first, Event):  # the job ended before any audio
-        await events.aclose()
-        if isinstance(first, Event):
-            return failure_response(str(first.data["status"]), first.data.get("error"), PARAMS)
+    audio = _Frames(body)
+    frames = await stream_job(service, owner, job.id, audio, cancel_on_disconnect=True)
+    # The first frame decides the answer: an error before any audio is OpenAI's error.
+    first = await anext(frames, None)
+    if audio.failure is not None:
+        return failure_response(str(audio.failure["status"]), audio.failure.get("error"), PARAMS)
     headers = {"X-Job-Id": job.id, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    if isinstance(first, dict):
-        headers["X-Sample-Rate"] = str(first["sample_rate"])
+    if audio.first_chunk is not None:
+        headers["X-Sample-Rate"] = str(audio.first_chunk["sample_rate"])
     is_sse = body.stream_format == "sse"
     media = "text/event-stream" if is_sse else CONTENT_TYPES[body.response_format]
-    content = _body(service, owner, job.id, _prepend(first, events), body)
-    return StreamingResponse(content, media_type=media, headers=headers)
+    return StreamingResponse(prepend(first, frames), media_type=media, headers=headers)
 
 
-def _job_input(state: AppState, body: SpeechRequest) -> dict[str, object]:
+def _job_input(settings: Settings, body: SpeechRequest) -> dict[str, object]:
     """The `tts` job input of an OpenAI request; 422 for an unknown model or voice."""
     try:
-        pipeline = pipeline_for(state.settings, "tts", body.model)
-        options = state.settings.pipelines[pipeline].options_as(TtsOptions)
+        pipeline = pipeline_for(settings, "tts", body.model)
+        options = settings.pipelines[pipeline].options_as(TtsOptions)
         voice = options.resolve(body.voice)
     except InputError as exc:
         raise renamed(exc, PARAMS) from None
@@ -129,47 +121,36 @@ def _job_input(state: AppState, body: SpeechRequest) -> dict[str, object]:
     }
 
 
-async def _audio_events(state: AppState, job_id: str) -> Chunks:
-    """The data of each partial event of the job, then its terminal event if it did not
-    succeed (failed or canceled)."""
-    keepalive_s = state.settings.api.keepalive_s
-    async for event in follow(state.store, state.hub, job_id, None, keepalive_s):
-        if event is None:
-            continue
+class _Frames:
+    """A job's events as the response body: audio bytes, or SSE events around them. A
+    job that fails before any audio makes no frame and leaves its `failure` here."""
+
+    def __init__(self, body: SpeechRequest) -> None:
+        self.format: AudioFormat = body.response_format
+        self.is_sse = body.stream_format == "sse"
+        self.first_chunk: dict[str, Any] | None = None
+        self.failure: dict[str, Any] | None = None
+
+    def __call__(self, event: Event) -> Iterator[bytes]:
         if event.type is EventType.PARTIAL:
-            yield event.data
-        elif event.type is EventType.STATUS and event.data.get("status") in {"failed", "canceled"}:
-            yield event
+            data = _audio_bytes(event.data, self.format, first=self.first_chunk is None)
+            self.first_chunk = self.first_chunk or event.data
+            if data:
+                yield (
+                    sse({"type": "speech.audio.delta", "audio": _b64(data)})
+                    if self.is_sse
+                    else data
+                )
+        elif ended_badly(event):
+            if self.first_chunk is None:
+                self.failure = event.data
+            elif self.is_sse:
+                yield sse({"type": "error", "error": event.data.get("error") or event.data})
+        elif is_terminal(event) and self.is_sse:
+            yield sse({"type": "speech.audio.done"})
 
 
-async def _prepend(first: dict[str, object] | None, rest: Chunks) -> Chunks:
-    try:
-        if first is not None:
-            yield first
-        async for item in rest:
-            yield item
-    finally:
-        await rest.aclose()
-
-
-async def _frames(chunks: Chunks, body: SpeechRequest) -> AsyncIterator[bytes]:
-    """The response body: audio bytes, or SSE events around them."""
-    is_sse = body.stream_format == "sse"
-    started = False
-    async for chunk in chunks:
-        if isinstance(chunk, Event):  # failed or canceled after audio began
-            if is_sse:
-                yield sse({"type": "error", "error": chunk.data.get("error") or chunk.data})
-            return
-        data = _audio_bytes(chunk, body.response_format, first=not started)
-        started = True
-        if data:
-            yield sse({"type": "speech.audio.delta", "audio": _b64(data)}) if is_sse else data
-    if is_sse:
-        yield sse({"type": "speech.audio.done"})
-
-
-def _audio_bytes(chunk: dict[str, object], fmt: AudioFormat, first: bool) -> bytes:
+def _audio_bytes(chunk: dict[str, Any], fmt: AudioFormat, first: bool) -> bytes:
     if "stream" in chunk:
         return base64.b64decode(str(chunk["stream"]))
     pcm = base64.b64decode(str(chunk["audio"]))
@@ -194,25 +175,3 @@ def wav_stream_header(sample_rate: int) -> bytes:
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-async def _body(
-    service: JobService,
-    owner: str,
-    job_id: str,
-    chunks: Chunks,
-    body: SpeechRequest,
-) -> AsyncIterator[bytes]:
-    """The response body; cancels the job when the client leaves before its end."""
-    finished = False
-    try:
-        async for frame in _frames(chunks, body):
-            yield frame
-        finished = True
-    finally:
-        # A client that went away cancels this task: shield the clean-up from it.
-        with anyio.CancelScope(shield=True):
-            await chunks.aclose()
-            if not finished:
-                with contextlib.suppress(Conflict, NotFound):
-                    await service.cancel(owner, job_id)

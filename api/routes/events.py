@@ -8,19 +8,29 @@ import json
 from collections.abc import AsyncIterator, Coroutine
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Header, Query, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from api.auth import current_owner, owner_from_key
-from api.deps import AppState, get_service, get_state
+from api.auth import Keys, Owner
+from api.deps import Service
 from api.errors import error_body
 from api.service import JobService
-from api.streams import follow
+from api.streaming import stream_job
 from jobs.errors import MmqError, NotFound, Unauthorized
+from jobs.models import Event
 
 router = APIRouter(prefix="/v1/jobs", tags=["events"])
 
 EVENT_ID = r"^\d+-\d+$"
+SSE_KEEPALIVE = ": keep-alive\n\n"
+
+
+def _sse(event: Event) -> tuple[str]:
+    return (f"id: {event.id}\nevent: {event.type.value}\ndata: {event.model_dump_json()}\n\n",)
+
+
+def _json(event: Event) -> tuple[str]:
+    return (event.model_dump_json(),)
 
 
 @router.get(
@@ -29,61 +39,52 @@ EVENT_ID = r"^\d+-\d+$"
     responses={200: {"content": {"text/event-stream": {}}}},
 )
 async def job_events(
-    request: Request,
+    owner: Owner,
     job_id: str,
-    owner: Annotated[str, Depends(current_owner)],
-    service: Annotated[JobService, Depends(get_service)],
+    service: Service,
     after: Annotated[str | None, Query(pattern=EVENT_ID)] = None,
     last_event_id: Annotated[str | None, Header(pattern=EVENT_ID)] = None,
 ) -> StreamingResponse:
     """The job's events as SSE: replay from the start (or after `Last-Event-ID` / `after`),
-    then live until the terminal status event; a keep-alive comment every 15 s."""
-    await service.get(owner, job_id)
-    state = get_state(request)
+    then live until the terminal status event; a keep-alive comment every
+    `api.keepalive_s` seconds (15 by default)."""
+    frames = await stream_job(
+        service, owner, job_id, _sse, after=last_event_id or after, keepalive=SSE_KEEPALIVE
+    )
     return StreamingResponse(
-        _sse(state, job_id, last_event_id or after),
+        frames,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
-async def _sse(state: AppState, job_id: str, after: str | None) -> AsyncIterator[str]:
-    keepalive_s = state.settings.api.keepalive_s
-    async for event in follow(state.store, state.hub, job_id, after, keepalive_s):
-        if event is None:
-            yield ": keep-alive\n\n"
-            continue
-        yield f"id: {event.id}\nevent: {event.type.value}\ndata: {event.model_dump_json()}\n\n"
-
-
 @router.websocket("/{job_id}/ws")
-async def job_ws(websocket: WebSocket, job_id: str) -> None:
+async def job_ws(websocket: WebSocket, job_id: str, service: Service, api_keys: Keys) -> None:
     """The same events as JSON messages; `?after=ID` resumes; send `{"type": "cancel"}`
     to cancel. The key goes in `Authorization` or `?token=`."""
-    state: AppState = websocket.app.state.mmq
     token = websocket.query_params.get("token")
     authorization = websocket.headers.get("authorization") or (f"Bearer {token}" if token else None)
+    after = websocket.query_params.get("after")
     try:
-        owner = await owner_from_key(state, authorization)
-        await state.service.get(owner, job_id)
+        owner = await api_keys.owner_of(authorization)
+        frames = await stream_job(service, owner, job_id, _json, after=after)
     except (Unauthorized, NotFound) as exc:
         status = 401 if isinstance(exc, Unauthorized) else 404
         denial = JSONResponse(error_body(exc.code, exc.message), status)
         await websocket.send_denial_response(denial)
         return
     await websocket.accept()
-    after = websocket.query_params.get("after")
-    reader = _read_commands(websocket, state, owner, job_id)
-    async with _background(reader):
+    reader = _read_commands(websocket, service, owner, job_id)
+    async with _background(reader), contextlib.aclosing(frames):
         with contextlib.suppress(WebSocketDisconnect):
-            events = follow(state.store, state.hub, job_id, after, state.settings.api.keepalive_s)
-            async for event in events:
-                if event is not None:
-                    await websocket.send_text(event.model_dump_json())
+            async for frame in frames:
+                await websocket.send_text(frame)
             await websocket.close(code=1000)
 
 
-async def _read_commands(websocket: WebSocket, state: AppState, owner: str, job_id: str) -> None:
+async def _read_commands(
+    websocket: WebSocket, service: JobService, owner: str, job_id: str
+) -> None:
     with contextlib.suppress(WebSocketDisconnect):
         while True:
             raw = await websocket.receive_text()
@@ -94,7 +95,7 @@ async def _read_commands(websocket: WebSocket, state: AppState, owner: str, job_
                 continue
             if isinstance(command, dict) and command.get("type") == "cancel":
                 try:
-                    await state.service.cancel(owner, job_id)
+                    await service.cancel(owner, job_id)
                 except MmqError as exc:
                     await websocket.send_text(json.dumps(error_body(exc.code, exc.message)))
             else:

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 
-from api.auth import current_owner
-from api.deps import get_state
-from api.files import FileInfo, FileService
+from api.auth import Owner, current_owner
+from api.deps import Files
+from api.files import FileInfo
 from jobs.errors import InputError
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
-
-Owner = Annotated[str, Depends(current_owner)]
 
 UPLOAD_BODY: dict[str, Any] = {
     "requestBody": {
@@ -36,14 +34,6 @@ DOWNLOAD_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Content-Security-Policy": "default-src 'none'; sandbox",
 }
-
-
-async def get_files(request: Request) -> FileService:
-    state = get_state(request)
-    return FileService(state.settings, state.storage, state.redis)
-
-
-Files = Annotated[FileService, Depends(get_files)]
 
 
 @router.post(

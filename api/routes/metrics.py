@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from api.deps import get_state
-from api.metrics import read_snapshot, render
+from api.deps import SettingsDep, get_metrics
+from api.metrics import MetricsReader, render
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/metrics")
-async def metrics(request: Request) -> Response:
+async def metrics(
+    reader: Annotated[MetricsReader, Depends(get_metrics)], settings: SettingsDep
+) -> Response:
     """Jobs by kind and status, queue depth, latency and batch histograms, workers, GPUs."""
-    state = get_state(request)
-    snapshot = await read_snapshot(state.redis, state.settings)
-    return Response(render(snapshot, state.settings), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    snapshot = await reader.snapshot()
+    return Response(render(snapshot, settings), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,105 @@
+"""Following a job for a client: the one place that knows keep-alives, a client that went
+away, and canceling the job it left behind.
+
+Every route that follows a job's events (the SSE and websocket routes, the OpenAI routes
+that stream, and those that answer once the job has ended) goes through `stream_job` and
+supplies only how one event looks on its wire. A `StreamingResponse` notices a client
+that went away by itself (it cancels the task iterating the frames); a route that answers
+after waiting uses `until_disconnected` for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from typing import TypeVar
+
+import anyio
+from starlette.requests import Request
+
+from api.service import JobService
+from jobs.errors import Conflict, NotFound
+from jobs.models import Event
+
+T = TypeVar("T")
+
+
+async def stream_job(
+    service: JobService,
+    owner: str,
+    job_id: str,
+    to_frames: Callable[[Event], Iterable[T]],
+    *,
+    after: str | None = None,
+    keepalive: T | None = None,
+    cancel_on_disconnect: bool = False,
+) -> AsyncGenerator[T, None]:
+    """The frames that `to_frames` makes of each event of the job after `after`, and
+    `keepalive` (where given) after each `api.keepalive_s` without an event, until the
+    terminal status event. Raises NotFound here, before any frame, unless the job is
+    `owner`'s. With `cancel_on_disconnect`, closing the frames (or canceling their task)
+    before the end cancels the job: its client went away."""
+    keepalive_s = service.settings.api.keepalive_s
+    events = await service.follow(owner, job_id, after, keepalive_s=keepalive_s)
+    return _frames(service, owner, job_id, events, to_frames, keepalive, cancel_on_disconnect)
+
+
+async def _frames(
+    service: JobService,
+    owner: str,
+    job_id: str,
+    events: AsyncGenerator[Event | None, None],
+    to_frames: Callable[[Event], Iterable[T]],
+    keepalive: T | None,
+    cancel_on_disconnect: bool,
+) -> AsyncGenerator[T, None]:
+    ended = False
+    try:
+        async for event in events:
+            if event is not None:
+                for frame in to_frames(event):
+                    yield frame
+            elif keepalive is not None:
+                yield keepalive
+        ended = True
+    finally:
+        # A client that went away cancels this task: shield the clean-up from that.
+        with anyio.CancelScope(shield=True):
+            await events.aclose()  # leaves the hub at once, not when collected
+            if cancel_on_disconnect and not ended:
+                with contextlib.suppress(Conflict, NotFound):
+                    await service.cancel(owner, job_id)
+
+
+async def prepend(first: T | None, rest: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
+    """`first` (unless None), then `rest`, closed with this: for a route that reads the
+    first frame before it chooses its answer."""
+    try:
+        if first is not None:
+            yield first
+        async for frame in rest:
+            yield frame
+    finally:
+        with anyio.CancelScope(shield=True):
+            await rest.aclose()
+
+
+@contextlib.asynccontextmanager
+async def until_disconnected(request: Request) -> AsyncIterator[None]:
+    """Run the body until it is done or the client goes away, whichever comes first (the
+    body is then canceled). For a route that waits before it answers: nothing else reads
+    the connection while it waits, so this listens for `http.disconnect` itself."""
+    with anyio.CancelScope() as body:
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            body.cancel()
+
+        # Not a task group: that would wrap the body's own errors (404...) in a group.
+        watcher = asyncio.create_task(watch())
+        try:
+            yield
+        finally:
+            watcher.cancel()
