@@ -54,7 +54,7 @@ def create_app(settings: Settings) -> FastAPI:
         hub = EventHub(client)
         await hub.start()
         files = FileService(settings, storage, client)
-        cache = ResponseCache(settings, store, client)
+        cache = ResponseCache(settings, store)
         service = JobService(settings, store, celery, hub, files, cache)
         app.state.mmq = AppState(
             settings=settings,

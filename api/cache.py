@@ -1,21 +1,17 @@
 """The response cache, as the API uses it: a deterministic request answered before gets
 the stored answer at submit, as a job that ends at once without reaching a worker.
 
-Workers write the cache (`keys.response_cache`); the API only reads it. The read lives
-here, not in `jobs/store.py`, until the store grows a method for it (issue 17).
+Workers write the cache and the API reads it, both through the job store
+(`remember_answer`, `cached_answer`).
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from dataclasses import replace
 from typing import Any
 
-import redis.asyncio as aredis
-
-from jobs import keys
 from jobs.codec import dumps, job_from_fields
 from jobs.models import EventType, Job
 from jobs.schemas.base import JobInput
@@ -28,18 +24,17 @@ LEASE_TTL_MS = 30_000
 
 
 class ResponseCache:
-    def __init__(self, settings: Settings, store: AsyncJobStore, client: aredis.Redis) -> None:
+    def __init__(self, settings: Settings, store: AsyncJobStore) -> None:
         self.settings = settings
         self.store = store
-        self.r = client
 
     async def lookup(self, owner: str, pipeline: str, request: JobInput) -> dict[str, Any] | None:
         """The cached answer to a deterministic request, if there is one."""
         policy = request.cache_policy(self.settings.pipelines[pipeline])
         if policy is None:
             return None
-        raw = await self.r.get(keys.response_cache(owner, policy.digest))
-        return None if raw is None else {**json.loads(raw), "cached": True}
+        answer = await self.store.cached_answer(owner, policy)
+        return None if answer is None else {**answer, "cached": True}
 
     async def answer(self, job: Job, output: dict[str, Any]) -> Job | None:
         """End a new job with a cached answer, through the usual transitions (it runs

@@ -28,6 +28,7 @@ from jobs.codec import (
 )
 from jobs.kombu_redis import TaskMessage
 from jobs.models import Event, EventType, Job, WebhookSpec
+from jobs.schemas.base import CachePolicy
 from jobs.settings import Settings
 from jobs.states import JobStatus, allowed_sources, check_transition
 from jobs.webhooks import wants
@@ -283,6 +284,12 @@ class JobStore:
         key_list = [keys.job(job_id), message.list_key]
         return bool(self._resend(keys=key_list, args=[message.envelope]))
 
+    def remember_answer(self, owner: str, policy: CachePolicy, output: dict[str, Any]) -> None:
+        """Keep a deterministic request's answer in the response cache for `policy.ttl_s`
+        (`JobInput.cache_policy`); the API answers the same request from it."""
+        key = keys.response_cache(owner, policy.digest)
+        self.r.set(key, dumps(output), px=max(1, int(policy.ttl_s * 1000)))
+
     def expired_running(self, now: float, limit: int = 100) -> list[str]:
         return text_list(self.r.zrangebyscore(keys.RUNNING, "-inf", now, start=0, num=limit))
 
@@ -373,6 +380,11 @@ class AsyncJobStore:
             for url, event in webhook_events(change, result, now):
                 await asyncio.to_thread(self.on_event, change.job_id, url, event)
         return result
+
+    async def cached_answer(self, owner: str, policy: CachePolicy) -> dict[str, Any] | None:
+        """The response cache's answer to a request of this `policy`, if it has one."""
+        raw = await self.r.get(keys.response_cache(owner, policy.digest))
+        return None if raw is None else dict(json.loads(raw))
 
     async def deliveries(self, job_id: str) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in await self.r.lrange(keys.deliveries(job_id), 0, -1)]

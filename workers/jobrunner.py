@@ -14,7 +14,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from jobs import keys
 from jobs.codec import dumps, job_from_fields
 from jobs.errors import InputError
 from jobs.models import EventType, Job
@@ -123,10 +122,8 @@ class JobRunner:
         """Keep a deterministic request's answer in the response cache (see
         `JobInput.cache_policy`); the API answers the same request from it."""
         policy = request.cache_policy(self.engine.pipeline.config)
-        if policy is None:
-            return
-        key = keys.response_cache(job.owner, policy.digest)
-        self.store.r.set(key, dumps(output), px=max(1, int(policy.ttl_s * 1000)))
+        if policy is not None:
+            self.store.remember_answer(job.owner, policy, output)
 
     def _record(self, job: Job, held: Held, outcome: Outcome) -> None:
         if held.lost.is_set():
