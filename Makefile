@@ -1,5 +1,6 @@
 # make run: create .venv, install, start everything (`mmq up`).
 # make test: create .venv, install, run the whole suite.
+# make lint: ruff (check, format) and mypy.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -25,9 +26,12 @@ test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
+PACKAGES := jobs api workers host cluster common pipelines storage mmq
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy --strict $(PACKAGES)
 
 bench: install
 	$(BIN)/python -m bench.overhead

@@ -42,10 +42,11 @@ from rich.table import Table
 
 from bench.common import percentile_ms, run_level
 from bench.overhead import check_alive, jsonable
+from common.procs import free_port
+from common.sse import aparse_lines
+from host.launcher import ProcSpec, Supervisor, mmq_command
+from host.redis_server import RedisServer
 from jobs.states import ends_job
-from mmq.sse import aparse_lines
-from workers.launcher import ProcSpec, Supervisor, mmq_command
-from workers.redis_server import RedisServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path("bench/results/asr.json")

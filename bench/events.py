@@ -76,8 +76,8 @@ from bench.events_streams import (
     submit_jobs,
 )
 from bench.overhead import check_alive, child_env, parse_levels, resolve_redis
-from workers.launcher import ProcSpec, Supervisor, mmq_command
-from workers.redis_server import free_port
+from common.procs import free_port
+from host.launcher import ProcSpec, Supervisor, mmq_command
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "mmq.toml"

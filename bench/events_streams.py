@@ -15,8 +15,8 @@ from typing import TypeVar
 
 import httpx
 
+from common.sse import SseMessage, SseParser
 from jobs.states import TERMINAL
-from mmq.sse import SseMessage, SseParser
 
 NOOP_KIND = "noop"
 REQUEST_LANES = 32

@@ -45,8 +45,8 @@ from rich.table import Table
 
 from bench.common import percentile_ms
 from bench.overhead import check_alive, child_env, jsonable, resolve_redis, wait_api_ready
-from workers.launcher import ProcSpec, Supervisor, mmq_command
-from workers.redis_server import free_port
+from common.procs import free_port
+from host.launcher import ProcSpec, Supervisor, mmq_command
 
 DEFAULT_OUT = Path("bench/results/image.json")
 PIPELINE = "bench-image"

@@ -46,9 +46,10 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import percentile_ms
-from mmq.sse import aparse_lines
-from workers.launcher import ProcSpec, Supervisor, mmq_command
-from workers.redis_server import RedisServer, free_port
+from common.procs import free_port
+from common.sse import aparse_lines
+from host.launcher import ProcSpec, Supervisor, mmq_command
+from host.redis_server import RedisServer
 
 console = Console()
 DEFAULT_OUT = Path("bench/results/llm.json")

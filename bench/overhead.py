@@ -49,9 +49,10 @@ from rich.table import Table
 
 from bench.celery_floor import FloorClient, new_reply_key
 from bench.common import Call, LevelSummary, RequestResult, measure, run_level, summarize
+from common.procs import free_port
+from host.launcher import ProcSpec, Supervisor, mmq_command
+from host.redis_server import RedisServer
 from jobs.settings import Settings, load_settings
-from workers.launcher import ProcSpec, Supervisor, mmq_command
-from workers.redis_server import RedisServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "mmq.toml"

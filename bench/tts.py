@@ -40,9 +40,10 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import LevelSummary, measure
+from common.procs import free_port
+from host.launcher import ProcSpec, Supervisor, mmq_command
+from host.redis_server import RedisServer
 from jobs import keys
-from workers.launcher import ProcSpec, Supervisor, mmq_command
-from workers.redis_server import RedisServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = (

@@ -13,7 +13,7 @@ import typer
 from jobs.settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from workers.placement import Plan
+    from host.placement import Plan
 
 app = typer.Typer(help="mmq: multimodal inference jobs on Redis and Celery workers.")
 keys_app = typer.Typer(help="API keys.")
@@ -72,8 +72,8 @@ def worker(
     config: ConfigOpt = None,
 ) -> None:
     """Run one worker process serving one pipeline (knob options override the config's)."""
-    from workers.devices import discover
-    from workers.placement import PlacementError, apply_overrides, concrete_device
+    from host.devices import discover
+    from host.placement import PlacementError, apply_overrides, concrete_device
     from workers.process import run_worker
 
     settings = _settings(config)
@@ -104,10 +104,10 @@ def reaper(config: ConfigOpt = None) -> None:
     uploads that no live job used once past `storage.upload_ttl_s`, and the stored outputs
     of jobs whose records have expired. Several reapers may run at once.
     """
+    from cluster.reaper import Reaper
+    from cluster.retention import start_sweeper
     from jobs.broker import make_celery, webhook_sender
     from jobs.metered import MeteredJobStore
-    from workers.reaper import Reaper
-    from workers.retention import start_sweeper
 
     settings = _settings(config)
     _require_redis(settings)
@@ -128,7 +128,7 @@ def reaper(config: ConfigOpt = None) -> None:
 @app.command()
 def webhooks(config: ConfigOpt = None) -> None:
     """Run a webhook delivery worker (needs MMQ_WEBHOOKS__SECRET)."""
-    from workers.webhooks import run_webhook_worker
+    from cluster.webhooks import run_webhook_worker
 
     settings = _settings(config)
     _require_redis(settings)
@@ -145,8 +145,8 @@ PlacementOpt = Annotated[
 
 
 def _plan(settings: Settings, placement: Path | None) -> Plan:
-    from workers.placement import PlacementError
-    from workers.up import host_plan
+    from host.placement import PlacementError
+    from host.up import host_plan
 
     try:
         return host_plan(settings, placement)
@@ -158,7 +158,7 @@ def _plan(settings: Settings, placement: Path | None) -> Plan:
 @app.command()
 def up(config: ConfigOpt = None, placement: PlacementOpt = None) -> None:
     """Start everything: Redis (if MMQ_REDIS_URL is unset), the API, the reaper, workers."""
-    from workers.up import run_up
+    from host.up import run_up
 
     settings = _settings(config)
     run_up(settings, config, _plan(settings, placement))
@@ -168,7 +168,7 @@ def up(config: ConfigOpt = None, placement: PlacementOpt = None) -> None:
 def workers(config: ConfigOpt = None, placement: PlacementOpt = None) -> None:
     """Start this host's workers only (one per device, pipeline and instance), supervised:
     a GPU host joining a deployment through MMQ_REDIS_URL."""
-    from workers.up import run_up
+    from host.up import run_up
 
     settings = _settings(config)
     _require_redis(settings)
@@ -189,10 +189,10 @@ def devices(
     that `mmq up` would start on them."""
     from rich.console import Console
 
+    from host.devices import Topology, discover
+    from host.placement import PlacementError
+    from host.up import host_plan
     from mmq.devices import print_plan, print_topology
-    from workers.devices import Topology, discover
-    from workers.placement import PlacementError
-    from workers.up import host_plan
 
     found = Topology.from_json(topology.read_text()) if topology else discover()
     console = Console()

@@ -21,8 +21,8 @@ from typing import Any
 
 import httpx
 
+from common.sse import SseMessage, aparse_lines, parse_lines
 from jobs.states import TERMINAL_VALUES, ends_job
-from mmq.sse import SseMessage, aparse_lines, parse_lines
 
 JobDict = dict[str, Any]
 

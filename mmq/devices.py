@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from workers.devices import GIB, Topology
-from workers.placement import Plan
+from host.devices import GIB, Topology
+from host.placement import Plan
 
 
 def _gib(n: int) -> str:

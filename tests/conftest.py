@@ -12,10 +12,10 @@ import httpx
 import pytest
 import redis
 
+from host.redis_server import RedisServer
 from jobs.apikeys import create_key
 from tests.support.deploy import Deployment, flush, serving
 from tests.support.inprocess import InProcess, inprocess_settings, serve_in_process
-from workers.redis_server import RedisServer
 
 WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"mmq-test-webhook-secret-32-bytes").decode()
 

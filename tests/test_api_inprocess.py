@@ -15,9 +15,9 @@ import httpx
 import pytest
 from starlette.types import Message
 
+from common.sse import parse_lines
 from jobs import keys
 from jobs.apikeys import create_key
-from mmq.sse import parse_lines
 from tests.support.deploy import flush
 from tests.support.inprocess import (
     BASE_URL,

@@ -13,9 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from host.devices import Topology, discover
 from tests.support.deploy import REPO
 from tests.support.hosts import cpu_host_only
-from workers.devices import Topology, discover
 
 TOPOLOGIES = Path(__file__).parent / "data" / "topologies"
 

@@ -16,13 +16,13 @@ import pytest
 import yaml
 
 from api.metrics import Snapshot, families
+from host.devices import Topology, cpu_device
+from host.placement import load_placement, plan_placement
 from jobs.schemas.llm import LlmOptions
 from jobs.schemas.tts import TtsOptions
 from jobs.settings import Settings, load_settings
 from tests.support.deploy import REPO
 from tests.test_devices import topology
-from workers.devices import Topology, cpu_device
-from workers.placement import load_placement, plan_placement
 
 DOCKER = REPO / "docker"
 

@@ -12,8 +12,8 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
+from common.sse import parse_lines
 from mmq.client import AsyncClient, Client, MmqAPIError
-from mmq.sse import parse_lines
 from tests.conftest import Api, new_owner
 from tests.support.deploy import Deployment
 

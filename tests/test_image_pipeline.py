@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 from pydantic import ValidationError
 
+from cluster.retention import RetentionIndex
 from jobs.errors import InputError
 from jobs.models import EventType
 from jobs.schemas.image import ImageInput, ImageOptions
@@ -31,7 +32,6 @@ from storage.factory import make_storage
 from tests.support.tiny_sd import TINY_SIZE, cached_tiny_sd, offline_hub
 from workers.engine import Engine, WorkItem
 from workers.jobfiles import JobFiles
-from workers.retention import RetentionIndex
 
 OWNER = "alice"
 SIZE = {"width": TINY_SIZE, "height": TINY_SIZE}

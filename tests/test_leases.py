@@ -13,6 +13,7 @@ import pytest
 import redis
 from celery import Celery
 
+from host.launcher import ProcSpec, Supervisor, mmq_command
 from jobs import keys
 from jobs.broker import make_celery
 from jobs.kombu_redis import UNACKED
@@ -22,7 +23,6 @@ from jobs.settings import load_settings
 from jobs.store import JobStore
 from tests.conftest import Api, new_owner
 from tests.support.deploy import Deployment, flush, serving, wait_until
-from workers.launcher import ProcSpec, Supervisor, mmq_command
 
 LEASE = {"ttl_s": 2.0, "heartbeat_s": 0.4, "reaper_interval_s": 0.3, "max_attempts": 2}
 

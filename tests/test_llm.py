@@ -18,8 +18,8 @@ from typing import Any
 import openai
 import pytest
 
+from common.sse import parse_lines
 from jobs.schemas.llm import LlmOptions
-from mmq.sse import parse_lines
 from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
 from tests.conftest import Api, new_owner
 from tests.support.deploy import Deployment, Proc, flush, serving, wait_until

@@ -11,11 +11,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from jobs.settings import PipelineConfig, Settings
-from tests.test_devices import topology
-from workers.devices import GIB, Topology, cpu_device
-from workers.model_memory import estimate
-from workers.placement import (
+from host.devices import GIB, Topology, cpu_device
+from host.model_memory import estimate
+from host.placement import (
     PlacementError,
     PlacementFile,
     apply_overrides,
@@ -23,7 +21,9 @@ from workers.placement import (
     load_placement,
     plan_placement,
 )
-from workers.up import deployment_specs, host_plan
+from host.up import deployment_specs, host_plan
+from jobs.settings import PipelineConfig, Settings
+from tests.test_devices import topology
 
 CPU_ONLY = Topology([cpu_device()])
 TWO_GPUS = topology("two_a100_40gb.json")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from cluster.retention import RetentionIndex, RetentionSweeper
 from jobs import keys
 from jobs.settings import Settings
 from storage.base import job_folder, upload_key
@@ -16,7 +17,6 @@ from storage.factory import make_storage
 from storage.s3 import S3Storage
 from tests.support.deploy import Deployment, flush, wait_until
 from tests.support.files import file_tree, stopping
-from workers.retention import RetentionIndex, RetentionSweeper
 
 UPLOAD_TTL_S = 100
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
+from common.procs import free_port
 from tests.support.deploy import REPO, wait_until
-from workers.redis_server import free_port
 
 
 def _children(pid: int) -> set[int]:

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from standardwebhooks.webhooks import Webhook
 
+from common.procs import free_port
 from jobs.errors import InputError
 from jobs.netguard import NetPolicy, check_url
 from tests.conftest import WEBHOOK_SECRET, Api, new_owner
 from tests.support.deploy import Deployment, flush, serving, wait_until
-from workers.redis_server import free_port
 
 
 @dataclass

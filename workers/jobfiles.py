@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from cluster.retention import RetentionIndex
 from jobs.settings import Settings
 from storage.base import Data, Storage, job_key
 from storage.fetch import InputFetcher
-from workers.retention import RetentionIndex
 
 
 class JobFiles:

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import redis
 
+from host.devices import Usage, read_usage
 from jobs import keys
-from workers.devices import Usage, read_usage
 
 log = logging.getLogger(__name__)
 

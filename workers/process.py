@@ -14,6 +14,7 @@ from typing import Any
 
 from celery import Celery
 
+from cluster.retention import RetentionIndex
 from jobs.broker import make_celery, webhook_sender
 from jobs.metered import MeteredJobStore
 from jobs.metrics import batch_samples
@@ -28,7 +29,6 @@ from workers.jobfiles import JobFiles
 from workers.jobrunner import JobRunner
 from workers.leases import LeaseKeeper
 from workers.metrics import WorkerMetrics
-from workers.retention import RetentionIndex
 
 log = logging.getLogger(__name__)
 

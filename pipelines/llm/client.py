@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 
+from common.sse import parse_lines
 from jobs.errors import InputError
 from jobs.schemas.llm import LlmInput
-from mmq.sse import parse_lines
 
 
 class EngineLost(RuntimeError):

@@ -21,9 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from common.procs import die_with_parent, free_port
 from jobs.schemas.llm import LlmOptions
-from workers.launcher import die_with_parent
-from workers.redis_server import free_port
 
 log = logging.getLogger(__name__)
 

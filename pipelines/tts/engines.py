@@ -73,6 +73,6 @@ def make_engine(spec: VoiceSpec, device: str, threads: int) -> SpeechEngine:
 def to_int16(wave: object) -> np.ndarray:
     """A float waveform in [-1, 1] (list, array or tensor) as int16 samples."""
     if hasattr(wave, "detach"):
-        wave = wave.detach().cpu().numpy()  # type: ignore[attr-defined]
+        wave = wave.detach().cpu().numpy()
     array = np.asarray(wave, dtype=np.float32).reshape(-1)
     return (np.clip(array, -1.0, 1.0) * 32767.0).astype(np.int16)

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import redis
 
-from workers.launcher import die_with_parent, mmq_command
-from workers.redis_server import free_port
+from common.procs import die_with_parent, free_port
+from host.launcher import mmq_command
 
 REPO = Path(__file__).resolve().parents[2]
 

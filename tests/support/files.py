@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from common.procs import free_port
 from tests.support.deploy import Deployment
-from workers.redis_server import free_port
 
 MIB = 1024 * 1024
 BUCKET = "mmq-test-bucket"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.devices import discover
+from host.devices import discover
 
 HAS_GPU = bool(discover().gpus)
 

@@ -5,7 +5,7 @@ its new task message pushed by the same script, within about `lease.ttl_s +
 lease.reaper_interval_s`. Past `lease.max_attempts` runs it ends `failed` with the reason
 instead of looping. It forgets the liveness entries of workers silent for
 `DEAD_WORKER_BEATS` heartbeats (a killed worker never says goodbye), and gives a task
-message back to queued jobs that lack one (`workers/stranded.py`). Several reapers may
+message back to queued jobs that lack one (`cluster/stranded.py`). Several reapers may
 run at once: each change is a guarded atomic script.
 """
 
@@ -18,6 +18,7 @@ import time
 import redis
 from celery import Celery
 
+from cluster.stranded import resend_missing, restore_stranded
 from jobs import keys
 from jobs.broker import job_message
 from jobs.codec import dumps
@@ -26,7 +27,6 @@ from jobs.models import EventType, Job
 from jobs.settings import Settings
 from jobs.states import JobStatus
 from jobs.store import Transition, transition
-from workers.stranded import resend_missing, restore_stranded
 
 log = logging.getLogger(__name__)
 

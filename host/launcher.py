@@ -7,7 +7,6 @@ Linux), so Ctrl-C or a killed launcher leaves no orphan behind.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -17,9 +16,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-log = logging.getLogger(__name__)
+from common.procs import die_with_parent
 
-PR_SET_PDEATHSIG = 1
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -36,11 +35,6 @@ class Child:
     restarts: int = 0
     next_start: float = 0.0
     started_at: float = 0.0
-
-
-def die_with_parent() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def mmq_command(*args: str) -> list[str]:

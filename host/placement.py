@@ -26,9 +26,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from host.devices import GIB, Device, Topology
+from host.model_memory import Estimate, estimate
 from jobs.settings import PipelineConfig, Settings
-from workers.devices import GIB, Device, Topology
-from workers.model_memory import Estimate, estimate
 
 KNOBS = ("concurrency", "max_batch", "max_wait_ms", "runners")
 

@@ -1,7 +1,7 @@
 """`mmq up` (a whole deployment on this machine) and `mmq workers` (this host's workers
 only, joining a deployment whose Redis runs elsewhere), in the foreground.
 
-Workers follow the placement plan (`workers.placement`): one process per (device,
+Workers follow the placement plan (`host.placement`): one process per (device,
 pipeline, instance), each with `CUDA_VISIBLE_DEVICES` set to its one device (a GPU's or
 MIG slice's UUID; empty for the CPU) and `--device` telling the pipeline where it is.
 The supervisor restarts a dead one with backoff; Ctrl-C stops them all.
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import typer
 
+from host.devices import Topology, discover
+from host.launcher import ProcSpec, Supervisor, mmq_command
+from host.placement import Assignment, Plan, load_placement, plan_placement
+from host.redis_server import RedisServer
 from jobs.settings import Settings
-from workers.devices import Topology, discover
-from workers.launcher import ProcSpec, Supervisor, mmq_command
-from workers.placement import Assignment, Plan, load_placement, plan_placement
-from workers.redis_server import RedisServer
 
 
 def host_plan(settings: Settings, placement: Path | None, topology: Topology | None = None) -> Plan:

