@@ -22,7 +22,7 @@ from jobs.queues import TASK_NAME, queue_name
 from jobs.settings import load_settings
 from jobs.store import JobStore
 from tests.conftest import Api, new_owner
-from tests.support.deploy import Deployment, flush, serving, wait_until
+from tests.support.deploy import Deployment, flush, serving, status_events, wait_until
 
 LEASE = {"ttl_s": 2.0, "heartbeat_s": 0.4, "reaper_interval_s": 0.3, "max_attempts": 2}
 
@@ -46,14 +46,6 @@ def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
 @pytest.fixture
 def owner(dep: Deployment) -> Api:
     return new_owner(dep.redis_url, dep.base_url, f"lease{time.monotonic_ns()}")
-
-
-def _status_events(r: redis.Redis, job_id: str) -> list[str]:
-    return [
-        json.loads(e["data"])["status"]
-        for _, e in r.xrange(keys.job_events(job_id))
-        if e["type"] == "status"
-    ]
 
 
 def test_sigkilled_worker_jobs_run_again_elsewhere_exactly_once(
@@ -83,7 +75,7 @@ def test_sigkilled_worker_jobs_run_again_elsewhere_exactly_once(
     jobs = {job_id: owner.wait(job_id, timeout_s=60) for job_id in ids}
     assert {j["status"] for j in jobs.values()} == {"succeeded"}
     for job_id in ids:
-        statuses = _status_events(rclient, job_id)
+        statuses = status_events(rclient, job_id)
         assert statuses.count("succeeded") == 1, statuses
         assert statuses[-1] == "succeeded"
         outputs = [e for _, e in rclient.xrange(keys.job_events(job_id)) if e["type"] == "output"]
@@ -101,7 +93,7 @@ def test_sigkilled_worker_jobs_run_again_elsewhere_exactly_once(
         assert len(requeued) == 1
         delay = requeued[0] - killed_at
         assert 0 < delay < budget_s, f"requeued {delay:.1f}s after the kill"
-        assert _status_events(rclient, job_id)[:4] == ["queued", "running", "queued", "running"]
+        assert status_events(rclient, job_id)[:4] == ["queued", "running", "queued", "running"]
     survivor.stop()
 
 
@@ -194,7 +186,7 @@ def test_a_job_that_kills_every_worker_ends_failed_after_max_attempts(
         assert job["error"]["type"] == "worker_lost"
         assert "2 times" in job["error"]["message"]
         assert job["attempts"] == LEASE["max_attempts"]
-        assert _status_events(rclient, job["id"])[-1] == "failed"
+        assert status_events(rclient, job["id"])[-1] == "failed"
         assert supervisor.children[0].restarts >= 2
         healthy = owner.wait(owner.submit("echo", text="after the storm")["id"], timeout_s=30)
         assert healthy["status"] == "succeeded"

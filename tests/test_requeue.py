@@ -17,7 +17,7 @@ from jobs import keys
 from jobs.kombu_redis import priority_lists, queued_job_ids
 from jobs.queues import queue_name
 from tests.conftest import Api, new_owner
-from tests.support.deploy import Deployment, flush, serving, wait_until
+from tests.support.deploy import Deployment, flush, serving, status_events, wait_until
 
 LEASE = {"ttl_s": 1.5, "heartbeat_s": 0.3, "reaper_interval_s": 0.2, "max_attempts": 5}
 
@@ -41,14 +41,6 @@ def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
 @pytest.fixture
 def owner(dep: Deployment) -> Api:
     return new_owner(dep.redis_url, dep.base_url, f"requeue{time.monotonic_ns()}")
-
-
-def _statuses(r: redis.Redis, job_id: str) -> list[str]:
-    return [
-        json.loads(e["data"])["status"]
-        for _, e in r.xrange(keys.job_events(job_id))
-        if e["type"] == "status"
-    ]
 
 
 def _running_on_dead_worker(dep: Deployment, owner: Api, n: int) -> list[str]:
@@ -75,7 +67,7 @@ def test_a_requeue_that_fails_leaves_the_job_as_it_was(
     reaper = dep.start_reaper()
     wait_until(lambda: f"job {job_id}: could not take it back" in reaper.log(), reaper, 20)
     assert owner.get(job_id)["status"] == "running"
-    assert _statuses(rclient, job_id) == ["queued", "running"]
+    assert status_events(rclient, job_id) == ["queued", "running"]
     assert not rclient.sismember(keys.queued("echo"), job_id)
     rclient.delete(poisoned)
     wait_until(lambda: owner.get(job_id)["status"] == "queued", reaper, 20)
@@ -83,7 +75,7 @@ def test_a_requeue_that_fails_leaves_the_job_as_it_was(
     worker = dep.start_worker("echo")
     ended = owner.wait(job_id)
     assert ended["status"] == "succeeded" and ended["attempts"] == 2
-    assert _statuses(rclient, job_id) == ["queued", "running", "queued", "running", "succeeded"]
+    assert status_events(rclient, job_id) == ["queued", "running", "queued", "running", "succeeded"]
     worker.stop()
     reaper.stop()
 
@@ -108,7 +100,7 @@ def test_reapers_killed_at_random_moments_lose_no_job_and_end_none_twice(
     for job_id in ids:
         ended = owner.wait(job_id)
         assert ended["status"] == "succeeded" and ended["attempts"] == 2
-        statuses = _statuses(rclient, job_id)
+        statuses = status_events(rclient, job_id)
         assert statuses.count("succeeded") == 1 and statuses[-1] == "succeeded"
     worker.stop()
 
@@ -133,6 +125,6 @@ def test_a_queued_job_whose_message_went_missing_is_sent_again_once(
     worker = dep.start_worker("sleep")
     for job_id in (lost, kept):
         assert owner.wait(job_id)["status"] == "succeeded"
-        assert _statuses(rclient, job_id).count("running") == 1
+        assert status_events(rclient, job_id).count("running") == 1
     worker.stop()
     reaper.stop()

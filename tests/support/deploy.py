@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import redis
 
 from common.procs import die_with_parent, free_port
 from host.launcher import mmq_command
+from jobs import keys
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -182,6 +184,15 @@ def wait_until(check: Any, proc: Proc | None = None, timeout_s: float = 20.0) ->
         time.sleep(0.05)
     detail = f":\n{proc.log()[-4000:]}" if proc is not None else ""
     raise TimeoutError(f"condition not met in {timeout_s}s{detail}")
+
+
+def status_events(r: redis.Redis, job_id: str) -> list[str]:
+    """The statuses of a job's status events, in order, from its stream."""
+    return [
+        json.loads(e["data"])["status"]
+        for _, e in r.xrange(keys.job_events(job_id))
+        if e["type"] == "status"
+    ]
 
 
 def flush(redis_url: str) -> None:
