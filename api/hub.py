@@ -24,18 +24,11 @@ from redis.exceptions import RedisError
 
 from jobs import keys
 from jobs.errors import Unavailable
-from jobs.states import TERMINAL
 
 log = logging.getLogger(__name__)
 
 RESYNC: dict[str, Any] = {"type": "__resync__"}
 SUBSCRIBE_TIMEOUT_S = 10.0
-
-
-def ends(notice: dict[str, Any]) -> bool:
-    """Whether a notice is the job's terminal status event."""
-    data = notice.get("data") or {}
-    return notice.get("type") == "status" and data.get("status") in TERMINAL
 
 
 Subscribers = dict[str, set[asyncio.Queue[dict[str, Any]]]]

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from typing import Any
 
-from api.hub import EventHub, ends
+from api.hub import EventHub
 from jobs.models import Event
-from jobs.states import TERMINAL
 from jobs.store import AsyncJobStore
 
 KEEPALIVE = None
@@ -23,12 +21,6 @@ KEEPALIVE = None
 def stream_id_key(event_id: str) -> tuple[int, int]:
     ms, _, seq = event_id.partition("-")
     return int(ms), int(seq or 0)
-
-
-def is_terminal(event: Event | dict[str, Any]) -> bool:
-    if isinstance(event, Event):
-        return event.type.value == "status" and event.data.get("status") in TERMINAL
-    return ends(event)
 
 
 async def follow(
@@ -44,7 +36,7 @@ async def follow(
         for event in await store.events(job_id, after):
             last = stream_id_key(event.id)
             yield event
-            if is_terminal(event):
+            if event.ends:
                 return
         while True:
             try:
@@ -61,5 +53,5 @@ async def follow(
                     continue
                 last = stream_id_key(event.id)
                 yield event
-                if is_terminal(event):
+                if event.ends:
                     return

@@ -16,7 +16,7 @@ from typing import TypeVar
 import httpx
 
 from common.sse import SseMessage, SseParser
-from jobs.states import TERMINAL
+from jobs.states import TERMINAL_VALUES
 
 NOOP_KIND = "noop"
 REQUEST_LANES = 32
@@ -68,7 +68,7 @@ def on_status(stream: Stream, message: SseMessage) -> None:
     if status == "queued":
         stream.ready = True
         stream.settled.set()
-    elif status in TERMINAL:
+    elif status in TERMINAL_VALUES:
         stream.ended = True
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from jobs.settings import Priority
-from jobs.states import JobStatus
+from jobs.states import JobStatus, ends_job
 from jobs.webhooks import EVENT_CHOICES
 
 
@@ -29,6 +29,11 @@ class Event(BaseModel):
     type: EventType
     data: dict[str, Any]
     ts: float
+
+    @property
+    def ends(self) -> bool:
+        """Whether this is its job's terminal status event."""
+        return ends_job(self.type, self.data)
 
 
 class JobErrorInfo(BaseModel):

@@ -30,7 +30,6 @@ from api.openai.common import (
 )
 from api.service import JobService
 from api.streaming import stream_job
-from api.streams import is_terminal
 from jobs.errors import InputError
 from jobs.models import Event, EventType, Job, JobCreate
 
@@ -171,5 +170,5 @@ class _Chunks:
         elif ended_badly(event):
             status = str(event.data["status"])
             yield sse(failure_body(status, event.data.get("error"), PARAMS))
-        if is_terminal(event):
+        if event.ends:
             yield b"data: [DONE]\n\n"

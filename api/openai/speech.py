@@ -32,7 +32,6 @@ from api.auth import Owner
 from api.deps import Service, SettingsDep
 from api.openai.common import ended_badly, failure_response, renamed, sse
 from api.streaming import prepend, stream_job
-from api.streams import is_terminal
 from jobs.errors import InputError
 from jobs.models import Event, EventType, JobCreate
 from jobs.queues import pipeline_for
@@ -146,7 +145,7 @@ class _Frames:
                 self.failure = event.data
             elif self.is_sse:
                 yield sse({"type": "error", "error": event.data.get("error") or event.data})
-        elif is_terminal(event) and self.is_sse:
+        elif event.ends and self.is_sse:
             yield sse({"type": "speech.audio.done"})
 
 
