@@ -120,13 +120,13 @@ def model_path(args: argparse.Namespace, stack: ExitStack) -> tuple[str, bool]:
     """The model to serve, and whether it was built here (then loaded offline)."""
     if args.model not in {"tiny", "sd15"}:
         return args.model, False
-    from tests.support.tiny_sd import build_sd15_random, build_tiny_sd
+    from tests.support.models.sd import build_sd
 
     root = args.model_dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
     path = Path(root) / args.model
     if not (path / "model_index.json").exists():
         console.print(f"building {args.model} (random weights) in {path} ...")
-        (build_tiny_sd if args.model == "tiny" else build_sd15_random)(path)
+        build_sd(path, args.model)
     return str(path), True
 
 

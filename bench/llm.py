@@ -93,9 +93,9 @@ def deploy(args: argparse.Namespace, stack: ExitStack) -> tuple[str, str, Superv
     tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-llm-")))
     model = args.model
     if model == "tiny":
-        from tests.support.tiny_llm import build_tiny_llm
+        from tests.support.models.llm import build_llm
 
-        model = str(build_tiny_llm(tmp / "tiny-llm"))
+        model = str(build_llm(tmp / "tiny-llm", "tiny"))
     args.model_path = model
     ports = {name: free_port() for name in ("mixed", "routed", "routed-long")}
     config = tmp / "mmq.toml"

@@ -21,7 +21,7 @@ from mmq.client import Client
 from tests.conftest import Api, new_owner
 from tests.support.deploy import Deployment, flush, serving, wait_until
 from tests.support.metrics import check_job_counted
-from tests.support.tiny_sd import TINY_SIZE, cached_tiny_sd
+from tests.support.models.sd import TINY_SIZE, cached_tiny_sd
 
 MAX_SIDE = 256
 IMAGE_PIPELINE = """

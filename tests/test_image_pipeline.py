@@ -29,7 +29,7 @@ from jobs.settings import PipelineConfig, Settings
 from pipelines.image import ImagePipeline
 from storage.base import Storage, job_key
 from storage.factory import make_storage
-from tests.support.tiny_sd import TINY_SIZE, cached_tiny_sd, offline_hub
+from tests.support.models.sd import TINY_SIZE, cached_tiny_sd, offline_hub
 from workers.engine import Engine, WorkItem
 from workers.jobfiles import JobFiles
 

@@ -24,7 +24,7 @@ from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
 from tests.conftest import Api, new_owner
 from tests.support.deploy import Deployment, Proc, flush, serving, wait_until
 from tests.support.metrics import JOB_HISTOGRAMS, check_job_counted
-from tests.support.tiny_llm import cached_tiny_llm
+from tests.support.models.llm import cached_tiny_llm
 
 LONG_THRESHOLD = 60
 LLM_PIPELINES = """

@@ -16,8 +16,8 @@ import httpx
 import jiwer
 import numpy as np
 
-from tests.support.coqui import build_tiny_vits, build_tiny_xtts
 from tests.support.deploy import Deployment, Proc, wait_until
+from tests.support.models.coqui import build_tiny_vits, build_tiny_xtts
 
 TTS_PIPELINE = """
 [pipelines.tts]

@@ -1,8 +1,13 @@
-"""A tiny Coqui VITS with random weights, built from a config and saved like a trained one.
+"""Coqui VITS and XTTS with random weights, built from a config and saved like trained ones.
 
-It speaks noise, but it goes through the very code users' checkpoints go through:
+They speak noise, but they go through the very code users' checkpoints go through:
 `TTS(model_path=..., config_path=...)` loads the `config.json` and the `{"model": ...}`
-checkpoint, tokenizes with the config's characters, and synthesizes on the CPU.
+checkpoint, tokenizes with the config's characters, and synthesizes.
+
+VITS comes in two sizes: `tiny` (tests, CPU) and `full`, Coqui's own VITS defaults (the
+LJSpeech model's shape, 22.05 kHz): its compute, for GPUs. Both use the deterministic
+duration predictor, set to a fixed number of frames per symbol, so random weights speak
+about as long as a trained model would.
 """
 
 from __future__ import annotations
@@ -10,14 +15,18 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-SAMPLE_RATE = 16_000
+SAMPLE_RATES = {"tiny": 16_000, "full": 22_050}
+FRAMES_PER_SYMBOL = {"tiny": 6.0, "full": 3.0}
+"""Spectrogram frames per input symbol (blanks included): `full` about a trained LJSpeech
+VITS's speaking rate, about 15 characters a second."""
 HOP_LENGTH = 256
 CHARACTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 "
 PUNCTUATIONS = "!'(),-.:;? "
 
 
-def build_tiny_vits(directory: Path, seed: int = 0) -> tuple[Path, Path]:
-    """Write `model.pth` and `config.json` of a random-weight VITS; returns their paths."""
+def build_vits(directory: Path, size: str = "tiny", seed: int = 0) -> tuple[Path, Path]:
+    """Write `model.pth` and `config.json` of a random-weight VITS of shape `size`
+    (`tiny`, `full`); returns their paths."""
     import torch
     from TTS.tts.configs.shared_configs import BaseAudioConfig, CharactersConfig
     from TTS.tts.configs.vits_config import VitsArgs, VitsConfig
@@ -39,21 +48,29 @@ def build_tiny_vits(directory: Path, seed: int = 0) -> tuple[Path, Path]:
             punctuations=PUNCTUATIONS,
         ),
         audio=BaseAudioConfig(
-            sample_rate=SAMPLE_RATE, hop_length=HOP_LENGTH, win_length=1024, fft_size=1024
+            sample_rate=SAMPLE_RATES[size], hop_length=HOP_LENGTH, win_length=1024, fft_size=1024
         ),
-        model_args=_tiny_args(VitsArgs),
+        model_args=_tiny_args(VitsArgs) if size == "tiny" else _full_args(VitsArgs),
     )
     model = Vits(config)
     with torch.no_grad():
-        # About six frames per symbol, as a trained model speaks, instead of a random
-        # duration that rounds up to one frame whatever the speed.
+        # A fixed number of frames per symbol, as a trained model speaks, instead of a
+        # random duration that rounds up to one frame whatever the speed.
         model.duration_predictor.proj.weight.mul_(0.01)
-        model.duration_predictor.proj.bias.fill_(math.log(6.0))
+        model.duration_predictor.proj.bias.fill_(math.log(FRAMES_PER_SYMBOL[size]))
     directory.mkdir(parents=True, exist_ok=True)
     model_path, config_path = directory / "model.pth", directory / "config.json"
     torch.save({"model": model.state_dict()}, model_path)
     config.save_json(str(config_path))
     return model_path, config_path
+
+
+def build_tiny_vits(directory: Path) -> tuple[Path, Path]:
+    return build_vits(directory, "tiny")
+
+
+def _full_args(args_cls: type) -> object:
+    return args_cls(use_sdp=False, init_discriminator=False)
 
 
 def _tiny_args(args_cls: type) -> object:

@@ -1,0 +1,290 @@
+"""The private mmq deployment that `bench.gpu` measures through: its own Redis, the API,
+and groups of workers started and stopped section by section.
+
+Everything runs as it would in production: `RedisServer`, and `mmq api` / `mmq worker`
+processes under a `Supervisor`. A worker counts as loaded once it has registered in
+Redis, which it does after its pipeline's `load()` and `warmup()`: the time from its
+start to then is its load-and-warm time (process start and imports included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from bench.asr import wait_healthy
+from bench.overhead import check_alive
+from common.procs import free_port
+from common.sse import aparse_lines
+from host.launcher import ProcSpec, Supervisor, mmq_command
+from host.redis_server import RedisServer
+from jobs import keys
+from jobs.states import ends_job
+
+REPO = Path(__file__).resolve().parents[1]
+LOAD_TIMEOUT_S = 900.0
+LOG_TAIL_BYTES = 3000
+
+
+@contextlib.contextmanager
+def output_to(path: Path) -> Iterator[None]:
+    """Point this process's stdout and stderr at `path` while children are spawned: they
+    inherit the descriptors and write there (Celery's banners, model loading bars)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+def tail(path: Path) -> str:
+    if not path.exists():
+        return ""
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
+        return f.read().decode(errors="replace")
+
+
+def toml_tables(prefix: str, table: dict[str, Any]) -> str:
+    """`table` as TOML under `[prefix]`: plain values first, then each sub-table."""
+    plain = [f"{k} = {json.dumps(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    text = f"[{prefix}]\n" + "".join(line + "\n" for line in plain)
+    for key, value in table.items():
+        if isinstance(value, dict):
+            text += "\n" + toml_tables(f"{prefix}.{key}", value)
+    return text
+
+
+@dataclass
+class Workers:
+    """A group of worker processes: pipeline -> instances, numbered from `first` (the
+    lower numbers are an earlier group's, still running)."""
+
+    supervisor: Supervisor
+    instances: dict[str, int]
+    first: int
+    started_at: float
+    log: Path
+    loaded_s: dict[str, list[float]] = field(default_factory=dict)
+    """Per pipeline: seconds from start to registered, one per instance."""
+
+    def pids_of(self, pipeline: str) -> list[int]:
+        """The process ids of `pipeline`'s workers and their children (an LLM engine)."""
+        roots = [
+            c.process.pid
+            for c in self.supervisor.children
+            if c.spec.name.startswith(f"{pipeline}#") and c.process is not None
+        ]
+        return [pid for root in roots for pid in _tree(root)]
+
+
+def _tree(pid: int) -> list[int]:
+    found = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in task.read_text().split():
+            found += _tree(int(child))
+    return found
+
+
+class Deployment:
+    """Redis and the API, for `pipelines` (name -> its config table); the API is
+    started, not waited for (`wait_api`)."""
+
+    def __init__(
+        self, stack: ExitStack, pipelines: dict[str, dict[str, Any]], env: dict[str, str]
+    ) -> None:
+        self.stack = stack
+        self.tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-gpu-")))
+        server = RedisServer(self.tmp / "redis", port=free_port(), persist=False)
+        server.start()
+        stack.callback(server.stop)
+        self.redis = redis.Redis.from_url(server.url, decode_responses=True)
+        config = self.tmp / "mmq.toml"
+        config.write_text("\n".join(toml_tables(f"pipelines.{n}", t) for n, t in pipelines.items()))
+        self.pipelines = pipelines
+        port = free_port()
+        self.api_url = f"http://127.0.0.1:{port}"
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": path,
+            "HF_HUB_OFFLINE": "1",
+            "MMQ_CONFIG_FILE": str(config),
+            "MMQ_REDIS_URL": server.url,
+            "MMQ_DATA_DIR": str(self.tmp / "data"),
+            "MMQ_LOG_LEVEL": "WARNING",
+            "MMQ_API__HOST": "127.0.0.1",
+            "MMQ_API__PORT": str(port),
+            "MMQ_AUTH__REQUIRED": "false",
+            **env,
+        }
+        self.api = Supervisor([ProcSpec("api", mmq_command("api"))], base_env=self.env)
+        self.supervisors = [self.api]
+        stack.callback(self.close)
+        with output_to(self.tmp / "logs" / "api.log"):
+            self.api.start()
+
+    def wait_api(self) -> None:
+        """The API answers (workers may still be loading)."""
+        try:
+            wait_healthy(self.api_url, self.api)
+        except RuntimeError as exc:
+            log = tail(self.tmp / "logs" / "api.log")
+            raise RuntimeError(f"{exc}; its log ends with:\n{log}") from None
+
+    def upload(self, data: bytes, name: str) -> str:
+        files = {"file": (name, data, "application/octet-stream")}
+        r = httpx.post(f"{self.api_url}/v1/files", files=files, timeout=60, trust_env=False)
+        r.raise_for_status()
+        return str(r.json()["key"])
+
+    def start(self, instances: dict[str, int], first: int = 0) -> Workers:
+        """Start `instances[p]` workers of each pipeline `p` (at once), numbered from
+        `first`."""
+        specs = []
+        for name, count in instances.items():
+            # A CPU worker sees no GPU, as the launcher would pin it.
+            env = {"CUDA_VISIBLE_DEVICES": ""} if self.pipelines[name]["device"] == "cpu" else {}
+            for i in range(first, first + count):
+                argv = mmq_command("worker", "--pipeline", name, "--instance", str(i))
+                specs.append(ProcSpec(f"{name}#{i}", argv, env))
+        supervisor = Supervisor(specs, base_env=self.env)
+        self.supervisors.append(supervisor)
+        log = self.tmp / "logs" / f"{'+'.join(instances)}.log"
+        with output_to(log):
+            supervisor.start()
+        return Workers(supervisor, dict(instances), first, time.monotonic(), log)
+
+    def wait_loaded(self, workers: Workers, timeout_s: float = LOAD_TIMEOUT_S) -> None:
+        """Return once every worker of the group has registered; fill `loaded_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                check_alive(workers.supervisor)
+            except RuntimeError as exc:
+                raise RuntimeError(f"{exc}; its log ends with:\n{tail(workers.log)}") from None
+            counts = self._registered()
+            now = time.monotonic() - workers.started_at
+            for name, want in workers.instances.items():
+                times = workers.loaded_s.setdefault(name, [])
+                new = min(counts.get(name, 0) - workers.first, want)
+                times += [now] * (new - len(times))
+            if all(len(workers.loaded_s[n]) >= c for n, c in workers.instances.items()):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"workers not loaded in {timeout_s:g}s: {workers.loaded_s}; "
+                    f"their log ends with:\n{tail(workers.log)}"
+                )
+            time.sleep(0.1)
+
+    def _registered(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for name in self.redis.zrange(keys.WORKERS, 0, -1):
+            pipeline = str(name).split("@", 1)[0].rsplit("-", 1)[0]
+            counts[pipeline] = counts.get(pipeline, 0) + 1
+        return counts
+
+    def shrink(self, workers: Workers, pipeline: str, keep: int) -> None:
+        """Stop `pipeline`'s workers of this group numbered `keep` and up; return once
+        they have left the registry."""
+        for child in workers.supervisor.children:
+            name, _, index = child.spec.name.partition("#")
+            if name == pipeline and int(index) >= keep and child.process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.process.pid, signal.SIGTERM)
+                child.process.wait(30)
+        deadline = time.monotonic() + 30
+        while self._registered().get(pipeline, 0) > keep and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        """Stop every process: all are asked at once, then each is waited for."""
+        for supervisor in self.supervisors:
+            for child in supervisor.children:
+                if child.process is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(child.process.pid, signal.SIGTERM)
+        for supervisor in reversed(self.supervisors):
+            supervisor.terminate()
+
+    def stop(self, workers: Workers) -> None:
+        workers.supervisor.terminate()
+        deadline = time.monotonic() + 30
+        while any(self._registered().get(n, 0) > workers.first for n in workers.instances):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+
+
+@dataclass
+class Trace:
+    """One job as a client saw it, from submit."""
+
+    first_s: float | None = None
+    """The first `partial` event (ASR segment, TTS audio, LLM text)."""
+    total_s: float = 0.0
+    output: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+async def run_job(
+    client: httpx.AsyncClient, kind: str, inp: dict[str, Any], timeout_s: float = 900.0
+) -> Trace:
+    """Submit a job and follow its events over SSE until it ends (or `timeout_s`)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _follow(client, kind, inp)
+    except TimeoutError:
+        return Trace(error=f"no end within {timeout_s:g}s")
+
+
+async def _follow(client: httpx.AsyncClient, kind: str, inp: dict[str, Any]) -> Trace:
+    trace = Trace()
+    start = time.perf_counter()
+    try:
+        r = await client.post("/v1/jobs", json={"kind": kind, "input": inp})
+        if r.status_code != 202:
+            return Trace(error=f"submit {r.status_code}: {r.text[:200]}")
+        job_id = r.json()["id"]
+        async with client.stream("GET", f"/v1/jobs/{job_id}/events") as response:
+            async for message in aparse_lines(response.aiter_lines()):
+                event = json.loads(message.data)
+                etype, data = event["type"], event["data"]
+                if etype == "partial" and trace.first_s is None:
+                    trace.first_s = time.perf_counter() - start
+                elif etype == "output":
+                    trace.output = data
+                elif ends_job(etype, data):
+                    if data["status"] != "succeeded":
+                        trace.error = f"{data['status']}: {data.get('error')}"[:300]
+                    break
+        trace.total_s = time.perf_counter() - start
+        job = (await client.get(f"/v1/jobs/{job_id}")).json()
+        trace.timings = job.get("timings") or {}
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        trace.error = f"{type(exc).__name__}: {exc}"[:300]
+    return trace
