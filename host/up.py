@@ -64,11 +64,30 @@ def _describe(plan: Plan) -> str:
     )
 
 
+def _keys_line(settings: Settings) -> str:
+    make = "`mmq keys create NAME` (same config and data dir; stored hashed in Redis)"
+    if settings.auth.required:
+        return f"required: make one with {make}"
+    return f"not required on loopback; owners of their own jobs get one with {make}"
+
+
+def _where_lines(settings: Settings) -> list[str]:
+    data = settings.data_dir.resolve()
+    if settings.storage.backend == "s3":
+        files = f"s3://{settings.storage.s3.bucket}"
+    else:
+        files = str(data / "storage")
+    logs = f"logs   here (every process); LLM engines in {data / 'engine-logs'}"
+    if not settings.redis_url:
+        logs += f"; Redis in {settings.embedded_redis_dir.resolve() / 'server.log'}"
+    return [f"data   {data}   files {files}", logs]
+
+
 def run_up(settings: Settings, config: Path | None, plan: Plan, services: bool = True) -> None:
     server: RedisServer | None = None
     env: dict[str, str] = {}
     if services and not settings.redis_url:
-        server = RedisServer(settings.data_dir / "redis", port=settings.embedded_redis_port)
+        server = RedisServer(settings.embedded_redis_dir, port=settings.embedded_redis_port)
         server.start()
         env["MMQ_REDIS_URL"] = server.url
         typer.echo(f"redis  {server.url}  (embedded; data in {server.data_dir})")
@@ -79,6 +98,9 @@ def run_up(settings: Settings, config: Path | None, plan: Plan, services: bool =
     if services:
         base = settings.public_url
         typer.echo(f"api    {base}   docs {base}/docs")
+        typer.echo(f"keys   {_keys_line(settings)}")
+    for line in _where_lines(settings):
+        typer.echo(line)
     typer.echo(f"workers {_describe(plan)}   (Ctrl-C stops all)")
     for warning in plan.warnings:
         typer.echo(f"warning: {warning}", err=True)
