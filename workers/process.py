@@ -25,6 +25,7 @@ from jobs.settings import Settings
 from pipelines.base import Pipeline
 from storage.factory import make_storage
 from workers.engine import Engine
+from workers.events import EventWriter
 from workers.jobfiles import JobFiles
 from workers.jobrunner import JobRunner
 from workers.leases import LeaseKeeper
@@ -89,8 +90,10 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
         return JobFiles(settings, storage, index, owner=job.owner, job_id=job.id)
 
     schema = schema_for(config.kind, settings)
-    runner = JobRunner(store, engine, keeper, schema, name, files_for)
+    events = EventWriter(store, merge=pipeline.merge_partials)
+    runner = JobRunner(store, engine, keeper, events, schema, name, files_for)
     register_task(app, runner)
+    events.start()
     engine.start()
     keeper.start()
     metrics.start()
@@ -113,5 +116,6 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
         metrics.stop()
         keeper.stop()
         engine.stop()
+        events.stop()
         store.tally.stop()
         pipeline.unload()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from jobs.schemas.llm import LlmInput, LlmOptions
 from jobs.settings import PipelineConfig, Settings
@@ -60,6 +61,10 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         self._ready.set()
         if self.server.managed:
             self._monitor.start()
+
+    def merge_partials(self, first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any] | None:
+        """Tokens that waited for a write go out as one delta (the first one's index)."""
+        return {"index": first["index"], "text": first["text"] + then["text"]}
 
     def unload(self) -> None:
         self._stop.set()
