@@ -30,7 +30,7 @@ sequence fits, `EngineDoesNotFit` says why before any engine starts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jobs.schemas.llm import LlmOptions
 from pipelines.llm.startup import EngineStartError
@@ -163,20 +163,13 @@ def size_engine(engine: str, memory: Memory, shape: ModelShape, options: LlmOpti
         floor = min(full, MIN_CONTEXT_TOKENS)
         if context >= floor:
             why = f"context cut to {context} tokens a sequence (from {full}) to fit {want}"
-            return _with(size, want, context, why)
+            return replace(size, context=context, reduced=why)
         full = floor
     sequences = fits // _whole_blocks(full)
     if sequences >= 1:
         why = f"sequences cut to {sequences} (from {want}) of {full} tokens; the rest wait"
-        return _with(size, sequences, full, why + " in the engine")
+        return replace(size, sequences=sequences, context=full, reduced=why + " in the engine")
     raise EngineDoesNotFit(_too_big(size, full, room))
-
-
-def _with(size: EngineSize, sequences: int, context: int, reduced: str) -> EngineSize:
-    return EngineSize(
-        size.engine, size.memory, size.shape, size.margin_bytes, size.fixed_bytes,
-        size.token_bytes, sequences, context, size.batch_tokens, reduced,
-    )  # fmt: skip
 
 
 def _whole_blocks(tokens: int) -> int:
