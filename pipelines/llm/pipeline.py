@@ -21,6 +21,7 @@ from jobs.settings import PipelineConfig, Settings
 from pipelines.base import BackendLost, EngineKnobs, Request, SimplePipeline
 from pipelines.llm.client import Delta, EngineClient, EngineLost, Finish, request_body
 from pipelines.llm.server import EngineServer, EngineSpec
+from pipelines.llm.sizing import GIB
 from pipelines.llm.timing import TokenClock
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,9 @@ class LlmPipeline(SimplePipeline[LlmInput]):
     @property
     def spec(self) -> EngineSpec:
         config = self.config
+        cap = int(config.memory_gb * GIB) if config.memory_gb else None
         return EngineSpec(
-            self.name, config.model, config.device, self.options, self.settings.data_dir
+            self.name, config.model, config.device, self.options, self.settings.data_dir, cap
         )
 
     def load(self) -> None:
