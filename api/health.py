@@ -1,5 +1,7 @@
 """What `/readyz` reads of the deployment: whether Redis answers, and which job kinds
-have a live worker (one whose heartbeat is recent)."""
+have a live worker (one whose heartbeat is recent). For a kind without one, what its
+pipelines' workers recorded of their start (`keys.pipeline_state`) says why: still
+loading, or failed with the reason."""
 
 from __future__ import annotations
 
@@ -33,11 +35,26 @@ class Health:
         try:
             await self._r.ping()
             live = await self.live_kinds()
+            missing = []
+            for kind in self._settings.enabled_kinds:
+                if kind not in live:
+                    missing += await self.why_not(kind) or [f"worker for kind {kind}"]
         except (RedisError, OSError) as exc:
             return Readiness(missing=[f"redis: {exc}"])
-        enabled = self._settings.enabled_kinds
-        missing = [f"worker for kind {k}" for k in enabled if k not in live]
         return Readiness(sorted(live), missing)
+
+    async def why_not(self, kind: str) -> list[str]:
+        """What the kind's pipelines recorded of their last start, one line each."""
+        names = [n for n, p in self._settings.enabled_pipelines.items() if p.kind == kind]
+        pipe = self._r.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(keys.pipeline_state(name))
+        states = await pipe.execute()
+        return [
+            f"pipeline {name}: {line}"
+            for name, state in zip(names, states, strict=True)
+            if (line := start_line(state))
+        ]
 
     async def live_kinds(self) -> set[str]:
         stale_s = self._settings.lease.heartbeat_s * STALE_HEARTBEATS
@@ -48,3 +65,16 @@ class Health:
         for name in names:
             pipe.hget(keys.worker(str(name)), "kind")
         return {kind for kind in await pipe.execute() if kind}
+
+
+def start_line(state: dict[str, str]) -> str:
+    """One line of a pipeline's recorded start; empty when nothing tells more than "no
+    live worker" (never started, or ready and gone since)."""
+    reason = " | ".join(state.get("reason", "").splitlines())
+    if state.get("state") == "failed":
+        return reason
+    if state.get("state") != "loading":
+        return ""
+    since_s = time.time() - float(state.get("at") or time.time())
+    line = f"loading on {state.get('worker', '?')} ({since_s:.0f}s)"
+    return f"{line}; the last start failed: {reason}" if reason else line

@@ -1,6 +1,7 @@
 """Pub/sub connections of an API process, fanned out to the requests that wait or stream.
 
-Workers publish a notice per event on `keys.EVENTS_CHANNEL`, and each job's terminal
+Workers publish a notice per event on `keys.EVENTS_CHANNEL` (or one JSON array of the
+notices of the events they wrote together), and each job's terminal
 status notice again, with the job, on `keys.ENDS_CHANNEL`. The hub always listens for
 ends (requests that wait for a job's end need nothing else), and for every event only
 while some request follows a job's events, plus `events_linger_s` after the last one:
@@ -167,10 +168,12 @@ class EventHub:
 
 
 def _dispatch(table: Subscribers, raw: str) -> None:
-    """A notice to the local subscribers of its job."""
-    notice: dict[str, Any] = json.loads(raw)
-    for queue in table.get(notice["job_id"], ()):
-        queue.put_nowait(notice)
+    """Each notice of a message (one, or a JSON array of those a worker wrote together)
+    to the local subscribers of its job."""
+    parsed: dict[str, Any] | list[dict[str, Any]] = json.loads(raw)
+    for notice in parsed if isinstance(parsed, list) else (parsed,):
+        for queue in table.get(notice["job_id"], ()):
+            queue.put_nowait(notice)
 
 
 def _resync(table: Subscribers) -> None:

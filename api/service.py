@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import secrets
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from celery import Celery
@@ -26,7 +26,7 @@ from api.listing import list_jobs
 from jobs.broker import job_message
 from jobs.codec import dumps, job_from_fields
 from jobs.errors import Conflict, InputError, NotFound, QueueFull
-from jobs.models import Event, Job, JobCreate
+from jobs.models import Job, JobCreate
 from jobs.netguard import NetPolicy, check_url
 from jobs.queues import pipeline_for
 from jobs.schemas import schema_for, validation_error_field
@@ -236,9 +236,10 @@ class JobService:
 
     async def follow(
         self, owner: str, job_id: str, after: str | None, *, keepalive_s: float
-    ) -> AsyncGenerator[Event | None, None]:
+    ) -> streams.Batches:
         """The job's events after `after` (all of them when None), replayed and then live
-        until its terminal status event, with None after each `keepalive_s` without one.
+        until its terminal status event, in batches (those that arrived together), with
+        None after each `keepalive_s` without one.
         Raises NotFound here, before any event, unless the job is `owner`'s."""
         await self.get(owner, job_id)
         return streams.follow(self._store, self._hub, job_id, after, keepalive_s)

@@ -33,35 +33,43 @@ async def stream_job(
     *,
     after: str | None = None,
     keepalive: T | None = None,
+    join: Callable[[list[T]], T] | None = None,
     cancel_on_disconnect: bool = False,
 ) -> AsyncGenerator[T, None]:
     """The frames that `to_frames` makes of each event of the job after `after`, and
     `keepalive` (where given) after each `api.keepalive_s` without an event, until the
-    terminal status event. Raises NotFound here, before any frame, unless the job is
-    `owner`'s. With `cancel_on_disconnect`, closing the frames (or canceling their task)
-    before the end cancels the job: its client went away."""
+    terminal status event. With `join` (a byte or text stream), the frames of events that
+    arrived together go out as one write. Raises NotFound here, before any frame, unless
+    the job is `owner`'s. With `cancel_on_disconnect`, closing the frames (or canceling
+    their task) before the end cancels the job: its client went away."""
     keepalive_s = service.settings.api.keepalive_s
     events = await service.follow(owner, job_id, after, keepalive_s=keepalive_s)
-    return _frames(service, owner, job_id, events, to_frames, keepalive, cancel_on_disconnect)
+    return _frames(service, owner, job_id, events, to_frames, keepalive, join, cancel_on_disconnect)
 
 
 async def _frames(
     service: JobService,
     owner: str,
     job_id: str,
-    events: AsyncGenerator[Event | None, None],
+    events: AsyncGenerator[list[Event] | None, None],
     to_frames: Callable[[Event], Iterable[T]],
     keepalive: T | None,
+    join: Callable[[list[T]], T] | None,
     cancel_on_disconnect: bool,
 ) -> AsyncGenerator[T, None]:
     ended = False
     try:
-        async for event in events:
-            if event is not None:
-                for frame in to_frames(event):
+        async for batch in events:
+            if batch is None:
+                if keepalive is not None:
+                    yield keepalive
+                continue
+            frames = [frame for event in batch for frame in to_frames(event)]
+            if join is not None and len(frames) > 1:
+                yield join(frames)
+            else:
+                for frame in frames:
                     yield frame
-            elif keepalive is not None:
-                yield keepalive
         ended = True
     finally:
         # A client that went away cancels this task: shield the clean-up from that.

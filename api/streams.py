@@ -14,6 +14,9 @@ from api.hub import EventHub
 from jobs.models import Event
 from jobs.store import AsyncJobStore
 
+Batches = AsyncGenerator[list[Event] | None, None]
+"""What `follow` yields: batches of events in order, None for a keep-alive."""
+
 KEEPALIVE = None
 """Yielded after `keepalive_s` without an event, so a stream can send a comment."""
 
@@ -29,29 +32,46 @@ async def follow(
     job_id: str,
     after: str | None,
     keepalive_s: float,
-) -> AsyncGenerator[Event | None, None]:
-    """Every event of the job after `after`, in order, once each; None for keep-alives."""
+) -> Batches:
+    """Every event of the job after `after`, in order, once each, in batches: the replay,
+    then each time notices arrive, all those that arrived meanwhile (a stream writes a
+    batch at once); None for keep-alives. Ends with the terminal status event."""
     last = stream_id_key(after) if after else (0, 0)
     async with hub.subscribe(job_id) as notices:
-        for event in await store.events(job_id, after):
-            last = stream_id_key(event.id)
-            yield event
-            if event.ends:
+        batch = _up_to_end(await store.events(job_id, after))
+        if batch:
+            last = stream_id_key(batch[-1].id)
+            yield batch
+            if batch[-1].ends:
                 return
         while True:
             try:
-                notice = await asyncio.wait_for(notices.get(), keepalive_s)
+                arrived = [await asyncio.wait_for(notices.get(), keepalive_s)]
             except TimeoutError:
                 yield KEEPALIVE
                 continue
-            if notice.get("type") == "__resync__":
-                fresh = await store.events(job_id, f"{last[0]}-{last[1]}")
-            else:
-                fresh = [Event.model_validate(notice)]
-            for event in fresh:
-                if stream_id_key(event.id) <= last:
-                    continue
-                last = stream_id_key(event.id)
-                yield event
-                if event.ends:
-                    return
+            while not notices.empty():
+                arrived.append(notices.get_nowait())
+            batch = []
+            for notice in arrived:
+                if notice.get("type") == "__resync__":
+                    batch += await store.events(job_id, f"{last[0]}-{last[1]}")
+                else:
+                    batch.append(Event.model_validate(notice))
+            batch = _up_to_end([e for e in batch if stream_id_key(e.id) > last])
+            if not batch:
+                continue
+            last = stream_id_key(batch[-1].id)
+            yield batch
+            if batch[-1].ends:
+                return
+
+
+def _up_to_end(events: list[Event]) -> list[Event]:
+    """`events` without duplicates, in stream order, cut after the job's end."""
+    seen: dict[str, Event] = {}
+    for event in sorted(events, key=lambda e: stream_id_key(e.id)):
+        seen.setdefault(event.id, event)
+        if event.ends:
+            break
+    return list(seen.values())

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from common.procs import die_with_parent
@@ -26,6 +27,9 @@ class ProcSpec:
     name: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    why_exited: Callable[[int], str | None] | None = None
+    """Given the pid of the child that exited: one line on why (a worker that failed to
+    start says so in Redis), or None when there is nothing to add."""
 
 
 @dataclass
@@ -86,6 +90,7 @@ class Supervisor:
                 if now - child.started_at > self.stable_s:
                     child.restarts = 0
                 delay = min(self.max_backoff_s, self.backoff_s * 2**child.restarts)
+                self._explain(child.spec, proc.pid)
                 log.warning(
                     "%s exited with %s; restarting in %.1fs",
                     child.spec.name,
@@ -97,6 +102,17 @@ class Supervisor:
                 child.process = None
             if now >= child.next_start:
                 self._spawn(child)
+
+    def _explain(self, spec: ProcSpec, pid: int) -> None:
+        if spec.why_exited is None:
+            return
+        try:
+            why = spec.why_exited(pid)
+        except Exception:  # an explanation never stops the supervisor
+            log.debug("no explanation for %s", spec.name, exc_info=True)
+            return
+        if why:
+            log.error("%s: %s", spec.name, why)
 
     def run(self, poll_s: float = 0.5) -> None:
         """Supervise until `stop()` (or SIGINT/SIGTERM in the main thread)."""

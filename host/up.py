@@ -4,21 +4,29 @@ only, joining a deployment whose Redis runs elsewhere), in the foreground.
 Workers follow the placement plan (`host.placement`): one process per (device,
 pipeline, instance), each with `CUDA_VISIBLE_DEVICES` set to its one device (a GPU's or
 MIG slice's UUID; empty for the CPU) and `--device` telling the pipeline where it is.
-The supervisor restarts a dead one with backoff; Ctrl-C stops them all.
+The supervisor restarts a dead one with backoff, first printing why a worker that died
+during its start failed (what it recorded in Redis); Ctrl-C stops them all.
 """
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
+import redis
 import typer
+from redis.exceptions import RedisError
 
 from host.devices import Topology, discover
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.placement import Assignment, Plan, load_placement, plan_placement
 from host.redis_server import RedisServer
+from jobs import keys
+from jobs.codec import text_map
 from jobs.settings import Settings
+
+WHY_MAX_CHARS = 400
 
 
 def host_plan(settings: Settings, placement: Path | None, topology: Topology | None = None) -> Plan:
@@ -27,7 +35,39 @@ def host_plan(settings: Settings, placement: Path | None, topology: Topology | N
     return plan_placement(settings, found, load_placement(placement) if placement else None)
 
 
-def worker_spec(a: Assignment, extra: list[str]) -> ProcSpec:
+class StartReasons:
+    """Why a worker exited during its start, from what it recorded in Redis
+    (`keys.pipeline_state`), for the console."""
+
+    def __init__(self, redis_url: str | None) -> None:
+        self.r = (
+            redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=2)
+            if redis_url
+            else None
+        )
+
+    def for_pipeline(self, pipeline: str) -> Callable[[int], str | None]:
+        return lambda pid: self.why(pipeline, pid)
+
+    def why(self, pipeline: str, pid: int) -> str | None:
+        """One line when the worker `pid` of `pipeline` failed or died while loading."""
+        if self.r is None:
+            return None
+        try:
+            state = text_map(self.r.hgetall(keys.pipeline_state(pipeline)))
+        except (RedisError, OSError):
+            return None
+        if state.get("pid") != str(pid):
+            return None  # another worker's start, or none recorded
+        if state.get("state") == "failed":
+            reason = " | ".join(state.get("reason", "").splitlines()[:2])
+            return f"pipeline {pipeline} failed to start: {reason}"[:WHY_MAX_CHARS]
+        if state.get("state") == "loading":
+            return f"pipeline {pipeline}: the worker died while loading (no reason recorded)"
+        return None
+
+
+def worker_spec(a: Assignment, extra: list[str], reasons: StartReasons | None = None) -> ProcSpec:
     knobs = [f"--{k.replace('_', '-')}={v}" for k, v in a.overrides.items()]
     argv = mmq_command(
         "worker", "--pipeline", a.pipeline, "--instance", str(a.instance),
@@ -36,11 +76,16 @@ def worker_spec(a: Assignment, extra: list[str]) -> ProcSpec:
     env = {"CUDA_VISIBLE_DEVICES": a.device.visible_devices}
     if a.device.kind != "cpu":
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    return ProcSpec(f"worker {a.pipeline}#{a.instance} on {a.device.id}", argv, env)
+    why = reasons.for_pipeline(a.pipeline) if reasons is not None else None
+    return ProcSpec(f"worker {a.pipeline}#{a.instance} on {a.device.id}", argv, env, why)
 
 
 def deployment_specs(
-    settings: Settings, config: Path | None, plan: Plan, services: bool = True
+    settings: Settings,
+    config: Path | None,
+    plan: Plan,
+    services: bool = True,
+    reasons: StartReasons | None = None,
 ) -> list[ProcSpec]:
     """The API, the reaper and the webhook worker (with `services`), and the plan's workers."""
     extra = ["--config", str(config)] if config else []
@@ -52,7 +97,7 @@ def deployment_specs(
         ]
         if settings.webhooks.secret:
             specs.append(ProcSpec("webhooks", mmq_command("webhooks", *extra)))
-    return specs + [worker_spec(a, extra) for a in plan.assignments]
+    return specs + [worker_spec(a, extra, reasons) for a in plan.assignments]
 
 
 def _describe(plan: Plan) -> str:
@@ -64,21 +109,44 @@ def _describe(plan: Plan) -> str:
     )
 
 
+def _keys_line(settings: Settings) -> str:
+    make = "`mmq keys create NAME` (same config and data dir; stored hashed in Redis)"
+    if settings.auth.required:
+        return f"required: make one with {make}"
+    return f"not required on loopback; owners of their own jobs get one with {make}"
+
+
+def _where_lines(settings: Settings) -> list[str]:
+    data = settings.data_dir.resolve()
+    if settings.storage.backend == "s3":
+        files = f"s3://{settings.storage.s3.bucket}"
+    else:
+        files = str(data / "storage")
+    logs = f"logs   here (every process); LLM engines in {data / 'engine-logs'}"
+    if not settings.redis_url:
+        logs += f"; Redis in {settings.embedded_redis_dir.resolve() / 'server.log'}"
+    return [f"data   {data}   files {files}", logs]
+
+
 def run_up(settings: Settings, config: Path | None, plan: Plan, services: bool = True) -> None:
     server: RedisServer | None = None
     env: dict[str, str] = {}
     if services and not settings.redis_url:
-        server = RedisServer(settings.data_dir / "redis", port=settings.embedded_redis_port)
+        server = RedisServer(settings.embedded_redis_dir, port=settings.embedded_redis_port)
         server.start()
         env["MMQ_REDIS_URL"] = server.url
         typer.echo(f"redis  {server.url}  (embedded; data in {server.data_dir})")
-    supervisor = Supervisor(deployment_specs(settings, config, plan, services))
+    reasons = StartReasons(env.get("MMQ_REDIS_URL") or settings.redis_url)
+    supervisor = Supervisor(deployment_specs(settings, config, plan, services, reasons))
     supervisor.base_env.update(env)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: supervisor.stop())
     if services:
         base = settings.public_url
         typer.echo(f"api    {base}   docs {base}/docs")
+        typer.echo(f"keys   {_keys_line(settings)}")
+    for line in _where_lines(settings):
+        typer.echo(line)
     typer.echo(f"workers {_describe(plan)}   (Ctrl-C stops all)")
     for warning in plan.warnings:
         typer.echo(f"warning: {warning}", err=True)

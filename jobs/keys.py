@@ -69,6 +69,15 @@ def worker(name: str) -> str:
     return f"{PREFIX}:worker:{name}"
 
 
+def pipeline_state(name: str) -> str:
+    """Hash: how the last start of a pipeline's worker went, for `/readyz` and `mmq up`:
+    `state` (loading | ready | failed), `reason` (why the last start failed: a short first
+    line, then the engine log's relevant lines; kept while the next start loads), `worker`,
+    `pid`, `at` (unix seconds). A TTL, renewed while loading, so a worker that dies
+    without a word leaves no `loading` behind."""
+    return f"{PREFIX}:pipeline:{name}:state"
+
+
 def deliveries(job_id: str) -> str:
     """List: JSON records of every webhook delivery attempt of the job."""
     return f"{PREFIX}:job:{job_id}:deliveries"

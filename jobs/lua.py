@@ -12,12 +12,16 @@ NOTICE_JOB_MAX_BYTES = 16_384
 # floats: cjson keeps 14 digits). Returns the stream id and the notice without its
 # closing brace (an end notice is published again, with the job, on the ends channel).
 _PUBLISH = """
+local function notice_of(id, job_id, etype, data, ts)
+  return '{"id":' .. cjson.encode(id) .. ',"job_id":' .. cjson.encode(job_id) ..
+         ',"type":' .. cjson.encode(etype) .. ',"data":' .. data .. ',"ts":' .. ts
+end
+
 local function announce(channel, stream, maxlen, job_id, etype, data, ts, ttl)
   local id = redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
                         'type', etype, 'data', data, 'ts', ts)
   if ttl then redis.call('EXPIRE', stream, ttl) end
-  local notice = '{"id":' .. cjson.encode(id) .. ',"job_id":' .. cjson.encode(job_id) ..
-                 ',"type":' .. cjson.encode(etype) .. ',"data":' .. data .. ',"ts":' .. ts
+  local notice = notice_of(id, job_id, etype, data, ts)
   redis.call('PUBLISH', channel, notice .. '}')
   return id, notice
 end
@@ -147,17 +151,34 @@ return 1
 """
 )
 
-APPEND_EVENT = (
+APPEND_EVENTS = (
     _PUBLISH
     + """
--- KEYS: events stream, job
--- ARGV: channel, maxlen, job_id, type, data, ts, first-output field value ('' to skip)
-if ARGV[7] ~= '' then
-  local cur = redis.call('HGET', KEYS[2], 'first_output_at')
-  if not cur or cur == '' then redis.call('HSET', KEYS[2], 'first_output_at', ARGV[7]) end
+-- KEYS: events stream and job of each event, in pairs
+-- ARGV[1]: JSON {channel, maxlen, events: [{job_id, type, data (JSON text), ts,
+--   first_output: the job's first-output time ('' to leave it)}]}
+-- Appends every event to its job's stream and publishes them in one notice: the event
+-- alone, or a JSON array of several. Returns the stream ids.
+local a = cjson.decode(ARGV[1])
+local ids, notices = {}, {}
+for i, e in ipairs(a.events) do
+  if e.first_output ~= '' then
+    local cur = redis.call('HGET', KEYS[2 * i], 'first_output_at')
+    if not cur or cur == '' then
+      redis.call('HSET', KEYS[2 * i], 'first_output_at', e.first_output)
+    end
+  end
+  local id = redis.call('XADD', KEYS[2 * i - 1], 'MAXLEN', '~', a.maxlen, '*',
+                        'type', e.type, 'data', e.data, 'ts', e.ts)
+  ids[i] = id
+  notices[i] = notice_of(id, e.job_id, e.type, e.data, e.ts) .. '}'
 end
-local id = announce(ARGV[1], KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], nil)
-return id
+if #notices == 1 then
+  redis.call('PUBLISH', a.channel, notices[1])
+elseif #notices > 1 then
+  redis.call('PUBLISH', a.channel, '[' .. table.concat(notices, ',') .. ']')
+end
+return ids
 """
 )
 

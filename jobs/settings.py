@@ -283,6 +283,11 @@ class Settings(BaseSettings):
         return sorted({p.kind for p in self.enabled_pipelines.values()})
 
     @property
+    def embedded_redis_dir(self) -> Path:
+        """Data dir of the server that `mmq up` starts when `redis_url` is unset."""
+        return self.data_dir / "redis"
+
+    @property
     def public_url(self) -> str:
         return self.api.public_url or f"http://{self.api.host}:{self.api.port}"
 

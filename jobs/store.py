@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self
 
@@ -60,6 +60,20 @@ class TransitionResult:
     read_back: dict[str, str] = field(default_factory=dict)
     """On success: the fields named in `Transition.read_back`, as they are after it
     ('' for a field the job does not have)."""
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    """An event of a running job, to append to its stream (`JobStore.append_events`)."""
+
+    job_id: str
+    type: EventType
+    data: dict[str, Any]
+    first_output: bool = False
+    """Whether it is an output (partial or progress): the job's first one sets its
+    `first_output_at`."""
+    webhook: WebhookSpec | None = None
+    ts: float = field(default_factory=time.time)
 
 
 @dataclass
@@ -219,7 +233,7 @@ class JobStore:
         self.settings = settings
         self.on_event = on_event
         self._transition = client.register_script(lua.TRANSITION)
-        self._append = client.register_script(lua.APPEND_EVENT)
+        self._append = client.register_script(lua.APPEND_EVENTS)
         self._renew = client.register_script(lua.RENEW_LEASE)
         self._give_back = client.register_script(lua.GIVE_BACK_LEASE)
         self._resend = client.register_script(lua.RESEND)
@@ -244,6 +258,35 @@ class JobStore:
                 self.on_event(change.job_id, url, event)
         return result
 
+    def append_events(self, events: Sequence[NewEvent]) -> list[str]:
+        """Append each event to its job's stream and publish them in one notice (one
+        script call); returns their stream ids. Hands those a webhook wants to
+        `on_event`."""
+        if not events:
+            return []
+        key_list = [k for e in events for k in (keys.job_events(e.job_id), keys.job(e.job_id))]
+        batch = {
+            "channel": keys.EVENTS_CHANNEL,
+            "maxlen": self.settings.events_maxlen,
+            "events": [
+                {
+                    "job_id": e.job_id,
+                    "type": str(e.type),
+                    "data": dumps(e.data),
+                    "ts": repr(e.ts),
+                    "first_output": repr(e.ts) if e.first_output else "",
+                }
+                for e in events
+            ],
+        }
+        ids = [str(i) for i in self._append(keys=key_list, args=[dumps(batch)])]
+        if self.on_event is not None:
+            for event_id, e in zip(ids, events, strict=True):
+                if e.webhook is not None and wants(e.webhook.events, e.type, e.data):
+                    as_dict = _event(event_id, e.job_id, str(e.type), e.data, e.ts)
+                    self.on_event(e.job_id, e.webhook.url, as_dict)
+        return ids
+
     def append_event(
         self,
         job_id: str,
@@ -253,21 +296,8 @@ class JobStore:
         first_output: bool,
         webhook: WebhookSpec | None = None,
     ) -> str:
-        ts = time.time()
-        now = repr(ts)
-        args = [
-            keys.EVENTS_CHANNEL,
-            str(self.settings.events_maxlen),
-            job_id,
-            str(etype),
-            dumps(data),
-            now,
-            now if first_output else "",
-        ]
-        event_id = str(self._append(keys=[keys.job_events(job_id), keys.job(job_id)], args=args))
-        if webhook is not None and self.on_event is not None and wants(webhook.events, etype, data):
-            self.on_event(job_id, webhook.url, _event(event_id, job_id, str(etype), data, ts))
-        return event_id
+        """Append one event (see `append_events`); returns its stream id."""
+        return self.append_events([NewEvent(job_id, etype, data, first_output, webhook)])[0]
 
     def renew_lease(self, job_id: str, lease: Lease) -> bool:
         deadline = time.time() + lease.ttl_ms / 1000

@@ -33,11 +33,22 @@ def _settings(config: Path | None) -> Settings:
     return settings
 
 
-def _require_redis(settings: Settings) -> str:
-    if not settings.redis_url:
-        typer.echo("MMQ_REDIS_URL is not set (only `mmq up` starts a server of its own)", err=True)
+def _with_redis(settings: Settings) -> Settings:
+    """`settings` with a Redis to use: `MMQ_REDIS_URL`, else the embedded server of an
+    `mmq up` that runs with the same data dir; exits with the reason when there is none."""
+    if settings.redis_url:
+        return settings
+    from host.redis_server import running_url
+
+    url = running_url(settings.embedded_redis_dir)
+    if url is None:
+        typer.echo(
+            f"MMQ_REDIS_URL is not set and no `mmq up` runs with data dir {settings.data_dir} "
+            "(its embedded server would be found there)",
+            err=True,
+        )
         raise typer.Exit(2)
-    return settings.redis_url
+    return settings.model_copy(update={"redis_url": url})
 
 
 @app.command()
@@ -47,8 +58,7 @@ def api(config: ConfigOpt = None) -> None:
 
     from api.app import create_app
 
-    settings = _settings(config)
-    _require_redis(settings)
+    settings = _with_redis(_settings(config))
     uvicorn.run(
         create_app(settings),
         host=settings.api.host,
@@ -76,8 +86,7 @@ def worker(
     from host.placement import PlacementError, apply_overrides, concrete_device
     from workers.process import run_worker
 
-    settings = _settings(config)
-    _require_redis(settings)
+    settings = _with_redis(_settings(config))
     if pipeline not in settings.enabled_pipelines:
         typer.echo(f"no enabled pipeline {pipeline!r} in the config", err=True)
         raise typer.Exit(2)
@@ -109,8 +118,7 @@ def reaper(config: ConfigOpt = None) -> None:
     from jobs.broker import make_celery, webhook_sender
     from jobs.metered import MeteredJobStore
 
-    settings = _settings(config)
-    _require_redis(settings)
+    settings = _with_redis(_settings(config))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -130,8 +138,7 @@ def webhooks(config: ConfigOpt = None) -> None:
     """Run a webhook delivery worker (needs MMQ_WEBHOOKS__SECRET)."""
     from cluster.webhooks import run_webhook_worker
 
-    settings = _settings(config)
-    _require_redis(settings)
+    settings = _with_redis(_settings(config))
     if not settings.webhooks.secret:
         typer.echo("MMQ_WEBHOOKS__SECRET is not set (whsec_ + base64)", err=True)
         raise typer.Exit(2)
@@ -170,8 +177,7 @@ def workers(config: ConfigOpt = None, placement: PlacementOpt = None) -> None:
     a GPU host joining a deployment through MMQ_REDIS_URL."""
     from host.up import run_up
 
-    settings = _settings(config)
-    _require_redis(settings)
+    settings = _with_redis(_settings(config))
     run_up(settings, config, _plan(settings, placement), services=False)
 
 
@@ -281,7 +287,7 @@ def keys_create(name: str, config: ConfigOpt = None) -> None:
     from jobs.apikeys import create_key
 
     settings = _settings(config)
-    client = redis.Redis.from_url(_require_redis(settings), decode_responses=True)
+    client = redis.Redis.from_url(str(_with_redis(settings).redis_url), decode_responses=True)
     try:
         typer.echo(create_key(client, name))
     except ValueError as exc:
@@ -297,7 +303,7 @@ def keys_revoke(name: str, config: ConfigOpt = None) -> None:
     from jobs.apikeys import revoke_owner
 
     settings = _settings(config)
-    client = redis.Redis.from_url(_require_redis(settings), decode_responses=True)
+    client = redis.Redis.from_url(str(_with_redis(settings).redis_url), decode_responses=True)
     typer.echo(f"revoked {revoke_owner(client, name)} key(s)")
 
 

@@ -163,6 +163,12 @@ class Pipeline(ABC, Generic[InputT, PreparedT]):
     def run(self, batch: Sequence[PreparedT]) -> None:
         """Run one batch and finish every request in it (succeed, fail or drop_canceled)."""
 
+    def merge_partials(self, first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any] | None:
+        """One partial output's data for two consecutive ones of a request, or None (the
+        default) to keep them apart. The worker merges partials that wait while an earlier
+        write is in flight (e.g. LLM tokens into one delta); nothing waits for a merge."""
+        return None
+
     def unload(self) -> None:
         """Free the model."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import redis
@@ -44,6 +45,17 @@ def test_keys_create_prints_a_key_that_is_stored_only_as_a_hash(
 
     bad = _mmq("keys", "create", "no spaces allowed", redis_url=deployment.redis_url)
     assert bad.returncode != 0
+
+
+def test_keys_without_a_redis_url_or_a_running_up_say_so(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MMQ_")}
+    env |= {"MMQ_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(REPO)}
+    made = subprocess.run(
+        [sys.executable, "-m", "mmq.cli", "keys", "create", "dave"], env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert made.returncode == 2
+    assert "no `mmq up` runs with data dir" in made.stderr and made.stdout == ""
 
 
 def test_submit_follow_prints_events_and_exit_code_tells_the_end(

@@ -24,6 +24,7 @@ from jobs.states import TRANSITIONS, InvalidTransition, JobStatus, check_transit
 from jobs.store import ALL_FIELDS, AsyncJobStore, JobStore, Lease, transition
 from tests.support.pipelines import EchoInput, EchoPipeline
 from workers.engine import Engine
+from workers.events import EventWriter
 from workers.jobrunner import JobRunner
 from workers.leases import LeaseKeeper
 
@@ -316,7 +317,7 @@ def test_a_worker_ends_a_job_canceled_while_queued_with_its_webhook_event(
     config = PipelineConfig(kind="echo", impl="tests.support.pipelines:EchoPipeline")
     engine = Engine(EchoPipeline(config, settings), name="echo")
     keeper = LeaseKeeper(store, settings, "w", {})
-    runner = JobRunner(store, engine, keeper, EchoInput, "w")
+    runner = JobRunner(store, engine, keeper, EventWriter(store), EchoInput, "w")
     assert runner.run(job.id) == "dropped:canceled"
     ended = store.get(job.id)
     assert ended is not None and ended.status is JobStatus.CANCELED and ended.finished_at

@@ -73,6 +73,23 @@ def test_mmq_up_serves_jobs_and_ctrl_c_leaves_no_orphan(tmp_path: Path) -> None:
         )
         assert r.status_code == 200, r.text
         assert r.json()["output"] == {"payload": "hi"}
+        # Other commands with the same data dir find the embedded server by themselves.
+        keys = [sys.executable, "-m", "mmq.cli", "keys"]
+        made = subprocess.run(
+            [*keys, "create", "alice"], env=env, cwd=tmp_path, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+        assert made.returncode == 0 and made.stdout.startswith("mmq_"), made.stderr
+        r = httpx.get(f"{base}/v1/jobs", headers={"Authorization": f"Bearer {made.stdout.strip()}"})
+        assert r.status_code == 200 and r.json()["data"] == []  # alice's jobs, not local's
+        gone = subprocess.run(
+            [*keys, "revoke", "alice"], env=env, cwd=tmp_path, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+        assert gone.stdout.strip() == "revoked 1 key(s)", gone.stderr
+        printed = (tmp_path / "up.log").read_text()
+        for line in ("keys   ", f"data   {tmp_path / 'data'}", "logs   here"):
+            assert line in printed, printed
         children = _children(up.pid)
         assert len(children) >= 4  # redis, api, reaper, one worker
         up.send_signal(signal.SIGINT)

@@ -20,9 +20,10 @@ from jobs.models import EventType, Job
 from jobs.schemas import validation_error_field
 from jobs.schemas.base import JobInput
 from jobs.states import JobStatus
-from jobs.store import ALL_FIELDS, JobStore, Lease, LeaseMode, Transition, transition
+from jobs.store import ALL_FIELDS, JobStore, Lease, LeaseMode, NewEvent, Transition, transition
 from pipelines.base import Files
 from workers.engine import Engine, Outcome
+from workers.events import EventWriter
 from workers.leases import Held, LeaseKeeper
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class JobRunner:
         store: JobStore,
         engine: Engine,
         keeper: LeaseKeeper,
+        events: EventWriter,
         schema: type[JobInput],
         worker_name: str,
         files_for: Callable[[Job], Files] | None = None,
@@ -45,6 +47,7 @@ class JobRunner:
         self.store = store
         self.engine = engine
         self.keeper = keeper
+        self.events = events
         self.schema = schema
         self.worker_name = worker_name
         self.kind = engine.pipeline.config.kind
@@ -108,12 +111,13 @@ class JobRunner:
             return
 
         def emit(job_id: str, etype: EventType, data: dict[str, Any], output: bool) -> None:
-            self.store.append_event(job_id, etype, data, first_output=output, webhook=job.webhook)
+            self.events.emit(NewEvent(job_id, etype, data, output, job.webhook))
 
         files = self.files_for(job) if self.files_for else None
         item = self.engine.submit(job.id, request, emit, held.cancel, files)
         outcome = item.wait()
         assert outcome is not None  # wait() without timeout returns only when finished
+        self.events.flush()  # its outputs are written before its end
         self._record(job, held, outcome)
         if outcome.status == "succeeded" and outcome.output is not None:
             self._remember(job, request, outcome.output)

@@ -3,6 +3,9 @@
 Loads the pipeline, starts its engine and the lease keeper, then runs a Celery worker
 with the threads pool: its concurrency is how many requests may be in flight here. The
 engine's batching knobs and that concurrency are the pipeline's `knobs()`.
+
+The start is recorded in `keys.pipeline_state` (loading, ready, or failed with the
+reason) for `/readyz` and `mmq up`; a start that fails exits with status 1.
 """
 
 from __future__ import annotations
@@ -10,11 +13,16 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
+import time
 from typing import Any
 
+import redis
 from celery import Celery
+from redis.exceptions import RedisError
 
 from cluster.retention import RetentionIndex
+from jobs import keys
 from jobs.broker import make_celery, webhook_sender
 from jobs.metered import MeteredJobStore
 from jobs.metrics import batch_samples
@@ -25,12 +33,18 @@ from jobs.settings import Settings
 from pipelines.base import Pipeline
 from storage.factory import make_storage
 from workers.engine import Engine
+from workers.events import EventWriter
 from workers.jobfiles import JobFiles
 from workers.jobrunner import JobRunner
 from workers.leases import LeaseKeeper
 from workers.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
+
+LOADING_TTL_S = 30
+"""A `loading` state lives this long unless the loading worker renews it."""
+STATE_TTL_S = 24 * 3600
+REASON_MAX_CHARS = 1000
 
 
 def worker_name(pipeline: str, instance: int) -> str:
@@ -56,15 +70,99 @@ def register_task(app: Celery, runner: JobRunner) -> None:
     app.task(name=TASK_NAME, acks_late=True, ignore_result=True)(run_job)
 
 
+class StartState:
+    """This worker's start of its pipeline, in `keys.pipeline_state`. Best effort: a Redis
+    that does not answer yet never keeps a worker from starting."""
+
+    def __init__(self, settings: Settings, pipeline: str, worker: str) -> None:
+        self.key = keys.pipeline_state(pipeline)
+        self.worker = worker
+        url = settings.redis_url
+        self.r = redis.Redis.from_url(url, decode_responses=True) if url else None
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._renew = threading.Thread(target=self._keep_alive, name="start-state", daemon=True)
+
+    def loading(self) -> None:
+        self._write({"state": "loading"}, LOADING_TTL_S)
+        self._renew.start()
+
+    def ready(self) -> None:
+        self._write({"state": "ready"}, STATE_TTL_S, drop="reason")
+
+    def failed(self, reason: str) -> None:
+        self._write({"state": "failed", "reason": reason}, STATE_TTL_S)
+
+    def _keep_alive(self) -> None:
+        while not self._done.wait(LOADING_TTL_S / 3):
+            with self._lock:
+                if not self._done.is_set():
+                    self._send(lambda pipe: pipe.expire(self.key, LOADING_TTL_S))
+
+    def _write(self, fields: dict[str, str], ttl_s: int, drop: str = "") -> None:
+        mapping = {**fields, "worker": self.worker, "pid": str(os.getpid()), "at": str(time.time())}
+        with self._lock:
+            if fields["state"] != "loading":
+                self._done.set()
+
+            def write(pipe: Any) -> None:
+                pipe.hset(self.key, mapping=mapping)
+                if drop:
+                    pipe.hdel(self.key, drop)
+                pipe.expire(self.key, ttl_s)
+
+            self._send(write)
+
+    def _send(self, commands: Any) -> None:
+        if self.r is None:
+            return
+        try:
+            pipe = self.r.pipeline()
+            commands(pipe)
+            pipe.execute()
+        except (RedisError, OSError) as exc:
+            log.warning("could not record the start of %s: %s", self.worker, exc)
+
+
+def start_failure(exc: BaseException) -> tuple[str, bool]:
+    """(The reason a start failed, whether the exception explains itself): an error with
+    a `summary` (an engine that did not start) says why in a few lines; anything else is
+    a bug or a missing part, whose traceback is worth the log."""
+    summary = getattr(exc, "summary", None)
+    if isinstance(summary, str):
+        return summary[:REASON_MAX_CHARS], True
+    return f"failed to start: {type(exc).__name__}: {exc}"[:REASON_MAX_CHARS], False
+
+
+def start_or_exit(settings: Settings, pipeline_name: str, name: str) -> Pipeline[Any, Any]:
+    """Build, load and warm the pipeline up, recording the start in Redis; on failure
+    record why and exit with status 1."""
+    state = StartState(settings, pipeline_name, name)
+    state.loading()
+    try:
+        pipeline = build_pipeline(settings, pipeline_name)
+        config = pipeline.config
+        log.info("worker %s: loading %s (%s)", name, pipeline_name, config.model or config.impl)
+        pipeline.load()
+        pipeline.warmup()
+    except Exception as exc:
+        reason, explained = start_failure(exc)
+        state.failed(reason)
+        log.error(
+            "worker %s: pipeline %s failed to start: %s",
+            name, pipeline_name, reason, exc_info=not explained,
+        )  # fmt: skip
+        raise SystemExit(1) from None
+    state.ready()
+    return pipeline
+
+
 def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> None:
     """Serve `pipeline_name` until the Celery worker stops (SIGTERM, SIGINT)."""
     name = worker_name(pipeline_name, instance)
-    pipeline = build_pipeline(settings, pipeline_name)
+    pipeline = start_or_exit(settings, pipeline_name, name)
     config = pipeline.config
     knobs = pipeline.knobs()
-    log.info("worker %s: loading %s (%s)", name, pipeline_name, config.model or config.impl)
-    pipeline.load()
-    pipeline.warmup()
     app = make_celery(settings)
     store = MeteredJobStore.connect(settings, on_event=webhook_sender(app))
     metrics = WorkerMetrics(store.r, config.device)
@@ -89,8 +187,10 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
         return JobFiles(settings, storage, index, owner=job.owner, job_id=job.id)
 
     schema = schema_for(config.kind, settings)
-    runner = JobRunner(store, engine, keeper, schema, name, files_for)
+    events = EventWriter(store, merge=pipeline.merge_partials)
+    runner = JobRunner(store, engine, keeper, events, schema, name, files_for)
     register_task(app, runner)
+    events.start()
     engine.start()
     keeper.start()
     metrics.start()
@@ -113,5 +213,6 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
         metrics.stop()
         keeper.stop()
         engine.stop()
+        events.stop()
         store.tally.stop()
         pipeline.unload()

@@ -143,6 +143,7 @@ async def _transcribe(request: Request, service: JobService, owner: str, task: s
             job.id,
             _Deltas(),
             keepalive=SSE_KEEPALIVE,
+            join=b"".join,
             cancel_on_disconnect=True,
         )
         headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -94,6 +94,7 @@ async def _complete(
             job.id,
             _Chunks(view, body.include_usage),
             keepalive=SSE_KEEPALIVE,
+            join=b"".join,
             cancel_on_disconnect=True,
         )
         headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

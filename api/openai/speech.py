@@ -84,7 +84,9 @@ async def create_speech(
     except InputError as exc:
         raise renamed(exc, PARAMS) from None
     audio = _Frames(body)
-    frames = await stream_job(service, owner, job.id, audio, cancel_on_disconnect=True)
+    frames = await stream_job(
+        service, owner, job.id, audio, join=b"".join, cancel_on_disconnect=True
+    )
     # The first frame decides the answer: an error before any audio is OpenAI's error.
     first = await anext(frames, None)
     if audio.failure is not None:

@@ -49,7 +49,13 @@ async def job_events(
     then live until the terminal status event; a keep-alive comment every
     `api.keepalive_s` seconds (15 by default)."""
     frames = await stream_job(
-        service, owner, job_id, _sse, after=last_event_id or after, keepalive=SSE_KEEPALIVE
+        service,
+        owner,
+        job_id,
+        _sse,
+        after=last_event_id or after,
+        keepalive=SSE_KEEPALIVE,
+        join="".join,
     )
     return StreamingResponse(
         frames,

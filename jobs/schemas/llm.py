@@ -37,12 +37,25 @@ class LlmOptions(BaseModel):
     served_model_name: str | None = None
     """The model name the engine answers to; default: the pipeline's `model`."""
     max_inflight: int = Field(default=48, ge=1, le=4096)
-    """Sequences in the engine at once; the rest wait in the queue (priorities, 429)."""
+    """Sequences the worker feeds the engine at once (its admission limit); the rest wait
+    in the queue (priorities, 429). The engine is sized for this many (see
+    `max_model_len`)."""
     max_model_len: int | None = Field(default=None, ge=16)
+    """Context (prompt + output tokens) per sequence. Unset: the model's
+    `max_position_embeddings`, cut (down to 2048) until `max_inflight` sequences of it fit
+    the memory the engine may have (the worker logs the numbers). Set: kept, and the
+    engine runs fewer sequences at once instead (the rest wait inside it). When not even
+    one sequence fits, the worker fails at once with the reason (`/readyz` shows it)."""
     max_num_seqs: int | None = Field(default=None, ge=1)
-    """vLLM's batch of sequences; default: `max_inflight`."""
+    """Sequences the engine's KV cache is sized for (vLLM's `--max-num-seqs`); default:
+    `max_inflight`, cut to what fits."""
     max_num_batched_tokens: int | None = Field(default=None, ge=16)
+    """Tokens per engine step (vLLM `--max-num-batched-tokens`, transformers
+    `--cb-max-batch-tokens`). Default: vLLM's own; for `transformers serve` 512 on a CPU
+    and 2048 on a GPU, because its attention mask takes this x the cache's tokens."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
+    """Share of the GPU the engine takes (vLLM's flag); mmq sizes against the device's
+    free memory x this."""
     quantization: str | None = None
     dtype: str = "auto"
     prefix_caching: bool = True
@@ -54,7 +67,9 @@ class LlmOptions(BaseModel):
     port: int = Field(default=0, ge=0, le=65535)
     """Port of the engine server on 127.0.0.1; 0: a free one."""
     startup_timeout_s: float = Field(default=900.0, gt=0)
-    """How long the engine may take to answer its first generation."""
+    """How long the engine may take to answer its first generation. An engine that exits,
+    answers with a fatal error or logs one (out of memory, a CUDA error, a dead engine
+    core) ends the wait at once."""
     request_timeout_s: float = Field(default=600.0, gt=0)
     """Longest silence on a request's token stream before it counts as lost."""
     long_prompt_threshold: int = Field(default=5000, ge=1)

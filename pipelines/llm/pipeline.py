@@ -14,12 +14,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from jobs.schemas.llm import LlmInput, LlmOptions
 from jobs.settings import PipelineConfig, Settings
 from pipelines.base import BackendLost, EngineKnobs, Request, SimplePipeline
 from pipelines.llm.client import Delta, EngineClient, EngineLost, Finish, request_body
 from pipelines.llm.server import EngineServer, EngineSpec
+from pipelines.llm.sizing import GIB
 from pipelines.llm.timing import TokenClock
 
 log = logging.getLogger(__name__)
@@ -47,8 +49,9 @@ class LlmPipeline(SimplePipeline[LlmInput]):
     @property
     def spec(self) -> EngineSpec:
         config = self.config
+        cap = int(config.memory_gb * GIB) if config.memory_gb else None
         return EngineSpec(
-            self.name, config.model, config.device, self.options, self.settings.data_dir
+            self.name, config.model, config.device, self.options, self.settings.data_dir, cap
         )
 
     def load(self) -> None:
@@ -60,6 +63,10 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         self._ready.set()
         if self.server.managed:
             self._monitor.start()
+
+    def merge_partials(self, first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any] | None:
+        """Tokens that waited for a write go out as one delta (the first one's index)."""
+        return {"index": first["index"], "text": first["text"] + then["text"]}
 
     def unload(self) -> None:
         self._stop.set()

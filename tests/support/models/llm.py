@@ -17,6 +17,8 @@ a greedy decoder over 128k random logits never picks.
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -140,3 +142,13 @@ def build_tiny_llm(path: Path) -> Path:
 def cached_tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model of this test session, built on first use."""
     return built_once(tmp_path_factory, "tiny-llm", "model.safetensors", build_tiny_llm)
+
+
+def tiny_llm_claiming(model: Path, path: Path, max_positions: int) -> Path:
+    """A copy of the tiny model whose config.json claims `max_positions` tokens of
+    context (its KV cache per token stays tiny)."""
+    shutil.copytree(model, path, dirs_exist_ok=True)
+    config = json.loads((path / "config.json").read_text())
+    config["max_position_embeddings"] = max_positions
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return path

@@ -1,0 +1,123 @@
+"""The events of a worker's running jobs, written on one thread: in order per job, and in
+one Redis round trip for everything that arrived meanwhile.
+
+A pipeline hands an event over and goes on at once: a token stream never waits for Redis.
+The writer takes every event handed over since its last write and writes them with one
+script call (one round trip, one pub/sub notice). While a write is in flight the events
+that arrive wait for the next one, and a partial event that follows a partial of the same
+job is merged into it where the pipeline says how (`Pipeline.merge_partials`: LLM tokens
+become one delta). Nothing is held back: an idle writer writes an event the moment it
+arrives. `flush()` returns once everything handed over before it is written, so a job's
+end is never recorded before its outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from jobs.models import EventType
+from jobs.store import JobStore, NewEvent
+
+log = logging.getLogger(__name__)
+
+Merge = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None]
+"""(earlier partial's data, later partial's data) -> one partial's data, or None."""
+
+MAX_BATCH = 512
+"""Events written by one script call at most."""
+RETRIES_S = (0.1, 0.5, 1.0, 2.0)
+"""Waits before writing a batch again after a Redis error; then it is dropped (logged)."""
+
+
+class EventWriter:
+    def __init__(self, store: JobStore, merge: Merge | None = None) -> None:
+        self.store = store
+        self.merge = merge
+        self._pending: list[NewEvent] = []
+        self._handed = 0
+        self._written = 0
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="event-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Write what is pending, then stop."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        self._thread.join(timeout_s)
+
+    def emit(self, event: NewEvent) -> None:
+        """Hand an event over; it is written in order after those handed over before."""
+        with self._cv:
+            self._pending.append(event)
+            self._handed += 1
+            self._cv.notify_all()
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every event handed over so far is written; False on timeout."""
+        with self._cv:
+            target = self._handed
+            return self._cv.wait_for(lambda: self._written >= target, timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: bool(self._pending) or self._stopping)
+                if not self._pending:
+                    return
+                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            self._write(merged(batch, self.merge))
+            with self._cv:
+                self._written += len(batch)
+                self._cv.notify_all()
+
+    def _write(self, batch: list[NewEvent]) -> None:
+        for wait_s in (*RETRIES_S, None):
+            try:
+                self.store.append_events(batch)
+                return
+            except redis.RedisError as exc:
+                if wait_s is None:
+                    jobs = sorted({e.job_id for e in batch})
+                    log.error("dropped %d events of jobs %s: %s", len(batch), jobs, exc)
+                    return
+                log.warning(
+                    "writing %d events failed (%s); again in %.1fs", len(batch), exc, wait_s
+                )
+                time.sleep(wait_s)
+            except Exception:  # a bad event must not stop the writer of every job
+                log.exception("dropped %d events that could not be written", len(batch))
+                return
+
+
+def merged(batch: list[NewEvent], merge: Merge | None) -> list[NewEvent]:
+    """`batch` with each partial event merged into the job's previous one where both are
+    partials and `merge` joins them (the order of each job's events is kept)."""
+    if merge is None:
+        return batch
+    out: list[NewEvent] = []
+    last: dict[str, int] = {}
+    for event in batch:
+        at = last.get(event.job_id)
+        if at is not None and event.type is EventType.PARTIAL:
+            before = out[at]
+            joined = merge(before.data, event.data) if before.type is EventType.PARTIAL else None
+            if joined is not None:
+                out[at] = NewEvent(
+                    before.job_id, before.type, joined, before.first_output, before.webhook,
+                    before.ts,
+                )  # fmt: skip
+                continue
+        last[event.job_id] = len(out)
+        out.append(event)
+    return out
