@@ -3,7 +3,8 @@
 An mmq LLM worker starts its engine server on the device (`transformers serve`; `vllm
 serve` too where vLLM is installed) on a known port. The same streamed chat requests go
 to `POST /v1/chat/completions` of the API (through Redis and the worker) and straight to
-the engine's port: time to first token, end to end, and tokens per second. Requests are
+the engine's port, taking turns (`bench.llm_stream.compare`, as `bench.llm` does): TTFT,
+TPOT, ITL, end to end, output tokens/s and goodput. Requests are
 greedy with `max_tokens`; the random model never emits its end token, so every request
 decodes exactly `max_tokens` tokens (tests/support/models/llm.py).
 """
@@ -11,29 +12,20 @@ decodes exactly `max_tokens` tokens (tests/support/models/llm.py).
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from bench.gpu_common import Context, Plan, SectionResult, Table, latency_columns, ratio
+from bench.gpu_common import Context, Plan, SectionResult, Table, ratio
+from bench.llm_stream import Slo, Target, compare, stream_chat
 from common.procs import free_port
-from common.sse import aparse_lines
 
-COLUMNS = ["path", "concurrency", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s"]
-COLUMNS += ["tokens_per_s", "busy_pct", "mem_mib", "failed"]
+COLUMNS = ["path", "concurrency", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p50_ms"]
+COLUMNS += ["e2e_p50_ms", "output_tokens_per_s", "goodput_rps", "busy_pct", "mem_mib", "failed"]
 FILLER = "Tell me a long story about a lighthouse keeper, the sea and the weather. "
-
-
-@dataclass
-class Shot:
-    ttft_s: float = 0.0
-    e2e_s: float = 0.0
-    tokens: int = 0
-    error: str | None = None
+SLO = Slo(ttft_ms=500, tpot_ms=100)
+"""Goodput's SLO, as bench.llm's default."""
 
 
 def vllm_bin(explicit: str | None) -> str | None:
@@ -99,12 +91,12 @@ class LlmSection:
             for c in (1, plan.llm_concurrency):
                 service, direct = by[("service", c)], by[("direct", c)]
                 key = f"{engine} c={c}: service / direct"
-                result.ratios[f"{key} TTFT p50"] = ratio(
-                    service["ttft_p50_s"], direct["ttft_p50_s"]
-                )
-                result.ratios[f"{key} tokens/s"] = ratio(
-                    service["tokens_per_s"], direct["tokens_per_s"]
-                )
+                for column, label in (
+                    ("ttft_p50_ms", "TTFT p50"),
+                    ("e2e_p50_ms", "E2E p50"),
+                    ("output_tokens_per_s", "tokens/s"),
+                ):
+                    result.ratios[f"{key} {label}"] = ratio(service[column], direct[column])
         if "llm_vllm" not in self.engines(plan):
             result.notes.append("vLLM is not installed here (or not on a GPU): not measured.")
         result.tables.append(table)
@@ -112,102 +104,38 @@ class LlmSection:
 
     async def _measure(self, ctx: Context, name: str, engine: str) -> list[dict[str, Any]]:
         plan = ctx.plan
-        engine_url = f"http://127.0.0.1:{self.ports[name]}"
-        targets = {
-            "direct": (engine_url, ctx.models.llm, {}),
-            "service": (ctx.deployment.api_url, name, {"cache": False}),
-        }
+        targets = [
+            Target("direct", f"http://127.0.0.1:{self.ports[name]}", ctx.models.llm),
+            Target("service", ctx.deployment.api_url, name, {"cache": False}),
+        ]
+        levels = (1, plan.llm_concurrency)
+        limits = httpx.Limits(max_connections=256)
+        async with httpx.AsyncClient(timeout=1800, trust_env=False, limits=limits) as http:
+            for target in targets:  # warm both paths
+                await stream_chat(http, target.base, target.model, "warm up", 4, **target.extra)
+            summaries = await compare(
+                http,
+                targets,
+                levels,
+                plan.llm_requests,
+                plan.llm_max_tokens,
+                SLO,
+                on_block=lambda label: ctx.sampler.phase(f"llm {engine} {label}"),
+                prompt=FILLER * max(1, plan.llm_prompt_words // 14),
+            )
         rows = []
-        async with httpx.AsyncClient(timeout=1800, trust_env=False) as http:
-            for base, model, extra in targets.values():  # warm both paths
-                await _chat(http, base, model, "warm up", 4, extra)
-            for concurrency in (1, plan.llm_concurrency):
-                requests = plan.llm_requests if concurrency > 1 else min(8, plan.llm_requests)
-                for target, (base, model, extra) in targets.items():
-                    phase = f"llm {engine} {target} c={concurrency}"
-                    with ctx.sampler.phase(phase):
-                        shots, wall_s = await _burst(
-                            http, base, model, extra, plan, requests, concurrency
-                        )
-                    row = _row(f"{engine}, {target}", shots, wall_s) | ctx.usage(phase)
-                    rows.append(row | {"target": target, "concurrency": concurrency})
+        for c in levels:
+            for target in targets:
+                summary = summaries[f"{target.name} c={c}"]
+                usage = ctx.usage(f"llm {engine} {target.name} c={c}")
+                rows.append(
+                    summary
+                    | usage
+                    | {
+                        "path": f"{engine}, {target.name}",
+                        "target": target.name,
+                        "concurrency": c,
+                        "failed": summary["failures"],
+                    }
+                )
         return rows
-
-
-async def _burst(
-    http: httpx.AsyncClient,
-    base: str,
-    model: str,
-    extra: dict[str, Any],
-    plan: Plan,
-    requests: int,
-    concurrency: int,
-) -> tuple[list[Shot], float]:
-    """`requests` chats, `concurrency` at a time (closed loop)."""
-    todo = iter(range(requests))
-    shots: list[Shot] = []
-
-    async def lane() -> None:
-        for i in todo:
-            text = f"Request {i} at {time.time_ns()}. " + FILLER * (plan.llm_prompt_words // 14)
-            shots.append(await _chat(http, base, model, text, plan.llm_max_tokens, extra))
-
-    start = time.perf_counter()
-    await asyncio.gather(*(lane() for _ in range(concurrency)))
-    return shots, time.perf_counter() - start
-
-
-async def _chat(
-    http: httpx.AsyncClient,
-    base: str,
-    model: str,
-    text: str,
-    max_tokens: int,
-    extra: dict[str, Any],
-) -> Shot:
-    """One streamed chat completion: TTFT, end to end, completion tokens."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        **extra,
-    }
-    shot = Shot()
-    start = time.perf_counter()
-    chunks = 0
-    try:
-        async with http.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
-            if response.status_code != 200:
-                body_text = (await response.aread())[:200]
-                return Shot(error=f"{response.status_code}: {body_text!r}")
-            async for message in aparse_lines(response.aiter_lines()):
-                if message.data == "[DONE]":
-                    break
-                data = json.loads(message.data)
-                if (data.get("usage") or {}).get("completion_tokens"):
-                    shot.tokens = int(data["usage"]["completion_tokens"])
-                choices = data.get("choices") or [{}]
-                if (choices[0].get("delta") or {}).get("content"):
-                    chunks += 1
-                    shot.ttft_s = shot.ttft_s or time.perf_counter() - start
-    except (httpx.HTTPError, ValueError) as exc:
-        return Shot(error=f"{type(exc).__name__}: {exc}"[:200])
-    shot.e2e_s = time.perf_counter() - start
-    shot.tokens = shot.tokens or chunks
-    return shot
-
-
-def _row(path: str, shots: list[Shot], wall_s: float) -> dict[str, Any]:
-    ok = [s for s in shots if s.error is None]
-    return {
-        "path": path,
-        **latency_columns("ttft", [s.ttft_s for s in ok]),
-        **latency_columns("e2e", [s.e2e_s for s in ok]),
-        "tokens_per_s": sum(s.tokens for s in ok) / wall_s if wall_s else None,
-        "tokens": sum(s.tokens for s in ok),
-        "failed": len(shots) - len(ok),
-        "errors": sorted({s.error for s in shots if s.error})[:3],
-    }

@@ -43,7 +43,6 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import percentile_ms
-from bench.llm_stream import Shot, Slo, closed_loop, stream_chat, summarize
+from bench.llm_stream import Slo, Target, compare, stream_chat
 from common.procs import free_port
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.redis_server import RedisServer
@@ -161,40 +160,23 @@ async def wait_ready(api: str) -> None:
     raise RuntimeError("the deployment did not get ready in 600 s")
 
 
-def _caller(
-    http: httpx.AsyncClient, base: str, model: str, extra: dict[str, Any], tag: str, tokens: int
-) -> Callable[[int], Awaitable[Shot]]:
-    """Request `i` of a block: the same prompts for both targets (temperature 0: the same
-    answers)."""
-
-    async def one(i: int) -> Shot:
-        return await stream_chat(http, base, model, f"Request {tag}-{i}", tokens, **extra)
-
-    return one
-
-
 async def overhead(api: str, engine: str, args: argparse.Namespace) -> dict[str, Any]:
     """service and direct at each concurrency, in alternating blocks."""
-    slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms)
-    out: dict[str, Any] = {}
-    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=256)) as http:
-        for concurrency in args.concurrency:
-            requests = max(args.requests, 2 * concurrency)
-            per_block = -(-requests // BLOCKS)
-            shots: dict[str, list[Shot]] = {"direct": [], "service": []}
-            walls = dict.fromkeys(shots, 0.0)
-            for block in range(BLOCKS):
-                for target, base, model, extra in (
-                    ("direct", engine, args.model_path, {}),
-                    ("service", api, "path", {"cache": False}),
-                ):
-                    one = _caller(http, base, model, extra, f"{block}", args.max_tokens)
-                    got, wall = await closed_loop(per_block, concurrency, one)
-                    shots[target] += got
-                    walls[target] += wall
-            for target in shots:
-                out[f"{target} c={concurrency}"] = summarize(shots[target], walls[target], slo)
-    return out
+    targets = [
+        Target("direct", engine, args.model_path),
+        Target("service", api, "path", {"cache": False}),
+    ]
+    limits = httpx.Limits(max_connections=256)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        return await compare(
+            http,
+            targets,
+            args.concurrency,
+            args.requests,
+            args.max_tokens,
+            Slo(args.slo_ttft_ms, args.slo_tpot_ms),
+            BLOCKS,
+        )
 
 
 async def routing(api: str, args: argparse.Namespace) -> dict[str, Any]:

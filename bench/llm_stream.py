@@ -9,8 +9,10 @@ and goodput under an SLO (the same definitions as vLLM's `benchmarks/serve.py`: 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,8 +136,65 @@ def summarize(shots: list[Shot], wall_s: float, slo: Slo) -> dict[str, Any]:
         "tpot_p50_ms": percentile_ms(tpots, 50),
         "itl_p50_ms": percentile_ms([g for s in ok for g in s.itls_s], 50),
         "e2e_p50_ms": percentile_ms([s.e2e_s for s in ok], 50),
+        "tokens": tokens,
         "tokens_per_chunk": tokens / max(1, sum(len(s.chunks) for s in ok)),
         "output_tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
         "goodput_rps": sum(1 for s in ok if slo.met(s)) / wall_s if wall_s > 0 else 0.0,
         "wall_s": wall_s,
     }
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a comparison sends its chats: mmq's API or an engine's own port."""
+
+    name: str
+    base: str
+    model: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def caller(
+    http: httpx.AsyncClient, target: Target, tag: str, max_tokens: int, prompt: str = ""
+) -> Callable[[int], Awaitable[Shot]]:
+    """Request `i` of a block: the same prompts for every target (temperature 0: the same
+    answers), `prompt` after a unique head."""
+
+    async def one(i: int) -> Shot:
+        text = f"Request {tag}-{i}. {prompt}".strip()
+        return await stream_chat(http, target.base, target.model, text, max_tokens, **target.extra)
+
+    return one
+
+
+async def compare(
+    http: httpx.AsyncClient,
+    targets: Sequence[Target],
+    levels: Sequence[int],
+    requests: int,
+    max_tokens: int,
+    slo: Slo,
+    blocks: int = 2,
+    on_block: Callable[[str], Any] | None = None,
+    prompt: str = "",
+) -> dict[str, dict[str, Any]]:
+    """The targets at each concurrency (closed loop), taking turns in `blocks` blocks each
+    so that a slow spell falls on all of them; at least two requests per lane;
+    `{"<target> c=<level>": summary}`.
+    `on_block(label)`, where given, is entered around each block (a sampler's phase)."""
+    out: dict[str, dict[str, Any]] = {}
+    for concurrency in levels:
+        per_block = -(-max(requests, 2 * concurrency) // blocks)
+        shots: dict[str, list[Shot]] = {t.name: [] for t in targets}
+        walls = dict.fromkeys(shots, 0.0)
+        for block in range(blocks):
+            for target in targets:
+                one = caller(http, target, str(block), max_tokens, prompt)
+                label = f"{target.name} c={concurrency}"
+                with on_block(label) if on_block else contextlib.nullcontext():
+                    got, wall = await closed_loop(per_block, concurrency, one)
+                shots[target.name] += got
+                walls[target.name] += wall
+        for name, got in shots.items():
+            out[f"{name} c={concurrency}"] = summarize(got, walls[name], slo)
+    return out
