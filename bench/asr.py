@@ -40,13 +40,11 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import percentile_ms, run_level
+from bench.common import percentile_ms, run_job, run_level
 from bench.overhead import check_alive, jsonable
 from common.procs import free_port
-from common.sse import aparse_lines
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.redis_server import RedisServer
-from jobs.states import ends_job
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path("bench/results/asr.json")
@@ -128,27 +126,10 @@ def load_audio(args: argparse.Namespace) -> tuple[bytes, str, str | None]:
 
 
 async def transcribe(client: httpx.AsyncClient, key: str, pipeline: str) -> Sample:
-    sample = Sample()
-    start = time.perf_counter()
-    body = {"kind": "asr", "input": {"audio": key, "model": pipeline, "language": "en"}}
-    r = await client.post("/v1/jobs", json=body)
-    if r.status_code != 202:
-        return Sample(error=f"submit {r.status_code}: {r.text[:100]}")
-    job_id = r.json()["id"]
-    async with client.stream("GET", f"/v1/jobs/{job_id}/events") as response:
-        async for message in aparse_lines(response.aiter_lines()):
-            event = json.loads(message.data)
-            etype, data = event["type"], event["data"]
-            if etype == "partial" and sample.first_s is None:
-                sample.first_s = time.perf_counter() - start
-            elif etype == "output":
-                sample.text = data["text"]
-            elif ends_job(etype, data):
-                if data["status"] != "succeeded":
-                    sample.error = f"{data['status']}: {data.get('error')}"[:200]
-                break
-    sample.total_s = time.perf_counter() - start
-    return sample
+    inp = {"audio": key, "model": pipeline, "language": "en"}
+    trace = await run_job(client, "asr", inp)
+    text = str(trace.output.get("text", ""))
+    return Sample(first_s=trace.first_s, total_s=trace.total_s, text=text, error=trace.error)
 
 
 async def measure(

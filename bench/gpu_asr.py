@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import run_level
+from bench.common import Trace, run_job, run_level
 from bench.gpu_common import (
     Context,
     Plan,
@@ -30,7 +30,6 @@ from bench.gpu_common import (
     latency_columns,
     ratio,
 )
-from bench.gpu_deploy import Trace, run_job
 
 COLUMNS = ["path", "audio_s_per_s", "total_p50_s", "total_p99_s", "first_p50_s", "batch_sizes"]
 COLUMNS += ["busy_pct", "mem_mib", "failed"]

@@ -9,7 +9,6 @@ start to then is its load-and-warm time (process start and imports included).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -29,11 +28,9 @@ import redis
 from bench.asr import wait_healthy
 from bench.overhead import check_alive
 from common.procs import free_port
-from common.sse import aparse_lines
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.redis_server import RedisServer
 from jobs import keys
-from jobs.states import ends_job
 
 REPO = Path(__file__).resolve().parents[1]
 LOAD_TIMEOUT_S = 900.0
@@ -237,54 +234,3 @@ class Deployment:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-
-
-@dataclass
-class Trace:
-    """One job as a client saw it, from submit."""
-
-    first_s: float | None = None
-    """The first `partial` event (ASR segment, TTS audio, LLM text)."""
-    total_s: float = 0.0
-    output: dict[str, Any] = field(default_factory=dict)
-    timings: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-
-
-async def run_job(
-    client: httpx.AsyncClient, kind: str, inp: dict[str, Any], timeout_s: float = 900.0
-) -> Trace:
-    """Submit a job and follow its events over SSE until it ends (or `timeout_s`)."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await _follow(client, kind, inp)
-    except TimeoutError:
-        return Trace(error=f"no end within {timeout_s:g}s")
-
-
-async def _follow(client: httpx.AsyncClient, kind: str, inp: dict[str, Any]) -> Trace:
-    trace = Trace()
-    start = time.perf_counter()
-    try:
-        r = await client.post("/v1/jobs", json={"kind": kind, "input": inp})
-        if r.status_code != 202:
-            return Trace(error=f"submit {r.status_code}: {r.text[:200]}")
-        job_id = r.json()["id"]
-        async with client.stream("GET", f"/v1/jobs/{job_id}/events") as response:
-            async for message in aparse_lines(response.aiter_lines()):
-                event = json.loads(message.data)
-                etype, data = event["type"], event["data"]
-                if etype == "partial" and trace.first_s is None:
-                    trace.first_s = time.perf_counter() - start
-                elif etype == "output":
-                    trace.output = data
-                elif ends_job(etype, data):
-                    if data["status"] != "succeeded":
-                        trace.error = f"{data['status']}: {data.get('error')}"[:300]
-                    break
-        trace.total_s = time.perf_counter() - start
-        job = (await client.get(f"/v1/jobs/{job_id}")).json()
-        trace.timings = job.get("timings") or {}
-    except (httpx.HTTPError, ValueError, KeyError) as exc:
-        trace.error = f"{type(exc).__name__}: {exc}"[:300]
-    return trace

@@ -16,9 +16,8 @@ from typing import Any
 
 import httpx
 
-from bench.common import run_level
+from bench.common import Trace, run_job, run_level
 from bench.gpu_common import Context, Plan, SectionResult, Table, latency_columns, ratio
-from bench.gpu_deploy import Trace, run_job
 from bench.tts import TEXT
 
 COLUMNS = ["path", "voice", "audio_s_per_s", "jobs_per_s", "total_p50_s", "total_p99_s"]
