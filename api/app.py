@@ -8,6 +8,9 @@ from contextlib import asynccontextmanager
 import anyio
 import redis.asyncio as aredis
 from fastapi import FastAPI
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from api import errors
 from api.auth import ApiKeys
@@ -44,9 +47,16 @@ def create_app(settings: Settings) -> FastAPI:
         storage = make_storage(settings)
         # A missing or forbidden bucket stops the API here, with the reason.
         await anyio.to_thread.run_sync(storage.check)
-        # Blocking: a burst of requests waits for a connection instead of failing.
+        # Blocking: a burst of requests waits for a connection instead of failing. A
+        # connection the server closed (Redis restarted) is dropped and the command sent
+        # again on a new one, up to three times, before the request gets a 503.
         pool = aredis.BlockingConnectionPool.from_url(
-            settings.redis_url or "", decode_responses=True, max_connections=256, timeout=10
+            settings.redis_url or "",
+            decode_responses=True,
+            max_connections=256,
+            timeout=10,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
+            retry_on_error=[RedisConnectionError],
         )
         client = aredis.Redis(connection_pool=pool)
         celery = make_celery(settings)

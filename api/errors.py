@@ -11,6 +11,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jobs.errors import (
@@ -49,7 +52,7 @@ def status_of(exc: MmqError) -> int:
 async def on_mmq_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, MmqError)
     headers: dict[str, str] = {}
-    if isinstance(exc, QueueFull):
+    if isinstance(exc, QueueFull | Unavailable):
         headers["Retry-After"] = str(exc.retry_after_s)
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
@@ -87,7 +90,16 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def on_redis_down(request: Request, exc: Exception) -> JSONResponse:
+    """Redis unreachable (down, restarting, failing over): retry shortly; never a 500."""
+    message = f"Redis is unavailable ({type(exc).__name__}); retry shortly"
+    return await on_mmq_error(request, Unavailable(message, retry_after_s=1))
+
+
 def install(app: FastAPI) -> None:
     app.add_exception_handler(MmqError, on_mmq_error)
+    # ReadOnlyError: a replica answering while a failover promotes another server.
+    for down in (RedisConnectionError, RedisTimeoutError, ReadOnlyError):
+        app.add_exception_handler(down, on_redis_down)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

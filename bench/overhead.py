@@ -57,7 +57,6 @@ from jobs.settings import Settings, load_settings
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "mmq.toml"
 DEFAULT_OUT = Path("bench/results/overhead.json")
-TARGETS = ("mmq", "celery", "redis")
 NOOP_KIND = "noop"
 WAIT_S = 30
 P50_GOAL = 2.0
@@ -77,6 +76,9 @@ class Deployment:
     """Whether this run started the API and the noop worker (no `--url`)."""
     worker_concurrency: int
     """Threads of the noop pipeline's worker, and so of the Celery floor worker."""
+    durable_api_url: str = ""
+    """A second API and noop worker on their own Redis at `--durability` (else empty)."""
+    durable_level: str = ""
 
 
 @dataclass
@@ -124,7 +126,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--log-level", default="WARNING", help="log level of the processes started here"
     )
+    parser.add_argument(
+        "--durability",
+        choices=["fsync"],
+        help="also measure a second deployment at this redis.durability (target mmq-LEVEL, "
+        "on its own server with appendfsync always); `mmq` then runs on a server with "
+        "appendonly yes / everysec, as a production `memory` deployment would",
+    )
     args = parser.parse_args(argv)
+    if args.durability and args.url:
+        parser.error("--durability starts its own deployments: leave out --url")
     if args.requests < 1:
         parser.error("--requests must be >= 1")
     if args.rounds < 1:
@@ -186,7 +197,7 @@ def resolve_redis(args: argparse.Namespace, stack: ExitStack, tmp: Path) -> str:
     url = args.redis_url or (load_settings(args.config).redis_url if args.url else None)
     if url:
         return str(url)
-    server = RedisServer(tmp / "redis", persist=False)
+    server = RedisServer(tmp / "redis", persist=bool(args.durability))
     server.start()
     stack.callback(server.stop)
     return server.url
@@ -211,7 +222,27 @@ def deploy(args: argparse.Namespace, stack: ExitStack) -> tuple[Deployment, Supe
     stack.callback(supervisor.terminate)
     supervisor.start()
     deployment = Deployment(api_url, redis_url, settings, not args.url, concurrency)
+    if args.durability:
+        deployment.durable_api_url = deploy_durable(args, stack, tmp, name, settings)
+        deployment.durable_level = args.durability
     return deployment, supervisor
+
+
+def deploy_durable(
+    args: argparse.Namespace, stack: ExitStack, tmp: Path, pipeline: str, settings: Settings
+) -> str:
+    """An API and noop worker at `args.durability` on their own server; its URL (ready)."""
+    server = RedisServer(tmp / f"redis-{args.durability}", fsync_always=True)
+    server.start()
+    stack.callback(server.stop)
+    port = free_port()
+    env = child_env(args, server.url, tmp / "durable") | {"MMQ_REDIS__DURABILITY": args.durability}
+    supervisor = Supervisor(deployment_specs(pipeline, port, settings), base_env=env)
+    stack.callback(supervisor.terminate)
+    supervisor.start()
+    url = f"http://127.0.0.1:{port}"
+    wait_api_ready(url, supervisor)
+    return url
 
 
 def check_alive(supervisor: Supervisor) -> None:
@@ -285,11 +316,17 @@ async def open_targets(
     )
     rds = aredis.Redis.from_url(deployment.redis_url)
     stack.push_async_callback(rds.aclose)
-    return {
-        "mmq": lambda: submit_noop(http),
-        "celery": floor.call,
-        "redis": lambda: ping(rds),
-    }
+    calls: dict[str, Call] = {"mmq": lambda: submit_noop(http)}
+    if deployment.durable_api_url:
+        durable = await stack.enter_async_context(
+            aiohttp.ClientSession(
+                deployment.durable_api_url,
+                timeout=aiohttp.ClientTimeout(total=WAIT_S + 30.0),
+                connector=aiohttp.TCPConnector(limit=lanes),
+            )
+        )
+        calls[f"mmq-{deployment.durable_level}"] = lambda: submit_noop(durable)
+    return calls | {"celery": floor.call, "redis": lambda: ping(rds)}
 
 
 def rounds_at(concurrency: int, requests: int, rounds: int) -> int:
@@ -311,13 +348,13 @@ async def run_levels(
             await measure(target, call, 2 * max(levels), max(levels))
         for concurrency in levels:
             rounds = rounds_at(concurrency, args.requests, args.rounds)
-            pooled: dict[str, tuple[list[RequestResult], float]] = {t: ([], 0.0) for t in TARGETS}
+            pooled: dict[str, tuple[list[RequestResult], float]] = {t: ([], 0.0) for t in calls}
             for block in split(args.requests, rounds):
-                for target in TARGETS:
+                for target in calls:
                     results, duration_s = await run_level(calls[target], block, concurrency)
                     done, spent = pooled[target]
                     pooled[target] = (done + results, spent + duration_s)
-            for target in TARGETS:
+            for target in calls:
                 summary = summarize(target, concurrency, *pooled[target])
                 print_progress(summary)
                 summaries.append(summary)
@@ -355,9 +392,21 @@ def compute_ratios(summaries: list[LevelSummary]) -> Ratios:
     )
 
 
+def durability_ratios(summaries: list[LevelSummary]) -> dict[str, float]:
+    """mmq at `--durability` against mmq at `memory`, per level: jobs/s and p50."""
+    durable = [s for s in summaries if s.target.startswith("mmq-")]
+    base = {s.concurrency: s for s in find(summaries, "mmq")}
+    ratios: dict[str, float] = {}
+    for s in durable:
+        b = base[s.concurrency]
+        ratios[f"c={s.concurrency} {s.target}/mmq jobs/s"] = s.throughput / b.throughput
+        ratios[f"c={s.concurrency} {s.target}/mmq p50"] = s.p50_ms / b.p50_ms
+    return ratios
+
+
 def print_progress(s: LevelSummary) -> None:
     console.print(
-        f"  c={s.concurrency:<3} {s.target:<6} {s.throughput:9.1f} jobs/s  "
+        f"  c={s.concurrency:<3} {s.target:<10} {s.throughput:9.1f} jobs/s  "
         f"p50 {s.p50_ms:8.2f} ms  failures {s.failures}",
         highlight=False,
     )
@@ -398,6 +447,8 @@ def print_report(summaries: list[LevelSummary], ratios: Ratios, out: Path) -> No
         f"mmq best jobs/s / celery best jobs/s: {ratios.throughput_ratio:.2f}  "
         f"(goal >= {THROUGHPUT_GOAL:g}: {verdict(ratios.throughput_goal_met)})"
     )
+    for name, value in durability_ratios(summaries).items():
+        console.print(f"{name}: {value:.2f}")
     for s in summaries:
         for error, count in s.errors.items():
             console.print(f"[red]{s.target} c={s.concurrency}: {count} x {error}[/red]")
@@ -444,6 +495,7 @@ def write_json(
         "meta": meta,
         "goals": {"p50_ratio_max": P50_GOAL, "throughput_ratio_min": THROUGHPUT_GOAL},
         "ratios": asdict(ratios),
+        "durability_ratios": durability_ratios(summaries),
         "results": [asdict(s) for s in summaries],
     }
     out.write_text(json.dumps(jsonable(payload), indent=2) + "\n")

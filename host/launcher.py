@@ -114,10 +114,13 @@ class Supervisor:
         if why:
             log.error("%s: %s", spec.name, why)
 
-    def run(self, poll_s: float = 0.5) -> None:
-        """Supervise until `stop()` (or SIGINT/SIGTERM in the main thread)."""
+    def run(self, poll_s: float = 0.5, on_pass: Callable[[], None] | None = None) -> None:
+        """Supervise until `stop()` (or SIGINT/SIGTERM in the main thread); `on_pass`
+        runs every pass before the children are checked (the embedded Redis's revive)."""
         self.start()
         while not self._stop.wait(poll_s):
+            if on_pass is not None:
+                on_pass()
             self.check()
         self.terminate()
 

@@ -8,6 +8,7 @@ data dir (`mmq keys create`, a second `mmq workers`) find it without `MMQ_REDIS_
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,9 @@ import redis
 from common.procs import die_with_parent, free_port
 
 URL_FILE = "server.url"
+MAX_BACKOFF_S = 30.0
+STABLE_S = 30.0
+log = logging.getLogger("mmq.redis")
 
 
 def server_binary() -> str:
@@ -39,11 +43,23 @@ def server_binary() -> str:
 class RedisServer:
     """A server process on 127.0.0.1 with its data in `data_dir`."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, persist: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        persist: bool = True,
+        fsync_always: bool = False,
+    ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.persist = persist
+        self.fsync_always = fsync_always
+        """`appendfsync always`: every write is on disk before its reply (and before any
+        client hears of it); else `everysec`."""
         self.process: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.restarts = 0
+        self.next_start: float | None = None
 
     @property
     def url(self) -> str:
@@ -58,6 +74,7 @@ class RedisServer:
             "--dir", str(self.data_dir.resolve()),
             "--save", "",
             "--appendonly", "yes" if self.persist else "no",
+            "--appendfsync", "always" if self.fsync_always else "everysec",
             "--logfile", "server.log",
         ]  # fmt: skip
         # Its own session: a Ctrl-C meant for `mmq up` must not stop Redis before the workers.
@@ -75,6 +92,7 @@ class RedisServer:
             try:
                 client.ping()
                 (self.data_dir / URL_FILE).write_text(self.url)
+                self.started_at = time.monotonic()
                 return self
             except redis.ConnectionError:
                 time.sleep(0.05)
@@ -93,6 +111,37 @@ class RedisServer:
                 self.process.kill()
                 self.process.wait()
         self.process = None
+
+    def revive(self) -> None:
+        """Start the server again, on its port and data dir, if it died: after 1 s,
+        doubling up to 30 s while it keeps dying (logged). `mmq up` calls it every
+        supervisor pass; clients reconnect by themselves."""
+        if self.process is None or self.process.poll() is None:
+            return
+        now = time.monotonic()
+        if self.next_start is None:
+            if now - self.started_at > STABLE_S:
+                self.restarts = 0
+            delay = min(MAX_BACKOFF_S, 2.0**self.restarts)
+            log.warning(
+                "embedded Redis (pid %d) exited with %s; restarting in %.0fs",
+                self.process.pid,
+                self.process.returncode,
+                delay,
+            )
+            self.restarts += 1
+            self.next_start = now + delay
+            return
+        if now < self.next_start:
+            return
+        self.next_start = None
+        dead = self.process
+        try:
+            self.start()
+            log.warning("embedded Redis started again (pid %d)", self.process.pid)
+        except RuntimeError as exc:
+            log.error("embedded Redis did not start again: %s", exc)
+            self.process = dead  # dead: the next pass schedules another try
 
     def __enter__(self) -> RedisServer:
         return self.start()

@@ -128,14 +128,31 @@ def _where_lines(settings: Settings) -> list[str]:
     return [f"data   {data}   files {files}", logs]
 
 
+def embedded_durability(settings: Settings) -> str:
+    """`redis.durability` for `mmq up`'s embedded server: as set, else `fsync` (which
+    runs the server with `appendfsync always`)."""
+    if "durability" in settings.redis.model_fields_set:
+        return settings.redis.durability
+    return "fsync"
+
+
 def run_up(settings: Settings, config: Path | None, plan: Plan, services: bool = True) -> None:
     server: RedisServer | None = None
     env: dict[str, str] = {}
     if services and not settings.redis_url:
-        server = RedisServer(settings.embedded_redis_dir, port=settings.embedded_redis_port)
+        durability = embedded_durability(settings)
+        server = RedisServer(
+            settings.embedded_redis_dir,
+            port=settings.embedded_redis_port,
+            fsync_always=durability == "fsync",
+        )
         server.start()
         env["MMQ_REDIS_URL"] = server.url
-        typer.echo(f"redis  {server.url}  (embedded; data in {server.data_dir})")
+        env["MMQ_REDIS__DURABILITY"] = durability
+        typer.echo(
+            f"redis  {server.url}  (embedded; data in {server.data_dir}; "
+            f"durability {durability}; restarted if it dies)"
+        )
     reasons = StartReasons(env.get("MMQ_REDIS_URL") or settings.redis_url)
     supervisor = Supervisor(deployment_specs(settings, config, plan, services, reasons))
     supervisor.base_env.update(env)
@@ -151,7 +168,7 @@ def run_up(settings: Settings, config: Path | None, plan: Plan, services: bool =
     for warning in plan.warnings:
         typer.echo(f"warning: {warning}", err=True)
     try:
-        supervisor.run()
+        supervisor.run(on_pass=server.revive if server is not None else None)
     finally:
         supervisor.terminate()
         if server is not None:

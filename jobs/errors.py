@@ -9,6 +9,7 @@ MmqError
  ├── Conflict             the request contradicts the job's state             -> 409
  ├── Unauthorized         missing or unknown API key                           -> 401
  └── Unavailable          a dependency is down (Redis, broker)                 -> 503
+      └── NotDurable      written, but not confirmed at redis.durability       -> 503
 ```
 
 Workers raise `InputError` for input that only the model can judge (undecodable audio):
@@ -63,3 +64,14 @@ class Unauthorized(MmqError):
 
 class Unavailable(MmqError):
     code = "unavailable"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class NotDurable(Unavailable):
+    """Redis took the write but did not confirm it at the configured durability level
+    in time: the caller must not treat it as accepted (or acknowledged)."""
+
+    code = "not_durable"

@@ -51,6 +51,23 @@ class AuthSettings(BaseModel):
     to a loopback address; requests then run as the owner `local` unless they send a key."""
 
 
+Durability = Literal["memory", "fsync", "replica"]
+
+
+class RedisSettings(BaseModel):
+    durability: Durability = "memory"
+    """When a submit may answer 202 and a job's end counts as written: `memory` as soon as
+    Redis has it (a crash may lose the last second of writes); `fsync` once it is in the
+    primary's append-only file on disk (`WAITAOF 1 0`; needs `appendonly yes`); `replica`
+    once `replicas` replicas have it (`WAIT`; for Sentinel deployments). `mmq up` uses
+    `fsync` for its embedded server unless this is set."""
+    durability_timeout_ms: int = Field(default=1000, ge=1)
+    """How long a write waits for its confirmation; then a submit answers 503 (with
+    Retry-After), never a silent 202."""
+    replicas: int = Field(default=1, ge=1)
+    """Replicas that must have a write at `durability = "replica"`."""
+
+
 class LeaseSettings(BaseModel):
     ttl_s: float = 10.0
     """A running job's lease lives this long unless its worker renews it."""
@@ -252,6 +269,7 @@ class Settings(BaseSettings):
     metrics_flush_s: float = Field(default=1.0, gt=0)
     """How often a worker or reaper writes the metrics it added up to Redis (`/metrics`
     sees a job's end at most this long after it)."""
+    redis: RedisSettings = Field(default_factory=RedisSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     lease: LeaseSettings = Field(default_factory=LeaseSettings)

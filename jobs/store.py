@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from jobs.codec import (
     text_list,
     text_map,
 )
+from jobs.durability import Durability
 from jobs.kombu_redis import TaskMessage
 from jobs.models import Event, EventType, Job, WebhookSpec
 from jobs.schemas.base import CachePolicy
@@ -40,6 +42,8 @@ ALL_FIELDS = ("*",)
 
 EventListener = Callable[[str, str, dict[str, Any]], None]
 """(job_id, webhook url, event) -> None: hands an event to webhook delivery."""
+
+log = logging.getLogger("mmq.store")
 
 
 @dataclass(frozen=True)
@@ -233,6 +237,7 @@ class JobStore:
         self.settings = settings
         self.on_event = on_event
         self._transition = client.register_script(lua.TRANSITION)
+        self.durability = Durability(settings.redis)
         self._append = client.register_script(lua.APPEND_EVENTS)
         self._renew = client.register_script(lua.RENEW_LEASE)
         self._give_back = client.register_script(lua.GIVE_BACK_LEASE)
@@ -250,13 +255,33 @@ class JobStore:
         return job_from_fields(fields) if fields else None
 
     def apply(self, change: Transition) -> TransitionResult:
+        """Run the change; one that ends the job is confirmed at `redis.durability` before
+        its webhooks are handed on (and before the caller acknowledges its task)."""
         now = time.time()
         key_list, args = change.script_args(self.settings, now)
-        result = _decode_result(change, self._transition(keys=key_list, args=args))
+        if change.target.terminal and self.durability.waits:
+            raw = self._durable_transition(change.job_id, key_list, args)
+        else:
+            raw = self._transition(keys=key_list, args=args)
+        result = _decode_result(change, raw)
         if self.on_event is not None:
             for url, event in webhook_events(change, result, now):
                 self.on_event(change.job_id, url, event)
         return result
+
+    def _durable_transition(self, job_id: str, key_list: list[str], args: list[str]) -> Any:
+        # A worker waits as long as its lease would last: its job has ended and the end
+        # must not be lost; past that the reaper would act on the job anyway.
+        timeout_ms = max(self.durability.timeout_ms, int(self.settings.lease.ttl_s * 1000))
+        pipe = self.r.pipeline(transaction=False)
+        self._transition(keys=key_list, args=args, client=pipe)
+        self.durability.queue_wait(pipe, timeout_ms)
+        raw, reply = pipe.execute(raise_on_error=False)
+        if isinstance(raw, Exception):
+            raise raw
+        if not self.durability.confirmed(reply):
+            log.error("%s", self.durability.not_confirmed(f"the end of job {job_id}").message)
+        return raw
 
     def append_events(self, events: Sequence[NewEvent]) -> list[str]:
         """Append each event to its job's stream and publish them in one notice (one
@@ -346,6 +371,22 @@ class AsyncJobStore:
         self.on_event = on_event
         self._submit = client.register_script(lua.SUBMIT)
         self._transition = client.register_script(lua.TRANSITION)
+        self.durability = Durability(settings.redis)
+
+    async def _durably(self, script: Any, key_list: list[str], args: list[str], what: str) -> Any:
+        """`script`, then this connection's writes confirmed at `redis.durability` (one
+        round trip); `NotDurable` when they are not in time."""
+        if not self.durability.waits:
+            return await script(keys=key_list, args=args)
+        async with self.r.pipeline(transaction=False) as pipe:
+            await script(keys=key_list, args=args, client=pipe)
+            self.durability.queue_wait(pipe)
+            raw, reply = await pipe.execute(raise_on_error=False)
+        if isinstance(raw, Exception):
+            raise raw
+        if not self.durability.confirmed(reply):
+            raise self.durability.not_confirmed(what)
+        return raw
 
     async def submit(
         self,
@@ -384,7 +425,9 @@ class AsyncJobStore:
             "counter_field": counter[1] if counter else "",
             "fields": flat_pairs(job_to_fields(job)),
         }
-        outcome, value = await self._submit(keys=key_list, args=[dumps(submit)])
+        outcome, value = await self._durably(
+            self._submit, key_list, [dumps(submit)], f"job {job.id}"
+        )
         if outcome == "ok" and job.webhook is not None and self.on_event is not None:
             queued = _event(value, job.id, "status", {"status": "queued"}, job.created_at)
             if wants(job.webhook.events, "status", queued["data"]):
@@ -405,7 +448,12 @@ class AsyncJobStore:
     async def apply(self, change: Transition) -> TransitionResult:
         now = time.time()
         key_list, args = change.script_args(self.settings, now)
-        result = _decode_result(change, await self._transition(keys=key_list, args=args))
+        if change.target.terminal:
+            what = f"the end of job {change.job_id}"
+            raw = await self._durably(self._transition, key_list, args, what)
+        else:
+            raw = await self._transition(keys=key_list, args=args)
+        result = _decode_result(change, raw)
         if self.on_event is not None:
             for url, event in webhook_events(change, result, now):
                 await asyncio.to_thread(self.on_event, change.job_id, url, event)

@@ -35,8 +35,10 @@ def _settings(config: Path | None) -> Settings:
 
 def _with_redis(settings: Settings) -> Settings:
     """`settings` with a Redis to use: `MMQ_REDIS_URL`, else the embedded server of an
-    `mmq up` that runs with the same data dir; exits with the reason when there is none."""
+    `mmq up` that runs with the same data dir; exits with the reason when there is none,
+    when it does not answer, or when it cannot keep jobs (`jobs.durability.server_problem`)."""
     if settings.redis_url:
+        _check_redis(settings)
         return settings
     from host.redis_server import running_url
 
@@ -48,7 +50,35 @@ def _with_redis(settings: Settings) -> Settings:
             err=True,
         )
         raise typer.Exit(2)
-    return settings.model_copy(update={"redis_url": url})
+    found = settings.model_copy(update={"redis_url": url})
+    _check_redis(found)
+    return found
+
+
+def _check_redis(settings: Settings) -> None:
+    import redis
+
+    from jobs.durability import server_problem
+
+    url = str(settings.redis_url)
+    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+    try:
+        info = {**client.info("persistence"), **client.info("memory")}
+    except (redis.RedisError, OSError) as exc:
+        typer.echo(f"Redis at {_safe(url)} does not answer: {exc}", err=True)
+        raise typer.Exit(2) from None
+    finally:
+        client.close()
+    if problem := server_problem(settings.redis.durability, info):
+        typer.echo(f"Redis at {_safe(url)}: {problem}", err=True)
+        raise typer.Exit(2)
+
+
+def _safe(url: str) -> str:
+    """`url` without its password."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    return f"{scheme}{sep}{creds.partition(':')[0]}:***@{host}" if at else url
 
 
 @app.command()
@@ -168,6 +198,8 @@ def up(config: ConfigOpt = None, placement: PlacementOpt = None) -> None:
     from host.up import run_up
 
     settings = _settings(config)
+    if settings.redis_url:
+        _check_redis(settings)
     run_up(settings, config, _plan(settings, placement))
 
 

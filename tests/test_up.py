@@ -29,6 +29,13 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -88,8 +95,20 @@ def test_mmq_up_serves_jobs_and_ctrl_c_leaves_no_orphan(tmp_path: Path) -> None:
         )  # fmt: skip
         assert gone.stdout.strip() == "revoked 1 key(s)", gone.stderr
         printed = (tmp_path / "up.log").read_text()
-        for line in ("keys   ", f"data   {tmp_path / 'data'}", "logs   here"):
+        for line in ("keys   ", f"data   {tmp_path / 'data'}", "logs   here", "durability fsync"):
             assert line in printed, printed
+        # The embedded server dies: mmq up starts it again on its data dir, and every
+        # process reconnects by itself.
+        (server,) = [p for p in _children(up.pid) if b"-server" in _cmdline(p)]
+        os.kill(server, signal.SIGKILL)
+        wait_until(lambda: "embedded Redis started again" in (tmp_path / "up.log").read_text())
+        wait_until(ready, timeout_s=30)
+        r = httpx.post(
+            f"{base}/v1/jobs",
+            json={"kind": "noop", "input": {"payload": "again"}},
+            headers={"Prefer": "wait=10"},
+        )
+        assert r.status_code == 200 and r.json()["output"] == {"payload": "again"}, r.text
         children = _children(up.pid)
         assert len(children) >= 4  # redis, api, reaper, one worker
         up.send_signal(signal.SIGINT)

@@ -1,0 +1,205 @@
+"""`redis.durability`: a 202 is a promise, kept across a Redis crash; refusals are clear.
+
+Real processes: valkey servers with their own data dirs, the API under uvicorn, Celery
+workers, the reaper.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from common.procs import free_port
+from host.redis_server import RedisServer, server_binary
+from jobs import keys
+from jobs.durability import server_problem
+from jobs.settings import RedisSettings
+from tests.conftest import new_owner
+from tests.support.deploy import REPO, Deployment, serving, status_events, wait_until
+from tests.support.inprocess import inprocess_settings, serve_in_process
+
+LOAD_S = 4.0
+CLIENTS = 4
+
+
+def _mmq(
+    *args: str, env: dict[str, str], timeout_s: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mmq.cli", *args],
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_server_problems_name_the_setting() -> None:
+    assert server_problem("memory", {"maxmemory_policy": "noeviction", "aof_enabled": 0}) is None
+    assert server_problem("fsync", {"maxmemory_policy": "noeviction", "aof_enabled": 1}) is None
+    evicting = server_problem("memory", {"maxmemory_policy": "allkeys-lru"})
+    assert evicting and "maxmemory-policy allkeys-lru" in evicting and "noeviction" in evicting
+    no_aof = server_problem("fsync", {"maxmemory_policy": "noeviction", "aof_enabled": 0})
+    assert no_aof and "appendonly no" in no_aof
+
+
+def test_api_refuses_a_server_that_cannot_keep_jobs(tmp_path: Path) -> None:
+    """One line each, exit 2: no append-only file at `fsync`, an evicting policy, no server."""
+    with RedisServer(tmp_path / "r", persist=False) as server:
+        env = {"MMQ_REDIS_URL": server.url, "MMQ_REDIS__DURABILITY": "fsync"}
+        done = _mmq("api", env=env)
+        assert done.returncode == 2, done.stderr
+        assert "appendonly no" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+        redis.Redis(port=server.port).config_set("maxmemory-policy", "allkeys-lru")
+        done = _mmq("worker", "--pipeline", "x", env={"MMQ_REDIS_URL": server.url})
+        assert done.returncode == 2 and "maxmemory-policy allkeys-lru" in done.stderr
+    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    done = _mmq("api", env={"MMQ_REDIS_URL": nobody})
+    assert done.returncode == 2 and "does not answer" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.anyio
+async def test_replica_level_answers_503_until_a_replica_has_the_job(tmp_path: Path) -> None:
+    """No replica: the submit waits `durability_timeout_ms`, then 503 with Retry-After that
+    names the job (it may still run); with a replica attached, 202."""
+    with RedisServer(tmp_path / "primary") as primary:
+        settings = inprocess_settings(primary.url, tmp_path / "data").model_copy(
+            update={"redis": RedisSettings(durability="replica", durability_timeout_ms=200)}
+        )
+        async with serve_in_process(settings) as app, app.owner("dur") as client:
+            started = time.monotonic()
+            r = await client.post("/v1/jobs", json={"kind": "echo", "input": {"text": "a"}})
+            assert r.status_code == 503, r.text
+            assert time.monotonic() - started >= 0.2
+            assert r.headers["Retry-After"] == "1"
+            error = r.json()["error"]
+            assert error["type"] == "not_durable"
+            assert "1 replica" in error["message"] and "Idempotency-Key" in error["message"]
+            replica = subprocess.Popen(
+                [
+                    *(server_binary(), "--port", str(port := free_port()), "--bind"),
+                    *("127.0.0.1", "--replicaof", "127.0.0.1", str(primary.port)),
+                    *("--save", "", "--dir", str(tmp_path)),
+                ],
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            try:
+                replica_client = redis.Redis(port=port, socket_connect_timeout=0.5)
+
+                def in_sync() -> bool:
+                    try:
+                        info = replica_client.info("replication")
+                    except redis.ConnectionError:
+                        return False
+                    return bool(info.get("master_link_status") == "up")
+
+                wait_until(in_sync, timeout_s=20)
+                r = await client.post("/v1/jobs", json={"kind": "echo", "input": {"text": "b"}})
+                assert r.status_code == 202, r.text
+                job_id = r.json()["id"]
+                wait_until(lambda: replica_client.exists(keys.job(job_id)) == 1, timeout_s=5)
+            finally:
+                replica.kill()
+                replica.wait()
+
+
+def _load(
+    base_url: str, key: str, stop: threading.Event, accepted: list[str], others: Counter[str]
+) -> None:
+    """Submit echo and sleep jobs back to back until `stop`; record 202s and the rest."""
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=base_url, headers=headers, timeout=10) as http:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            body = (
+                {"kind": "echo", "input": {"text": f"e{i}"}}
+                if i % 2
+                else {"kind": "sleep", "input": {"steps": 1, "step_ms": 1}}
+            )
+            try:
+                r = http.post("/v1/jobs", json=body)
+            except httpx.HTTPError as exc:
+                others[type(exc).__name__] += 1
+                time.sleep(0.05)
+                continue
+            if r.status_code == 202:
+                accepted.append(r.json()["id"])
+            else:
+                others[str(r.status_code)] += 1
+                time.sleep(0.05)
+
+
+@pytest.mark.timeout(180)
+def test_fsync_keeps_every_accepted_job_across_a_redis_crash(tmp_path: Path) -> None:
+    """Under load, SIGKILL the server and start it again on its data dir: every job that
+    got a 202 ends `succeeded`, with exactly one end."""
+    server = RedisServer(tmp_path / "redis", fsync_always=True).start()
+    try:
+        dep = Deployment(
+            server.url,
+            tmp_path,
+            env_overrides={"MMQ_REDIS__DURABILITY": "fsync", "MMQ_LEASE__TTL_S": "5"},
+        )
+        with serving(dep):
+            dep.start_api()
+            dep.start_reaper()
+            dep.start_worker("echo")
+            dep.start_worker("sleep")
+            api = new_owner(server.url, dep.base_url, "crash")
+            stop = threading.Event()
+            accepted: list[str] = []
+            others: Counter[str] = Counter()
+            threads = [
+                threading.Thread(target=_load, args=(dep.base_url, api.key, stop, accepted, others))
+                for _ in range(CLIENTS)
+            ]
+            for thread in threads:
+                thread.start()
+            try:
+                time.sleep(LOAD_S / 2)
+                before = len(accepted)
+                assert server.process is not None
+                os.kill(server.process.pid, signal.SIGKILL)
+                server.process.wait()
+                time.sleep(0.5)
+                server.start()
+                time.sleep(LOAD_S / 2)
+            finally:
+                stop.set()
+                for thread in threads:
+                    thread.join(30)
+            print(
+                f"accepted {len(accepted)} ({before} before the kill), other answers {dict(others)}"
+            )
+            assert before > 10 and len(accepted) > before
+            r = redis.Redis.from_url(server.url, decode_responses=True)
+
+            def all_ended() -> bool:
+                return all(
+                    r.hget(keys.job(j), "status") in {"succeeded", "failed", "canceled"}
+                    for j in accepted
+                )
+
+            wait_until(all_ended, timeout_s=90)
+            statuses = Counter(r.hget(keys.job(j), "status") for j in accepted)
+            assert statuses == Counter({"succeeded": len(accepted)}), statuses
+            ends = {j: status_events(r, j).count("succeeded") for j in accepted}
+            assert set(ends.values()) == {1}, {j: n for j, n in ends.items() if n != 1}
+            assert "500" not in others, others
+    finally:
+        server.stop()
