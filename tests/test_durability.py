@@ -203,3 +203,42 @@ def test_fsync_keeps_every_accepted_job_across_a_redis_crash(tmp_path: Path) -> 
             assert "500" not in others, others
     finally:
         server.stop()
+
+
+def test_a_worker_keeps_its_leases_through_a_short_outage_and_gives_up_after_ttl(
+    tmp_path: Path,
+) -> None:
+    """Redis down for less than a lease: the job keeps running and its lease is renewed
+    once Redis is back. Down for longer: the worker stops the job (lost), cleanly."""
+    from jobs.settings import LeaseSettings, Settings
+    from jobs.store import JobStore
+    from workers.leases import LeaseKeeper
+
+    server = RedisServer(tmp_path / "r", fsync_always=True).start()
+    try:
+        settings = Settings(redis_url=server.url, lease=LeaseSettings(ttl_s=2.0, heartbeat_s=0.2))
+        store = JobStore.connect(settings)
+        keeper = LeaseKeeper(store, settings, "w-outage", {})
+        keeper.start()
+        short, long = keeper.new_lease(), keeper.new_lease()
+        r = redis.Redis.from_url(server.url, decode_responses=True)
+        for job_id, lease in (("short", short), ("long", long)):
+            r.set(keys.lease(job_id), lease.token, px=lease.ttl_ms)
+        held_short = keeper.hold("short", short)
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGKILL)
+        server.process.wait()
+        time.sleep(1.0)  # half a lease
+        server.start()
+        wait_until(lambda: r.pttl(keys.lease("short")) > 1500, timeout_s=5)
+        assert not held_short.lost.is_set() and not held_short.cancel.is_set()
+        keeper.release("short")
+        held_long = keeper.hold("long", long)
+        os.kill(server.process.pid, signal.SIGKILL)
+        server.process.wait()
+        wait_until(held_long.lost.is_set, timeout_s=5)
+        assert held_long.cancel.is_set()
+        server.start()
+        keeper.stop()
+    finally:
+        server.stop()

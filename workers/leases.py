@@ -31,6 +31,8 @@ class Held:
     lease: Lease
     cancel: threading.Event = field(default_factory=threading.Event)
     lost: threading.Event = field(default_factory=threading.Event)
+    renewed_at: float = field(default_factory=time.monotonic)
+    """When the lease was last taken or renewed (this process's clock)."""
 
 
 class LeaseKeeper:
@@ -85,14 +87,33 @@ class LeaseKeeper:
         while not self._stop.wait(self.settings.lease.heartbeat_s):
             try:
                 self._beat()
-            except redis.RedisError:
-                log.exception("heartbeat failed")
+            except (redis.RedisError, OSError) as exc:
+                # Redis unreachable: keep the jobs and try again next beat, until a lease
+                # would have run out (the reaper may then give its job to another worker).
+                log.warning("heartbeat failed (%s); retrying", exc)
+                self._drop_expired()
+
+    def _drop_expired(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            expired = [
+                (job_id, entry)
+                for job_id, entry in self._held.items()
+                if now - entry.renewed_at > self.settings.lease.ttl_s
+            ]
+        for job_id, entry in expired:
+            log.warning("lease of job %s ran out while Redis was unreachable; stopping it", job_id)
+            entry.lost.set()
+            entry.cancel.set()
 
     def _beat(self) -> None:
         with self._lock:
             held = dict(self._held)
         for job_id, entry in held.items():
-            if not self.store.renew_lease(job_id, entry.lease):
+            renewing_at = time.monotonic()
+            if self.store.renew_lease(job_id, entry.lease):
+                entry.renewed_at = renewing_at
+            else:
                 with self._lock:
                     still_held = self._held.get(job_id) is entry
                 if still_held:  # not a job that ended between the copy and the renewal
