@@ -216,7 +216,11 @@ class Channel(kombu_redis.Channel):
             yield client
             return
         shared = self._shared_client
-        if shared is None or shared.connection_pool is not self.pool:
+        # A closing channel (the broker connection was lost) has dropped its pool and
+        # may have no connection to build one from; its restore of unacked messages
+        # then goes through the client it had (whose pool reconnects by itself).
+        pool = self._pool if self._closing else self.pool
+        if shared is None or (pool is not None and shared.connection_pool is not pool):
             shared = self._shared_client = self._create_client()  # type: ignore[no-untyped-call]
         yield shared
 

@@ -16,6 +16,7 @@ from typing import Any, Literal, Self
 
 import redis
 import redis.asyncio as aredis
+from redis.exceptions import NoScriptError
 
 from jobs import keys, lua
 from jobs.codec import (
@@ -273,10 +274,13 @@ class JobStore:
         # A worker waits as long as its lease would last: its job has ended and the end
         # must not be lost; past that the reaper would act on the job anyway.
         timeout_ms = max(self.durability.timeout_ms, int(self.settings.lease.ttl_s * 1000))
-        pipe = self.r.pipeline(transaction=False)
-        self._transition(keys=key_list, args=args, client=pipe)
-        self.durability.queue_wait(pipe, timeout_ms)
-        raw, reply = pipe.execute(raise_on_error=False)
+        for attempt in range(2):
+            pipe = self.r.pipeline(transaction=False)
+            self._transition(keys=key_list, args=args, client=pipe)
+            self.durability.queue_wait(pipe, timeout_ms)
+            raw, reply = pipe.execute(raise_on_error=False)
+            if not (isinstance(raw, NoScriptError) and attempt == 0):  # as in _durably
+                break
         if isinstance(raw, Exception):
             raise raw
         if not self.durability.confirmed(reply):
@@ -378,10 +382,15 @@ class AsyncJobStore:
         round trip); `NotDurable` when they are not in time."""
         if not self.durability.waits:
             return await script(keys=key_list, args=args)
-        async with self.r.pipeline(transaction=False) as pipe:
-            await script(keys=key_list, args=args, client=pipe)
-            self.durability.queue_wait(pipe)
-            raw, reply = await pipe.execute(raise_on_error=False)
+        for attempt in range(2):
+            async with self.r.pipeline(transaction=False) as pipe:
+                await script(keys=key_list, args=args, client=pipe)
+                self.durability.queue_wait(pipe)
+                raw, reply = await pipe.execute(raise_on_error=False)
+            # The server restarted between the pipeline's script check and its run (the
+            # script did not run): once more, loading it again.
+            if not (isinstance(raw, NoScriptError) and attempt == 0):
+                break
         if isinstance(raw, Exception):
             raise raw
         if not self.durability.confirmed(reply):

@@ -10,12 +10,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections import Counter
 from pathlib import Path
 
-import httpx
 import pytest
 import redis
 
@@ -25,7 +22,8 @@ from jobs import keys
 from jobs.durability import server_problem
 from jobs.settings import RedisSettings
 from tests.conftest import new_owner
-from tests.support.deploy import REPO, Deployment, serving, status_events, wait_until
+from tests.support.deploy import REPO, Deployment, serving, wait_until
+from tests.support.faults import Load, settle
 from tests.support.inprocess import inprocess_settings, serve_in_process
 
 LOAD_S = 4.0
@@ -117,33 +115,6 @@ async def test_replica_level_answers_503_until_a_replica_has_the_job(tmp_path: P
                 replica.wait()
 
 
-def _load(
-    base_url: str, key: str, stop: threading.Event, accepted: list[str], others: Counter[str]
-) -> None:
-    """Submit echo and sleep jobs back to back until `stop`; record 202s and the rest."""
-    headers = {"Authorization": f"Bearer {key}"}
-    with httpx.Client(base_url=base_url, headers=headers, timeout=10) as http:
-        i = 0
-        while not stop.is_set():
-            i += 1
-            body = (
-                {"kind": "echo", "input": {"text": f"e{i}"}}
-                if i % 2
-                else {"kind": "sleep", "input": {"steps": 1, "step_ms": 1}}
-            )
-            try:
-                r = http.post("/v1/jobs", json=body)
-            except httpx.HTTPError as exc:
-                others[type(exc).__name__] += 1
-                time.sleep(0.05)
-                continue
-            if r.status_code == 202:
-                accepted.append(r.json()["id"])
-            else:
-                others[str(r.status_code)] += 1
-                time.sleep(0.05)
-
-
 @pytest.mark.timeout(180)
 def test_fsync_keeps_every_accepted_job_across_a_redis_crash(tmp_path: Path) -> None:
     """Under load, SIGKILL the server and start it again on its data dir: every job that
@@ -161,46 +132,25 @@ def test_fsync_keeps_every_accepted_job_across_a_redis_crash(tmp_path: Path) -> 
             dep.start_worker("echo")
             dep.start_worker("sleep")
             api = new_owner(server.url, dep.base_url, "crash")
-            stop = threading.Event()
-            accepted: list[str] = []
-            others: Counter[str] = Counter()
-            threads = [
-                threading.Thread(target=_load, args=(dep.base_url, api.key, stop, accepted, others))
-                for _ in range(CLIENTS)
-            ]
-            for thread in threads:
-                thread.start()
-            try:
+            with Load(dep.base_url, api.key, clients=CLIENTS) as load:
                 time.sleep(LOAD_S / 2)
-                before = len(accepted)
+                before = len(load.accepted)
                 assert server.process is not None
+                killed_at = time.monotonic()
                 os.kill(server.process.pid, signal.SIGKILL)
                 server.process.wait()
                 time.sleep(0.5)
                 server.start()
                 time.sleep(LOAD_S / 2)
-            finally:
-                stop.set()
-                for thread in threads:
-                    thread.join(30)
-            print(
-                f"accepted {len(accepted)} ({before} before the kill), other answers {dict(others)}"
-            )
-            assert before > 10 and len(accepted) > before
             r = redis.Redis.from_url(server.url, decode_responses=True)
-
-            def all_ended() -> bool:
-                return all(
-                    r.hget(keys.job(j), "status") in {"succeeded", "failed", "canceled"}
-                    for j in accepted
-                )
-
-            wait_until(all_ended, timeout_s=90)
-            statuses = Counter(r.hget(keys.job(j), "status") for j in accepted)
-            assert statuses == Counter({"succeeded": len(accepted)}), statuses
-            ends = {j: status_events(r, j).count("succeeded") for j in accepted}
-            assert set(ends.values()) == {1}, {j: n for j, n in ends.items() if n != 1}
-            assert "500" not in others, others
+            tally = settle(r, load.ids)
+            recovered_s = load.recovered_after(killed_at)
+            print(f"{tally}, {before} before the kill, others {dict(load.others)}, "
+                  f"first 202 {recovered_s} s after the kill")  # fmt: skip
+            assert before > 10 and tally.accepted > before
+            assert tally.succeeded == tally.accepted, tally
+            assert tally.ended_twice == 0, tally
+            assert "500" not in load.others, load.others
     finally:
         server.stop()
 
