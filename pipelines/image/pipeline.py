@@ -10,6 +10,7 @@ request). Timing: `first_step_ms`, from the start of the call to its first step'
 from __future__ import annotations
 
 import base64
+import copy
 import logging
 import secrets
 import threading
@@ -37,8 +38,8 @@ class ImagePipeline(Pipeline[ImageInput, Share]):
         self.opts = config.options_as(ImageOptions)
         self._loaded: Loaded | None = None
         self._views = threading.local()
-        """Per runner thread: its own pipeline objects (scheduler, interrupt flag) over
-        the shared modules, so `runners > 1` never shares a scheduler between calls."""
+        """Per runner thread: its own pipeline objects (scheduler, tokenizers, interrupt
+        flag) over the shared modules, so `runners > 1` never shares them between calls."""
 
     @property
     def loaded(self) -> Loaded:
@@ -118,8 +119,16 @@ class ImagePipeline(Pipeline[ImageInput, Share]):
         if view is None:
             base = self.loaded.img2img if img2img else self.loaded.text2img
             assert base is not None
-            # from_pipe casts the shared modules to `dtype` (float32 unless told).
-            view = type(base).from_pipe(base, dtype=self.loaded.dtype)
+            # from_pipe casts the shared modules to `dtype` (float32 unless told). Each
+            # view has its own tokenizers: a fast tokenizer's padding and truncation are
+            # state of the Rust object, set on every call, so two threads sharing one
+            # can pad one prompt to the other's length.
+            tokenizers = {
+                name: copy.deepcopy(component)
+                for name, component in base.components.items()
+                if name.startswith("tokenizer") and component is not None
+            }
+            view = type(base).from_pipe(base, dtype=self.loaded.dtype, **tokenizers)
             view.set_progress_bar_config(disable=True)
             setattr(self._views, name, view)
         view.scheduler = self.loaded.scheduler(share.input.scheduler or self.opts.default_scheduler)
