@@ -12,13 +12,17 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from common.procs import die_with_parent, free_port
 
 URL_FILE = "server.url"
+NO_RETRY = Retry(NoBackoff(), 0)
 
 
 def server_binary() -> str:
@@ -37,12 +41,20 @@ def server_binary() -> str:
 
 
 class RedisServer:
-    """A server process on 127.0.0.1 with its data in `data_dir`."""
+    """A server process on 127.0.0.1 with its data in `data_dir`; `extra_args` go on its
+    command line (`--replicaof 127.0.0.1 PORT` makes it a replica)."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, persist: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        persist: bool = True,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.persist = persist
+        self.extra_args = list(extra_args)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -59,6 +71,7 @@ class RedisServer:
             "--save", "",
             "--appendonly", "yes" if self.persist else "no",
             "--logfile", "server.log",
+            *self.extra_args,
         ]  # fmt: skip
         # Its own session: a Ctrl-C meant for `mmq up` must not stop Redis before the workers.
         self.process = subprocess.Popen(
@@ -67,17 +80,22 @@ class RedisServer:
             start_new_session=True,
             preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        # No retries inside a ping: the loop here is the retry (redis-py's default backs
+        # off for seconds, and counts a refused password as a connection error).
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5, retry=NO_RETRY)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{args[0]} exited with {self.process.returncode}")
             try:
                 client.ping()
-                (self.data_dir / URL_FILE).write_text(self.url)
-                return self
+            except redis.AuthenticationError:
+                pass  # it answers: `extra_args` gave it a password
             except redis.ConnectionError:
                 time.sleep(0.05)
+                continue
+            (self.data_dir / URL_FILE).write_text(self.url)
+            return self
         self.stop()
         raise RuntimeError(f"{args[0]} did not answer on port {self.port}")
 
