@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
-import redis.asyncio as aredis
 from fastapi import FastAPI
 
 from api import errors
@@ -24,6 +23,7 @@ from api.openai import images as openai_images
 from api.openai import speech as openai_speech
 from api.routes import events, files, health, jobs, metrics
 from api.service import JobService
+from jobs import redis_client
 from jobs.broker import make_celery, webhook_sender
 from jobs.metered import MeteredAsyncJobStore
 from jobs.settings import Settings
@@ -45,10 +45,9 @@ def create_app(settings: Settings) -> FastAPI:
         # A missing or forbidden bucket stops the API here, with the reason.
         await anyio.to_thread.run_sync(storage.check)
         # Blocking: a burst of requests waits for a connection instead of failing.
-        pool = aredis.BlockingConnectionPool.from_url(
-            settings.redis_url or "", decode_responses=True, max_connections=256, timeout=10
+        client = redis_client.connect_async(
+            settings.redis_url or "", max_connections=256, timeout_s=10
         )
-        client = aredis.Redis(connection_pool=pool)
         celery = make_celery(settings)
         store = MeteredAsyncJobStore(client, settings, on_event=webhook_sender(celery))
         hub = EventHub(client)
@@ -67,8 +66,7 @@ def create_app(settings: Settings) -> FastAPI:
             yield
         finally:
             await hub.stop()
-            await client.aclose()
-            await pool.aclose()
+            await redis_client.close_async(client)
 
     app = FastAPI(
         title="mmq",

@@ -16,13 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from common.procs import die_with_parent, free_port
+from jobs.redis_client import NO_RETRY, connect
 
 URL_FILE = "server.url"
-NO_RETRY = Retry(NoBackoff(), 0)
 
 
 def server_binary() -> str:
@@ -127,7 +125,7 @@ def running_url(data_dir: Path) -> str | None:
     except OSError:
         return None
     try:
-        redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=1).ping()
+        connect(url, socket_connect_timeout=0.5, socket_timeout=1).ping()
     except (redis.RedisError, OSError):
         return None
     return url

@@ -16,7 +16,7 @@ from typing import Any, Literal, Self
 import redis
 import redis.asyncio as aredis
 
-from jobs import keys, lua
+from jobs import keys, lua, redis_client
 from jobs.codec import (
     dumps,
     event_from_entry,
@@ -242,7 +242,7 @@ class JobStore:
     def connect(cls, settings: Settings, on_event: EventListener | None = None) -> Self:
         if not settings.redis_url:
             raise ValueError("redis_url is not set")
-        client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        client = redis_client.connect(settings.redis_url)
         return cls(client, settings, on_event)
 
     def get(self, job_id: str) -> Job | None:

@@ -282,12 +282,11 @@ def _parse_input(raw: str, fields: list[str]) -> dict[str, object]:
 @keys_app.command("create")
 def keys_create(name: str, config: ConfigOpt = None) -> None:
     """Create an API key for owner NAME and print it (it is stored only as a hash)."""
-    import redis
-
+    from jobs import redis_client
     from jobs.apikeys import create_key
 
     settings = _settings(config)
-    client = redis.Redis.from_url(str(_with_redis(settings).redis_url), decode_responses=True)
+    client = redis_client.connect(str(_with_redis(settings).redis_url))
     try:
         typer.echo(create_key(client, name))
     except ValueError as exc:
@@ -298,12 +297,11 @@ def keys_create(name: str, config: ConfigOpt = None) -> None:
 @keys_app.command("revoke")
 def keys_revoke(name: str, config: ConfigOpt = None) -> None:
     """Delete every API key of owner NAME."""
-    import redis
-
+    from jobs import redis_client
     from jobs.apikeys import revoke_owner
 
     settings = _settings(config)
-    client = redis.Redis.from_url(str(_with_redis(settings).redis_url), decode_responses=True)
+    client = redis_client.connect(str(_with_redis(settings).redis_url))
     typer.echo(f"revoked {revoke_owner(client, name)} key(s)")
 
 

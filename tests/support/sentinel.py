@@ -13,7 +13,8 @@ from pathlib import Path
 import redis
 
 from common.procs import die_with_parent, free_port
-from host.redis_server import NO_RETRY, RedisServer, server_binary
+from host.redis_server import RedisServer, server_binary
+from jobs.redis_client import NO_RETRY
 
 MASTER_NAME = "mymaster"
 QUORUM = 2
