@@ -256,7 +256,17 @@ class Channel(kombu_redis.Channel):
     `unacked` (before the task runs) and to remove it (the ack). Building a client fills
     its table of ~170 response callbacks, ~90 us here: over a quarter of a worker's CPU
     per no-op job, on the consumer thread that every task passes through. A client is
-    safe to share between threads (each command takes a connection from the pool)."""
+    safe to share between threads (each command takes a connection from the pool).
+
+    After the broker connection is lost, Celery closes it twice: the first close (in
+    `collect`) fails on the dead socket and detaches the transport from the connection;
+    the second drops the channel's pool, then puts its unacknowledged messages back,
+    which needs a pool, rebuilt from the detached (None) connection: kombu 5.7 raises
+    AttributeError there, which Celery does not expect (the worker stops: "Unrecoverable
+    error"). A closed channel here uses the client it had (its pool reconnects, on
+    Sentinel to the new master), so the ack of a task that was running then still
+    lands; without one it raises a connection error, which the close ignores (the
+    messages stay in `unacked`, where the reaper finds them)."""
 
     _shared_client: Any = None
 
@@ -266,6 +276,11 @@ class Channel(kombu_redis.Channel):
             yield client
             return
         shared = self._shared_client
+        if self.connection is None or self.connection.client is None:  # closed (see above)
+            if shared is None:
+                raise redis.ConnectionError("the broker connection is closed")
+            yield shared
+            return
         if shared is None or shared.connection_pool is not self.pool:
             shared = self._shared_client = self._create_client()  # type: ignore[no-untyped-call]
         yield shared

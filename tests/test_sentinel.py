@@ -133,6 +133,9 @@ def test_clients_follow_the_master_across_a_failover(group: SentinelGroup, tmp_p
         assert all(_wait_succeeded(http, job_id) for job_id in before)
         wait_until(lambda: http.get("/readyz").status_code == 200, timeout_s=20)
 
+        # A job that ends while no master answers: it is run again, and ends once.
+        in_flight = _submit(http, sleep_ms=1500)
+        wait_until(lambda: http.get(f"/v1/jobs/{in_flight}").json()["status"] == "running")
         killed_at = time.monotonic()
         group.kill_primary()
         answers, readyz, accepted = _submit_until_accepted(http, killed_at)
@@ -152,11 +155,19 @@ def test_clients_follow_the_master_across_a_failover(group: SentinelGroup, tmp_p
         wait_until(lambda: http.get("/readyz").status_code == 200, timeout_s=20)
         for job_id in after:  # each ran once, on the new master
             assert status_events(r, job_id) == ["queued", "running", "succeeded"]
+        assert _wait_succeeded(http, in_flight), http.get(f"/v1/jobs/{in_flight}").text
+        print(
+            f"the job in flight: {status_events(r, in_flight)}, {time.monotonic() - killed_at:.2f}s"
+        )
+        assert status_events(r, in_flight).count("succeeded") == 1
+        # Its task message was acknowledged (through the channel it came from), once.
+        wait_until(lambda: r.hlen(kombu_redis.UNACKED) == 0, timeout_s=10)
         assert [p.process.pid for p in procs if p.alive()] == pids  # nothing restarted
 
 
-def _submit(http: httpx.Client) -> str:
-    answer = http.post("/v1/jobs", json={"kind": "echo", "input": {"text": "hi"}})
+def _submit(http: httpx.Client, sleep_ms: int = 0) -> str:
+    body = {"kind": "echo", "input": {"text": "hi", "sleep_ms": sleep_ms}}
+    answer = http.post("/v1/jobs", json=body)
     assert answer.status_code == 202, answer.text
     return str(answer.json()["id"])
 

@@ -20,6 +20,7 @@ import redis
 
 from jobs import keys
 from jobs.codec import flat_pairs
+from jobs.redis_client import FAILOVER_ERRORS
 from jobs.settings import Settings
 from jobs.store import JobStore, Lease
 
@@ -85,6 +86,8 @@ class LeaseKeeper:
         while not self._stop.wait(self.settings.lease.heartbeat_s):
             try:
                 self._beat()
+            except FAILOVER_ERRORS as exc:  # Redis down or failing over: no traceback
+                log.warning("heartbeat failed: %s: %s", type(exc).__name__, exc)
             except redis.RedisError:
                 log.exception("heartbeat failed")
 
@@ -114,10 +117,13 @@ class LeaseKeeper:
         while not self._stop.is_set():
             try:
                 message = self._pubsub.get_message(timeout=0.5)
-            except (redis.RedisError, ValueError):
+            except (redis.RedisError, ValueError) as exc:
                 if self._stop.is_set():
                     return
-                log.exception("cancel listener failed")
+                if isinstance(exc, FAILOVER_ERRORS):
+                    log.warning("cancel listener failed: %s: %s", type(exc).__name__, exc)
+                else:
+                    log.exception("cancel listener failed")
                 time.sleep(0.5)
                 continue
             if message and message["type"] == "message":
