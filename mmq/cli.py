@@ -33,9 +33,23 @@ def _settings(config: Path | None) -> Settings:
     return settings
 
 
+def _check_redis_url(settings: Settings) -> None:
+    """Exit with the reason when `MMQ_REDIS_URL` is set to a URL mmq cannot use."""
+    from jobs.redis_client import RedisUrlError, check_url
+
+    if not settings.redis_url:
+        return
+    try:
+        check_url(settings.redis_url)
+    except RedisUrlError as exc:
+        typer.echo(f"MMQ_REDIS_URL: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 def _with_redis(settings: Settings) -> Settings:
     """`settings` with a Redis to use: `MMQ_REDIS_URL`, else the embedded server of an
     `mmq up` that runs with the same data dir; exits with the reason when there is none."""
+    _check_redis_url(settings)
     if settings.redis_url:
         return settings
     from host.redis_server import running_url
@@ -168,6 +182,7 @@ def up(config: ConfigOpt = None, placement: PlacementOpt = None) -> None:
     from host.up import run_up
 
     settings = _settings(config)
+    _check_redis_url(settings)
     run_up(settings, config, _plan(settings, placement))
 
 

@@ -5,6 +5,7 @@ primary: 202 or 503 with Retry-After meanwhile, never 500; no process restarted.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -87,6 +88,16 @@ def test_a_bad_url_says_what_is_wrong(url: str, says: str) -> None:
     with pytest.raises(RedisUrlError, match=None) as caught:
         redis_client.check_url(url)
     assert says in str(caught.value)
+
+
+def test_mmq_stops_at_a_bad_url_with_the_reason(tmp_path: Path) -> None:
+    env = {**os.environ, "MMQ_REDIS_URL": "sentinel://h1/mymaster/x", "MMQ_DATA_DIR": str(tmp_path)}
+    done = subprocess.run(
+        mmq_command("keys", "create", "x"), env=env, cwd=REPO,
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "MMQ_REDIS_URL: the database in a Sentinel URL is a number" in done.stderr
 
 
 def test_the_broker_on_sentinel_is_mmqs_transport_over_every_sentinel() -> None:
