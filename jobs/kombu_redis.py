@@ -41,7 +41,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
-from urllib.parse import quote, urlsplit
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import redis
 from celery import Celery
@@ -113,6 +113,18 @@ def sentinel_broker(
     if sentinel_options:
         options["sentinel_kwargs"] = sentinel_options
     return BrokerSettings(url, SENTINEL_TRANSPORT, options, stay_on_first_url)
+
+
+def socket_broker(url: str) -> BrokerSettings:
+    """Broker settings for `unix://[[user]:password@]/path[?db=N]`. kombu reads a socket
+    path only as `redis+socket://...?virtual_host=N`, and that prefix picks kombu's own
+    transport over mmq's (`broker_transport`): this broker shares no client per channel."""
+    parts = urlsplit(url)
+    db = dict(parse_qsl(parts.query)).get("db", "0")
+    auth = parts.netloc.rpartition("@")[0]
+    return BrokerSettings(
+        f"redis+socket://{auth + '@' if auth else ''}{parts.path}?virtual_host={db}", "redis", {}
+    )
 
 
 def _netloc_host(host: str) -> str:

@@ -259,9 +259,7 @@ async def close_async(client: aredis.Redis) -> None:
 
 
 def broker(url: str) -> BrokerSettings:
-    """Celery's broker settings for `url`: mmq's kombu transport (`jobs.kombu_redis`) on
-    Redis or Sentinel; kombu's own on a unix socket, the one URL form it reads only with
-    its own transport (`redis+socket://`)."""
+    """Celery's broker settings for `url` (`jobs.kombu_redis` owns kombu's forms)."""
     scheme = scheme_of(url)
     if scheme == "sentinel":
         target = parse_sentinel_url(url)
@@ -275,14 +273,5 @@ def broker(url: str) -> BrokerSettings:
         )  # fmt: skip
     check_url(url)
     if scheme == "unix":
-        return BrokerSettings(_kombu_socket_url(url), "redis", {})
+        return kombu_redis.socket_broker(url)
     return BrokerSettings(url, kombu_redis.TRANSPORT, {})
-
-
-def _kombu_socket_url(url: str) -> str:
-    """`unix://[:password@]/path?db=N` as kombu writes it: `redis+socket://...?virtual_host=N`."""
-    parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
-    db = query.pop("db", "0")
-    auth = parts.netloc.rpartition("@")[0]
-    return f"redis+socket://{auth + '@' if auth else ''}{parts.path}?virtual_host={db}"

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,7 +191,48 @@ def test_clients_follow_the_master_across_a_failover(group: SentinelGroup, tmp_p
         # Its task message was acknowledged, through the channel it came from.
         wait_until(lambda: r.hlen(kombu_redis.UNACKED) == 0, timeout_s=10)
         _check_the_api_after_failover(http)
+
+        _ride_out_a_switch_over(group, http, r)
         assert [p.process.pid for p in procs if p.alive()] == pids  # nothing restarted
+
+
+def _ride_out_a_switch_over(group: SentinelGroup, http: httpx.Client, r: redis.Redis) -> None:
+    """A planned switch-over (`SENTINEL FAILOVER`) while a client submits all along:
+    the master is demoted while every process holds connections to it (Sentinel closes
+    them; a write that reaches it still is refused with READONLY, which redis-py takes
+    for a lost connection), and the next connection goes to the new master."""
+    group.restart_primary()
+    answers: list[Answer] = []
+    accepted: list[str] = []
+    done = threading.Event()
+
+    def submit_all_along() -> None:
+        started = time.monotonic()
+        while not done.is_set():
+            posted = http.post("/v1/jobs", json={"kind": "echo", "input": {"text": "switch"}})
+            at_s = time.monotonic() - started
+            answers.append(Answer(at_s, posted.status_code, posted.headers.get("retry-after")))
+            if posted.status_code == 202:
+                accepted.append(str(posted.json()["id"]))
+            time.sleep(0.05)
+
+    submitter = threading.Thread(target=submit_all_along, daemon=True)
+    submitter.start()
+    try:
+        group.switch_over()
+        group.wait_master(group.primary.port)
+        time.sleep(1)  # and a while after
+    finally:
+        done.set()
+        submitter.join(timeout=30)
+    print(f"\nSENTINEL FAILOVER: {[(round(a.at_s, 1), a.status) for a in answers]}")
+    assert {a.status for a in answers} <= {202, 503}, answers
+    assert all(a.retry_after for a in answers if a.status == 503), answers
+    after = _submit(http)
+    assert _wait_succeeded(http, after), http.get(f"/v1/jobs/{after}").text
+    assert status_events(r, after) == ["queued", "running", "succeeded"]
+    ends = {j: http.get(f"/v1/jobs/{j}").json().get("status", "lost") for j in accepted}
+    print("jobs accepted during the switch-over:", Counter(ends.values()))
 
 
 def _client(dep: Deployment) -> httpx.Client:

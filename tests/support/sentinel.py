@@ -148,12 +148,41 @@ class SentinelGroup:
 
     def wait_promoted(self, timeout_s: float = 20.0) -> None:
         """Until the sentinels name the replica as master and it acts as one."""
+        self.wait_master(self.replica.port, timeout_s)
 
-        def promoted() -> bool:
-            role = self.client(self.replica.port).info("replication").get("role")
-            return self.master_port() == self.replica.port and role == "master"
+    def restart_primary(self, timeout_s: float = 20.0) -> None:
+        """Start the killed primary again, empty, as a replica of the master the sentinels
+        promoted (as an operator would: Sentinel alone converts it only after its next
+        10 s look). Returns once it is in sync."""
+        master = self.master_port()
+        self.primary.extra_args += ["--replicaof", "127.0.0.1", str(master)]
+        self.primary.start()
 
-        wait_for(promoted, "replica promoted", timeout_s)
+        def in_sync() -> bool:
+            info = self.client(self.primary.port).info("replication")
+            return info.get("master_link_status") == "up"
+
+        wait_for(in_sync, "old primary in sync as a replica", timeout_s)
+
+    def switch_over(self, timeout_s: float = 20.0) -> None:
+        """`SENTINEL FAILOVER`: a planned switch (the replica promoted, the master demoted
+        while it still runs); returns once a sentinel accepted it (NOGOODSLAVE until it
+        has seen the replica)."""
+        sentinel = self.sentinel(self.sentinel_ports[0])
+        wait_for(
+            lambda: bool(sentinel.execute_command("SENTINEL", "FAILOVER", MASTER_NAME)),
+            "SENTINEL FAILOVER accepted",
+            timeout_s,
+        )
+
+    def wait_master(self, port: int, timeout_s: float = 20.0) -> None:
+        """Until the sentinels name the server on `port` as master and it acts as one."""
+
+        def named() -> bool:
+            role = self.client(port).info("replication").get("role")
+            return self.master_port() == port and role == "master"
+
+        wait_for(named, f"server {port} master", timeout_s)
 
     def stop(self) -> None:
         for process in self.sentinels:
