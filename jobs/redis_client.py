@@ -33,6 +33,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import redis
 import redis.asyncio as aredis
 from redis.asyncio import sentinel as asentinel
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.connection import parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -53,7 +54,9 @@ that no longer answers must fail fast, not after the system's TCP timeout."""
 NO_RETRY = Retry(NoBackoff(), 0)
 """redis-py's plain `Redis(...)` retries a failed connect three times with backoff of
 up to seconds (a refused password too): on each of several sentinels that are down,
-that adds up. One try each; the caller's own loop is the retry."""
+that adds up. One try each; the caller's own loop is the retry. Said for the master's
+connections too, where it is redis-py's default today: a command is never sent twice."""
+NO_ASYNC_RETRY = AsyncRetry(NoBackoff(), 0)
 
 FAILOVER_ERRORS: tuple[type[Exception], ...] = (
     RedisConnectionError,  # also MasterNotFoundError, BusyLoadingError ("LOADING")
@@ -85,7 +88,7 @@ class SentinelUrl:
     socket_timeout_s: float | None = None
     socket_connect_timeout_s: float = SENTINEL_TIMEOUT_S
 
-    def master_kwargs(self) -> dict[str, Any]:
+    def master_kwargs(self, asynchronous: bool = False) -> dict[str, Any]:
         """Connection options for the master (redis-py's names)."""
         return {
             "db": self.db,
@@ -93,9 +96,10 @@ class SentinelUrl:
             "password": self.password,
             "socket_timeout": self.socket_timeout_s,
             "socket_connect_timeout": self.socket_connect_timeout_s,
+            "retry": NO_ASYNC_RETRY if asynchronous else NO_RETRY,
         }
 
-    def sentinel_kwargs(self) -> dict[str, Any]:
+    def sentinel_kwargs(self, asynchronous: bool = False) -> dict[str, Any]:
         """Connection options for the sentinels (redis-py's names)."""
         timeout_s = self.socket_timeout_s or SENTINEL_TIMEOUT_S
         return {
@@ -103,7 +107,7 @@ class SentinelUrl:
             "password": self.sentinel_password,
             "socket_timeout": timeout_s,
             "socket_connect_timeout": self.socket_connect_timeout_s,
-            "retry": NO_RETRY,
+            "retry": NO_ASYNC_RETRY if asynchronous else NO_RETRY,
         }
 
 
@@ -211,6 +215,7 @@ def connect(url: str, *, decode_responses: bool = True, **options: Any) -> redis
         client = sentinel.master_for(target.master_name, **kwargs)  # type: ignore[no-untyped-call]  # redis-py: unannotated
         return cast(redis.Redis, client)
     check_url(url)
+    options.setdefault("retry", NO_RETRY)
     return redis.Redis.from_url(url, decode_responses=decode_responses, **options)
 
 
@@ -230,7 +235,7 @@ def connect_async(
     if scheme_of(url) == "sentinel":
         target = parse_sentinel_url(url)
         sentinel = asentinel.Sentinel(  # type: ignore[no-untyped-call]  # redis-py: unannotated
-            list(target.sentinels), sentinel_kwargs=target.sentinel_kwargs()
+            list(target.sentinels), sentinel_kwargs=target.sentinel_kwargs(asynchronous=True)
         )
         client = sentinel.master_for(
             target.master_name,
@@ -239,13 +244,14 @@ def connect_async(
             max_connections=max_connections,
             timeout=timeout_s,
             decode_responses=decode_responses,
-            **target.master_kwargs(),
+            **target.master_kwargs(asynchronous=True),
         )
         return cast(aredis.Redis, client)
     check_url(url)
     pool = aredis.BlockingConnectionPool.from_url(
-        url, decode_responses=decode_responses, max_connections=max_connections, timeout=timeout_s
-    )
+        url, decode_responses=decode_responses, max_connections=max_connections,
+        timeout=timeout_s, retry=NO_ASYNC_RETRY,
+    )  # fmt: skip
     return aredis.Redis.from_pool(pool)
 
 
