@@ -6,11 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
-import redis.asyncio as aredis
 from fastapi import FastAPI
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from api import errors
 from api.auth import ApiKeys
@@ -27,6 +23,7 @@ from api.openai import images as openai_images
 from api.openai import speech as openai_speech
 from api.routes import events, files, health, jobs, metrics
 from api.service import JobService
+from jobs import redis_client
 from jobs.broker import make_celery, webhook_sender
 from jobs.metered import MeteredAsyncJobStore
 from jobs.settings import Settings
@@ -48,17 +45,11 @@ def create_app(settings: Settings) -> FastAPI:
         # A missing or forbidden bucket stops the API here, with the reason.
         await anyio.to_thread.run_sync(storage.check)
         # Blocking: a burst of requests waits for a connection instead of failing. A
-        # connection the server closed (Redis restarted) is dropped and the command sent
-        # again on a new one, up to three times, before the request gets a 503.
-        pool = aredis.BlockingConnectionPool.from_url(
-            settings.redis_url or "",
-            decode_responses=True,
-            max_connections=256,
-            timeout=10,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
-            retry_on_error=[RedisConnectionError],
+        # command whose connection the server closed (Redis restarted, failed over) is
+        # sent again on a new one, up to three times, before the request gets a 503.
+        client = redis_client.connect_async(
+            settings.redis_url or "", max_connections=256, timeout_s=10, resend_on_broken=True
         )
-        client = aredis.Redis(connection_pool=pool)
         celery = make_celery(settings)
         store = MeteredAsyncJobStore(client, settings, on_event=webhook_sender(celery))
         hub = EventHub(client)
@@ -77,8 +68,7 @@ def create_app(settings: Settings) -> FastAPI:
             yield
         finally:
             await hub.stop()
-            await client.aclose()
-            await pool.aclose()
+            await redis_client.close_async(client)
 
     app = FastAPI(
         title="mmq",

@@ -1,19 +1,21 @@
 """Maps domain errors and request validation errors to HTTP answers.
 
 Every error body is `{"error": {"type", "message", "param"}}` (OpenAI clients read it).
+Redis that does not answer, or answers as a replica (a failover under way), is 503
+with Retry-After, like `Unavailable`: the client may send the request again (with the
+same Idempotency-Key, a submit that did land is not made twice).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from kombu.exceptions import OperationalError as BrokerError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jobs.errors import (
@@ -26,6 +28,13 @@ from jobs.errors import (
     Unauthorized,
     Unavailable,
 )
+from jobs.redis_client import FAILOVER_ERRORS
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 2
+"""Retry-After of a 503: Sentinel names a new master a few seconds after the old one
+died (`down-after-milliseconds` plus the failover itself)."""
 
 STATUS: list[tuple[type[MmqError], int]] = [
     (TooLarge, 413),
@@ -90,16 +99,20 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-async def on_redis_down(request: Request, exc: Exception) -> JSONResponse:
-    """Redis unreachable (down, restarting, failing over): retry shortly; never a 500."""
-    message = f"Redis is unavailable ({type(exc).__name__}); retry shortly"
-    return await on_mmq_error(request, Unavailable(message, retry_after_s=1))
+async def on_redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("%s %s: Redis unavailable: %s: %s", request.method, request.url.path,
+                type(exc).__name__, exc)  # fmt: skip
+    return JSONResponse(
+        error_body("unavailable", "Redis is unavailable (a failover may be under way); retry"),
+        status_code=503,
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(MmqError, on_mmq_error)
-    # ReadOnlyError: a replica answering while a failover promotes another server.
-    for down in (RedisConnectionError, RedisTimeoutError, ReadOnlyError):
-        app.add_exception_handler(down, on_redis_down)
+    # A broker error is Redis's too, met through kombu (a webhook delivery enqueued).
+    for cls in (*FAILOVER_ERRORS, BrokerError):
+        app.add_exception_handler(cls, on_redis_unavailable)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -24,6 +24,7 @@ from jobs.broker import job_message
 from jobs.codec import dumps
 from jobs.metered import MeteredJobStore
 from jobs.models import EventType, Job
+from jobs.redis_client import FAILOVER_ERRORS
 from jobs.settings import Settings
 from jobs.states import JobStatus
 from jobs.store import Transition, transition
@@ -114,5 +115,7 @@ class Reaper:
                 self.sweep()
                 self.resend()
                 self.forget_dead_workers()
+            except FAILOVER_ERRORS as exc:  # Redis down or failing over: no traceback
+                log.warning("reaper sweep failed: %s: %s", type(exc).__name__, exc)
             except (redis.RedisError, OSError):
                 log.exception("reaper sweep failed")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import redis
 
-from jobs import keys
+from jobs import keys, redis_client
 from jobs.errors import MmqError, Unavailable
 from jobs.settings import Settings
 from storage.base import Storage, job_folder
@@ -149,7 +149,7 @@ def start_sweeper(settings: Settings, stop: threading.Event) -> threading.Thread
     """Run the retention sweep in a daemon thread until `stop` is set."""
     from storage.factory import make_storage
 
-    client = redis.Redis.from_url(settings.redis_url or "", decode_responses=True)
+    client = redis_client.connect(settings.redis_url or "")
     sweeper = RetentionSweeper(client, make_storage(settings), settings)
     thread = threading.Thread(
         target=sweeper.run_forever, args=(stop,), name="retention", daemon=True

@@ -18,7 +18,7 @@ import httpx
 import redis
 from celery import Celery
 
-from jobs import keys
+from jobs import keys, redis_client
 from jobs.broker import WEBHOOK_QUEUE, WEBHOOK_TASK, enqueue_webhook, make_celery
 from jobs.errors import InputError
 from jobs.netguard import AddressRefused, GuardedTransport, NetPolicy, check_url
@@ -123,7 +123,7 @@ def run_webhook_worker(settings: Settings) -> None:
     # Retries wait as countdown (ETA) messages, which a worker must be free to reserve.
     app.conf.worker_disable_prefetch = False
     app.conf.worker_prefetch_multiplier = 4
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    client = redis_client.connect(settings.redis_url)
     deliverer = Deliverer(settings, client, app)
 
     def deliver_webhook(job_id: str, url: str, event: dict[str, Any], attempt: int) -> str:

@@ -13,11 +13,13 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
 
 from common.procs import die_with_parent, free_port
+from jobs.redis_client import NO_RETRY, connect
 
 URL_FILE = "server.url"
 MAX_BACKOFF_S = 30.0
@@ -41,7 +43,8 @@ def server_binary() -> str:
 
 
 class RedisServer:
-    """A server process on 127.0.0.1 with its data in `data_dir`."""
+    """A server process on 127.0.0.1 with its data in `data_dir`; `extra_args` go on its
+    command line (`--replicaof 127.0.0.1 PORT` makes it a replica)."""
 
     def __init__(
         self,
@@ -49,6 +52,7 @@ class RedisServer:
         port: int | None = None,
         persist: bool = True,
         fsync_always: bool = False,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
@@ -56,6 +60,7 @@ class RedisServer:
         self.fsync_always = fsync_always
         """`appendfsync always`: every write is on disk before its reply (and before any
         client hears of it); else `everysec`."""
+        self.extra_args = list(extra_args)
         self.process: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
         self.restarts = 0
@@ -76,6 +81,7 @@ class RedisServer:
             "--appendonly", "yes" if self.persist else "no",
             "--appendfsync", "always" if self.fsync_always else "everysec",
             "--logfile", "server.log",
+            *self.extra_args,
         ]  # fmt: skip
         # Its own session: a Ctrl-C meant for `mmq up` must not stop Redis before the workers.
         self.process = subprocess.Popen(
@@ -84,18 +90,23 @@ class RedisServer:
             start_new_session=True,
             preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        # No retries inside a ping: the loop here is the retry (redis-py's default backs
+        # off for seconds, and counts a refused password as a connection error).
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5, retry=NO_RETRY)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{args[0]} exited with {self.process.returncode}")
             try:
                 client.ping()
-                (self.data_dir / URL_FILE).write_text(self.url)
-                self.started_at = time.monotonic()
-                return self
+            except redis.AuthenticationError:
+                pass  # it answers: `extra_args` gave it a password
             except redis.ConnectionError:
                 time.sleep(0.05)
+                continue
+            (self.data_dir / URL_FILE).write_text(self.url)
+            self.started_at = time.monotonic()
+            return self
         self.stop()
         raise RuntimeError(f"{args[0]} did not answer on port {self.port}")
 
@@ -158,7 +169,7 @@ def running_url(data_dir: Path) -> str | None:
     except OSError:
         return None
     try:
-        redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=1).ping()
+        connect(url, socket_connect_timeout=0.5, socket_timeout=1).ping()
     except (redis.RedisError, OSError):
         return None
     return url

@@ -14,7 +14,6 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-import redis
 import typer
 from redis.exceptions import RedisError
 
@@ -22,7 +21,7 @@ from host.devices import Topology, discover
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.placement import Assignment, Plan, load_placement, plan_placement
 from host.redis_server import RedisServer
-from jobs import keys
+from jobs import keys, redis_client
 from jobs.codec import text_map
 from jobs.settings import Settings
 
@@ -40,11 +39,7 @@ class StartReasons:
     (`keys.pipeline_state`), for the console."""
 
     def __init__(self, redis_url: str | None) -> None:
-        self.r = (
-            redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=2)
-            if redis_url
-            else None
-        )
+        self.r = redis_client.connect(redis_url, socket_timeout=2) if redis_url else None
 
     def for_pipeline(self, pipeline: str) -> Callable[[int], str | None]:
         return lambda pid: self.why(pipeline, pid)

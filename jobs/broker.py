@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from celery import Celery
 
-from jobs import kombu_redis
+from jobs import kombu_redis, redis_client
 from jobs.kombu_redis import PRIORITY_VALUES, TaskMessage
 from jobs.models import Job
 from jobs.queues import TASK_NAME, queue_name
@@ -22,9 +21,11 @@ from jobs.settings import Settings
 def make_celery(settings: Settings) -> Celery:
     if not settings.redis_url:
         raise ValueError("redis_url is not set")
-    app = Celery("mmq", broker=settings.redis_url, set_as_current=False)
-    if urlsplit(settings.redis_url).scheme in ("redis", "rediss"):
-        app.conf.broker_transport = kombu_redis.TRANSPORT
+    broker = redis_client.broker(settings.redis_url)
+    app = Celery("mmq", broker=broker.url, set_as_current=False)
+    app.conf.broker_transport = broker.transport
+    if broker.failover_strategy is not None:
+        app.conf.broker_failover_strategy = broker.failover_strategy
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -41,7 +42,10 @@ def make_celery(settings: Settings) -> Celery:
         task_send_sent_event=False,
         task_default_priority=PRIORITY_VALUES["normal"],
         broker_connection_retry_on_startup=True,
-        broker_transport_options=kombu_redis.transport_options(settings.queue.visibility_timeout_s),
+        broker_transport_options={
+            **kombu_redis.transport_options(settings.queue.visibility_timeout_s),
+            **broker.options,
+        },
         task_routes={TASK_NAME: {"queue": queue_name("default")}},
     )
     return app

@@ -11,8 +11,9 @@ where going through Celery would cost atomicity or a round trip:
   missing (`priority_lists`, `queued_job_ids`);
 - the reaper puts back messages left in `unacked` by a worker that died before starting
   their job (`Unacked`);
-- workers and the API use `Transport`, kombu's transport with one Redis client per
-  channel.
+- workers and the API use `Transport` (or `SentinelTransport` on Redis Sentinel),
+  kombu's transport with one Redis client per channel (`sentinel_broker`: the broker
+  settings for the latter).
 
 The layout, as kombu 5.6 and 5.7 write it (`kombu/transport/redis.py`), pinned by
 `KOMBU_VERSIONS` here and in pyproject.toml, and held to kombu's own by
@@ -31,14 +32,16 @@ The layout, as kombu 5.6 and 5.7 write it (`kombu/transport/redis.py`), pinned b
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import socket
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import redis
 from celery import Celery
@@ -51,6 +54,8 @@ KOMBU_VERSIONS = (">=5.6", "<5.8")
 
 TRANSPORT = "jobs.kombu_redis:Transport"
 """`broker_transport` for redis:// and rediss:// brokers (see `Transport`)."""
+SENTINEL_TRANSPORT = "jobs.kombu_redis:SentinelTransport"
+"""`broker_transport` for brokers found through Redis Sentinel."""
 
 PRIORITY_VALUES: dict[str, int] = {"high": 0, "normal": 3, "low": 6}
 """mmq's priorities as kombu priority steps: lower numbers are served first."""
@@ -76,6 +81,63 @@ def transport_options(visibility_timeout_s: float) -> dict[str, Any]:
         "sep": QUEUE_SEP,
         "queue_order_strategy": "priority",
     }
+
+
+class BrokerSettings(NamedTuple):
+    """Celery's `broker_url`, `broker_transport`, the transport options beyond
+    `transport_options` and `broker_failover_strategy` (None: kombu's)."""
+
+    url: str
+    transport: str
+    options: dict[str, Any]
+    failover_strategy: Any = None
+
+
+def sentinel_broker(
+    sentinels: Sequence[tuple[str, int]],
+    master_name: str,
+    db: int,
+    password: str | None,
+    username: str | None = None,
+    connection_options: dict[str, Any] | None = None,
+    sentinel_options: dict[str, Any] | None = None,
+) -> BrokerSettings:
+    """Broker settings for a master found through `sentinels`. kombu takes the sentinels
+    as alternate URLs (`sentinel://h1:p1/db;sentinel://h2:p2/db`), each with the
+    master's credentials, and the rest as transport options."""
+    auth = ""
+    if username or password:
+        auth = f"{quote(username or '', safe='')}:{quote(password or '', safe='')}@"
+    url = ";".join(f"sentinel://{auth}{_netloc_host(h)}:{port}/{db}" for h, port in sentinels)
+    options = {"master_name": master_name, **(connection_options or {})}
+    if sentinel_options:
+        options["sentinel_kwargs"] = sentinel_options
+    return BrokerSettings(url, SENTINEL_TRANSPORT, options, stay_on_first_url)
+
+
+def socket_broker(url: str) -> BrokerSettings:
+    """Broker settings for `unix://[[user]:password@]/path[?db=N]`. kombu reads a socket
+    path only as `redis+socket://...?virtual_host=N`, and that prefix picks kombu's own
+    transport over mmq's (`broker_transport`): this broker shares no client per channel."""
+    parts = urlsplit(url)
+    db = dict(parse_qsl(parts.query)).get("db", "0")
+    auth = parts.netloc.rpartition("@")[0]
+    return BrokerSettings(
+        f"redis+socket://{auth + '@' if auth else ''}{parts.path}?virtual_host={db}", "redis", {}
+    )
+
+
+def _netloc_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def stay_on_first_url(alternates: Sequence[str]) -> Iterator[str]:
+    """Celery's `broker_failover_strategy` on Sentinel: after a connection error, reconnect
+    as before. The channel asks every sentinel itself (redis-py's `Sentinel` over all the
+    alternates), so kombu's switch to the next URL gains nothing, and it would re-read
+    the transport from that URL's scheme: kombu's `sentinel`, in place of mmq's. A bare
+    host name keeps the transport and the rest of the first URL."""
+    return itertools.repeat(urlsplit(alternates[0]).hostname or "") if alternates else iter(())
 
 
 class TaskMessage(NamedTuple):
@@ -206,7 +268,17 @@ class Channel(kombu_redis.Channel):
     `unacked` (before the task runs) and to remove it (the ack). Building a client fills
     its table of ~170 response callbacks, ~90 us here: over a quarter of a worker's CPU
     per no-op job, on the consumer thread that every task passes through. A client is
-    safe to share between threads (each command takes a connection from the pool)."""
+    safe to share between threads (each command takes a connection from the pool).
+
+    After the broker connection is lost, Celery closes it twice: the first close (in
+    `collect`) fails on the dead socket and detaches the transport from the connection;
+    the second drops the channel's pool, then puts its unacknowledged messages back,
+    which needs a pool, rebuilt from the detached (None) connection: kombu 5.7 raises
+    AttributeError there, which Celery does not expect (the worker stops: "Unrecoverable
+    error"). A closed channel here uses the client it had (its pool reconnects, on
+    Sentinel to the new master), so the ack of a task that was running then still
+    lands; without one it raises a connection error, which the close ignores (the
+    messages stay in `unacked`, where the reaper finds them)."""
 
     _shared_client: Any = None
 
@@ -216,14 +288,24 @@ class Channel(kombu_redis.Channel):
             yield client
             return
         shared = self._shared_client
-        # A closing channel (the broker connection was lost) has dropped its pool and
-        # may have no connection to build one from; its restore of unacked messages
-        # then goes through the client it had (whose pool reconnects by itself).
-        pool = self._pool if self._closing else self.pool
-        if shared is None or (pool is not None and shared.connection_pool is not pool):
+        if self.connection is None or self.connection.client is None:  # closed (see above)
+            if shared is None:
+                raise redis.ConnectionError("the broker connection is closed")
+            yield shared
+            return
+        if shared is None or shared.connection_pool is not self.pool:
             shared = self._shared_client = self._create_client()  # type: ignore[no-untyped-call]
         yield shared
 
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel (its pool asks the sentinels for the master), sharing one
+    Redis client as `Channel` does."""
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel

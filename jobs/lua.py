@@ -36,6 +36,9 @@ SUBMIT = (
 --   channel, event (JSON text), ts, message ('' for none), counter_field ('' for none),
 --   fields: the job's fields as [name, value, ...]}
 local a = cjson.decode(ARGV[1])
+-- Sent again after its connection broke (see jobs.redis_client.RESEND_ON_BROKEN): the
+-- first run made the job; a second message or queued event would be a duplicate.
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'ok', ''} end
 if a.idem_value ~= '' then
   local prev = redis.call('GET', KEYS[4])
   if prev then return {'dup', prev} end

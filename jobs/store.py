@@ -18,7 +18,7 @@ import redis
 import redis.asyncio as aredis
 from redis.exceptions import NoScriptError
 
-from jobs import keys, lua
+from jobs import keys, lua, redis_client
 from jobs.codec import (
     dumps,
     event_from_entry,
@@ -248,7 +248,7 @@ class JobStore:
     def connect(cls, settings: Settings, on_event: EventListener | None = None) -> Self:
         if not settings.redis_url:
             raise ValueError("redis_url is not set")
-        client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        client = redis_client.connect(settings.redis_url)
         return cls(client, settings, on_event)
 
     def get(self, job_id: str) -> Job | None:
@@ -437,7 +437,8 @@ class AsyncJobStore:
         outcome, value = await self._durably(
             self._submit, key_list, [dumps(submit)], f"job {job.id}"
         )
-        if outcome == "ok" and job.webhook is not None and self.on_event is not None:
+        # value: the queued event's id ('' where a resent script found the job made).
+        if outcome == "ok" and value and job.webhook is not None and self.on_event is not None:
             queued = _event(value, job.id, "status", {"status": "queued"}, job.created_at)
             if wants(job.webhook.events, "status", queued["data"]):
                 await asyncio.to_thread(self.on_event, job.id, job.webhook.url, queued)

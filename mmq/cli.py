@@ -33,10 +33,24 @@ def _settings(config: Path | None) -> Settings:
     return settings
 
 
+def _check_redis_url(settings: Settings) -> None:
+    """Exit with the reason when `MMQ_REDIS_URL` is set to a URL mmq cannot use."""
+    from jobs.redis_client import RedisUrlError, check_url
+
+    if not settings.redis_url:
+        return
+    try:
+        check_url(settings.redis_url)
+    except RedisUrlError as exc:
+        typer.echo(f"MMQ_REDIS_URL: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 def _with_redis(settings: Settings) -> Settings:
     """`settings` with a Redis to use: `MMQ_REDIS_URL`, else the embedded server of an
     `mmq up` that runs with the same data dir; exits with the reason when there is none,
     when it does not answer, or when it cannot keep jobs (`jobs.durability.server_problem`)."""
+    _check_redis_url(settings)
     if settings.redis_url:
         _check_redis(settings)
         return settings
@@ -59,9 +73,10 @@ def _check_redis(settings: Settings) -> None:
     import redis
 
     from jobs.durability import server_problem
+    from jobs.redis_client import connect
 
     url = str(settings.redis_url)
-    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+    client = connect(url, decode_responses=False, socket_connect_timeout=5, socket_timeout=10)
     try:
         info = {**client.info("persistence"), **client.info("memory")}
     except (redis.RedisError, OSError) as exc:
@@ -198,6 +213,7 @@ def up(config: ConfigOpt = None, placement: PlacementOpt = None) -> None:
     from host.up import run_up
 
     settings = _settings(config)
+    _check_redis_url(settings)
     if settings.redis_url:
         _check_redis(settings)
     run_up(settings, config, _plan(settings, placement))
@@ -314,12 +330,11 @@ def _parse_input(raw: str, fields: list[str]) -> dict[str, object]:
 @keys_app.command("create")
 def keys_create(name: str, config: ConfigOpt = None) -> None:
     """Create an API key for owner NAME and print it (it is stored only as a hash)."""
-    import redis
-
+    from jobs import redis_client
     from jobs.apikeys import create_key
 
     settings = _settings(config)
-    client = redis.Redis.from_url(str(_with_redis(settings).redis_url), decode_responses=True)
+    client = redis_client.connect(str(_with_redis(settings).redis_url))
     try:
         typer.echo(create_key(client, name))
     except ValueError as exc:
@@ -330,12 +345,11 @@ def keys_create(name: str, config: ConfigOpt = None) -> None:
 @keys_app.command("revoke")
 def keys_revoke(name: str, config: ConfigOpt = None) -> None:
     """Delete every API key of owner NAME."""
-    import redis
-
+    from jobs import redis_client
     from jobs.apikeys import revoke_owner
 
     settings = _settings(config)
-    client = redis.Redis.from_url(str(_with_redis(settings).redis_url), decode_responses=True)
+    client = redis_client.connect(str(_with_redis(settings).redis_url))
     typer.echo(f"revoked {revoke_owner(client, name)} key(s)")
 
 

@@ -126,3 +126,27 @@ def test_a_channel_shares_one_client_and_acks_as_kombu_does(
         message.ack()
         assert rclient.hlen(UNACKED) == held
     app.close()
+
+
+def test_a_closed_channel_acks_through_its_client_and_never_raises_attribute_error(
+    redis_url: str, rclient: redis.Redis
+) -> None:
+    """After a lost connection, Celery's first close (`collect`) detaches the transport
+    from the connection; a task that was running then acks later, through the channel it
+    came from. kombu 5.7's own channel raises AttributeError there (it rebuilds its pool
+    from the detached connection), and the worker stops."""
+    app = make_celery(load_settings(redis_url=redis_url))
+    conn = app.connection_for_write()
+    channel, unused = conn.default_channel, conn.channel()
+    queue = "test.closed"
+    with conn.Producer() as producer:
+        producer.publish({"n": 2}, routing_key=queue, declare=[conn.SimpleQueue(queue).queue])
+    message = channel.basic_get(queue, no_ack=False)
+    assert message is not None
+    conn.collect()
+    assert channel.connection is None or channel.connection.client is None
+    message.ack()
+    assert message.delivery_tag not in rclient.hkeys(UNACKED)
+    with pytest.raises(redis.ConnectionError), unused.conn_or_acquire():
+        pass  # a closed channel that never had a client
+    app.close()

@@ -20,6 +20,7 @@ import redis
 
 from jobs import keys
 from jobs.codec import flat_pairs
+from jobs.redis_client import FAILOVER_ERRORS
 from jobs.settings import Settings
 from jobs.store import JobStore, Lease
 
@@ -87,10 +88,13 @@ class LeaseKeeper:
         while not self._stop.wait(self.settings.lease.heartbeat_s):
             try:
                 self._beat()
-            except (redis.RedisError, OSError) as exc:
-                # Redis unreachable: keep the jobs and try again next beat, until a lease
-                # would have run out (the reaper may then give its job to another worker).
-                log.warning("heartbeat failed (%s); retrying", exc)
+            except FAILOVER_ERRORS as exc:
+                # Redis down or failing over: keep the jobs and try again next beat, until a
+                # lease would have run out (the reaper may then give its job to another worker).
+                log.warning("heartbeat failed: %s: %s", type(exc).__name__, exc)
+                self._drop_expired()
+            except redis.RedisError:
+                log.exception("heartbeat failed")
                 self._drop_expired()
 
     def _drop_expired(self) -> None:
@@ -135,10 +139,13 @@ class LeaseKeeper:
         while not self._stop.is_set():
             try:
                 message = self._pubsub.get_message(timeout=0.5)
-            except (redis.RedisError, ValueError):
+            except (redis.RedisError, ValueError) as exc:
                 if self._stop.is_set():
                     return
-                log.exception("cancel listener failed")
+                if isinstance(exc, FAILOVER_ERRORS):
+                    log.warning("cancel listener failed: %s: %s", type(exc).__name__, exc)
+                else:
+                    log.exception("cancel listener failed")
                 time.sleep(0.5)
                 continue
             if message and message["type"] == "message":

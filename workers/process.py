@@ -17,12 +17,11 @@ import threading
 import time
 from typing import Any
 
-import redis
 from celery import Celery
 from redis.exceptions import RedisError
 
 from cluster.retention import RetentionIndex
-from jobs import keys
+from jobs import keys, redis_client
 from jobs.broker import make_celery, webhook_sender
 from jobs.metered import MeteredJobStore
 from jobs.metrics import batch_samples
@@ -78,7 +77,7 @@ class StartState:
         self.key = keys.pipeline_state(pipeline)
         self.worker = worker
         url = settings.redis_url
-        self.r = redis.Redis.from_url(url, decode_responses=True) if url else None
+        self.r = redis_client.connect(url) if url else None
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._renew = threading.Thread(target=self._keep_alive, name="start-state", daemon=True)
