@@ -1,6 +1,7 @@
 """Faults under load: what happens to every job that got a 202.
 
-    python -m bench.faults [--scenarios crash-memory,crash-fsync] [--duration-s 20]
+    python -m bench.faults [--scenarios crash-memory,crash-fsync,failover-memory,...]
+                           [--duration-s 20]
                            [--down-s 0.5] [--clients 4] [--out bench/results/faults.json]
 
 Each scenario starts its own Redis (valkey) server, the API, the reaper and two workers
@@ -9,7 +10,12 @@ Each scenario starts its own Redis (valkey) server, the API, the reaper and two 
 
 - `crash-memory`: SIGKILL the server (`appendonly yes`, `appendfsync everysec`,
   `redis.durability = memory`) and start it again on its data dir `--down-s` later;
-- `crash-fsync`: the same at `redis.durability = fsync` (`appendfsync always`).
+- `crash-fsync`: the same at `redis.durability = fsync` (`appendfsync always`);
+- `failover-memory`: a primary, a replica and three sentinels (`down-after-milliseconds`
+  2000); SIGKILL the primary; once Sentinel has promoted the replica, the old primary
+  comes back empty as its replica (as an operator or orchestrator would);
+- `failover-replica`: the same at `redis.durability = replica` (a 202 waits for the
+  replica; with the one replica gone, nothing is confirmed until the old primary is back).
 
 Then it waits for every accepted job to end and counts: accepted, succeeded, failed,
 lost (no end, or no record), run twice (more than one `running` event: at-least-once
@@ -30,60 +36,95 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import redis
 from rich.console import Console
 from rich.table import Table
 
 from host.redis_server import RedisServer
-from tests.conftest import new_owner
+from jobs import redis_client
+from jobs.apikeys import create_key
+from tests.conftest import Api
 from tests.support.deploy import Deployment, serving
 from tests.support.faults import Load, settle
 
 console = Console(width=140)
-SCENARIOS = {
-    "crash-memory": ("memory", False),
-    "crash-fsync": ("fsync", True),
+DURABILITY = {
+    "crash-memory": "memory",
+    "crash-fsync": "fsync",
+    "failover-memory": "memory",
+    "failover-replica": "replica",
 }
-"""name -> (redis.durability, appendfsync always)."""
+"""Scenario -> redis.durability."""
+
+
+def loaded(
+    args: argparse.Namespace, name: str, url: str, tmp: Path, fault: Callable[[], None]
+) -> dict[str, Any]:
+    """The deployment on `url` under load, `fault()` halfway; every accepted job counted."""
+    dep = Deployment(url, tmp, env_overrides={"MMQ_REDIS__DURABILITY": DURABILITY[name]})
+    with serving(dep):
+        dep.start_api()
+        dep.start_reaper()
+        dep.start_worker("echo")
+        dep.start_worker("sleep")
+        r = redis_client.connect(url)
+        api = Api(dep.base_url, create_key(r, "faults"))
+        with Load(dep.base_url, api.key, clients=args.clients) as load:
+            time.sleep(args.duration_s / 2)
+            fault_at = time.monotonic()
+            fault()
+            time.sleep(args.duration_s / 2)
+        tally = settle(r, load.ids)
+    return {
+        "scenario": name,
+        **asdict(tally),
+        "recover_s": load.recovered_after(fault_at),
+        "others": dict(load.others),
+    }
 
 
 def crash(args: argparse.Namespace, name: str, tmp: Path) -> dict[str, Any]:
-    durability, always = SCENARIOS[name]
-    server = RedisServer(tmp / "redis", fsync_always=always).start()
+    """SIGKILL the one server, start it again on its data dir `--down-s` later."""
+    server = RedisServer(tmp / "redis", fsync_always=DURABILITY[name] == "fsync").start()
+
+    def fault() -> None:
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGKILL)
+        server.process.wait()
+        time.sleep(args.down_s)
+        server.start()
+
     try:
-        dep = Deployment(
-            server.url,
-            tmp,
-            env_overrides={"MMQ_REDIS__DURABILITY": durability},
-        )
-        with serving(dep):
-            dep.start_api()
-            dep.start_reaper()
-            dep.start_worker("echo")
-            dep.start_worker("sleep")
-            api = new_owner(server.url, dep.base_url, "faults")
-            with Load(dep.base_url, api.key, clients=args.clients) as load:
-                time.sleep(args.duration_s / 2)
-                assert server.process is not None
-                fault_at = time.monotonic()
-                os.kill(server.process.pid, signal.SIGKILL)
-                server.process.wait()
-                time.sleep(args.down_s)
-                server.start()
-                time.sleep(args.duration_s / 2)
-            tally = settle(redis.Redis.from_url(server.url, decode_responses=True), load.ids)
-            return {
-                "scenario": name,
-                **asdict(tally),
-                "recover_s": load.recovered_after(fault_at),
-                "others": dict(load.others),
-            }
+        return loaded(args, name, server.url, tmp, fault)
     finally:
         server.stop()
+
+
+def failover(args: argparse.Namespace, name: str, tmp: Path) -> dict[str, Any]:
+    """SIGKILL the primary of a Sentinel group; once the replica is promoted, the old
+    primary comes back (empty) as its replica, as an operator or orchestrator would."""
+    from tests.support.sentinel import SentinelGroup
+
+    with SentinelGroup(tmp / "group") as group:
+
+        def fault() -> None:
+            group.kill_primary()
+            group.wait_promoted(timeout_s=60)
+            group.restart_primary(timeout_s=60)
+
+        return loaded(args, name, group.url, tmp, fault)
+
+
+SCENARIOS: dict[str, Callable[[argparse.Namespace, str, Path], dict[str, Any]]] = {
+    "crash-memory": crash,
+    "crash-fsync": crash,
+    "failover-memory": failover,
+    "failover-replica": failover,
+}
 
 
 COLUMNS = ["accepted", "succeeded", "failed", "lost", "run_twice", "ended_twice"]
@@ -116,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         console.print(f"{name}: {args.duration_s:g} s of load, the fault halfway")
         with tempfile.TemporaryDirectory(prefix=f"mmq-faults-{name}-") as tmp:
-            rows.append(crash(args, name, Path(tmp)))
+            rows.append(SCENARIOS[name](args, name, Path(tmp)))
     report(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -129,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
     console.print(f"results written to {args.out}")
-    bad = [r["scenario"] for r in rows if SCENARIOS[r["scenario"]][0] != "memory"]
-    bad = [r for r in rows if r["scenario"] in bad and (r["lost"] or r["ended_twice"])]
+    durable = [r for r in rows if DURABILITY[r["scenario"]] != "memory"]
+    bad = [r for r in durable if r["lost"] or r["ended_twice"]]
     return 1 if bad else 0
 
 

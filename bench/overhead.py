@@ -43,6 +43,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import redis
 import redis.asyncio as aredis
 from rich.console import Console
 from rich.table import Table
@@ -128,10 +129,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--durability",
-        choices=["fsync"],
+        choices=["fsync", "replica"],
         help="also measure a second deployment at this redis.durability (target mmq-LEVEL, "
-        "on its own server with appendfsync always); `mmq` then runs on a server with "
-        "appendonly yes / everysec, as a production `memory` deployment would",
+        "on its own server: appendfsync always for fsync, one replica for replica); `mmq` "
+        "then runs on a server with appendonly yes / everysec, as a production `memory` "
+        "deployment would",
     )
     args = parser.parse_args(argv)
     if args.durability and args.url:
@@ -232,9 +234,16 @@ def deploy_durable(
     args: argparse.Namespace, stack: ExitStack, tmp: Path, pipeline: str, settings: Settings
 ) -> str:
     """An API and noop worker at `args.durability` on their own server; its URL (ready)."""
-    server = RedisServer(tmp / f"redis-{args.durability}", fsync_always=True)
+    server = RedisServer(tmp / f"redis-{args.durability}", fsync_always=args.durability == "fsync")
     server.start()
     stack.callback(server.stop)
+    if args.durability == "replica":
+        replica = RedisServer(
+            tmp / "redis-replica", extra_args=["--replicaof", "127.0.0.1", str(server.port)]
+        )
+        replica.start()
+        stack.callback(replica.stop)
+        wait_in_sync(replica)
     port = free_port()
     env = child_env(args, server.url, tmp / "durable") | {"MMQ_REDIS__DURABILITY": args.durability}
     supervisor = Supervisor(deployment_specs(pipeline, port, settings), base_env=env)
@@ -243,6 +252,15 @@ def deploy_durable(
     url = f"http://127.0.0.1:{port}"
     wait_api_ready(url, supervisor)
     return url
+
+
+def wait_in_sync(replica: RedisServer, timeout_s: float = 30.0) -> None:
+    client = redis.Redis(port=replica.port, decode_responses=True)
+    deadline = time.monotonic() + timeout_s
+    while client.info("replication").get("master_link_status") != "up":
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the replica did not sync in {timeout_s:g}s")
+        time.sleep(0.1)
 
 
 def check_alive(supervisor: Supervisor) -> None:

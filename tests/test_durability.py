@@ -13,15 +13,17 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
 from common.procs import free_port
 from host.redis_server import RedisServer, server_binary
-from jobs import keys
+from jobs import keys, redis_client
+from jobs.apikeys import create_key
 from jobs.durability import server_problem
 from jobs.settings import RedisSettings
-from tests.conftest import new_owner
+from tests.conftest import Api, new_owner
 from tests.support.deploy import REPO, Deployment, serving, wait_until
 from tests.support.faults import Load, settle
 from tests.support.inprocess import inprocess_settings, serve_in_process
@@ -192,3 +194,47 @@ def test_a_worker_keeps_its_leases_through_a_short_outage_and_gives_up_after_ttl
         keeper.stop()
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(180)
+def test_replica_level_keeps_every_accepted_job_across_a_failover(tmp_path: Path) -> None:
+    """Primary, replica and three sentinels, `redis.durability = replica`, load running:
+    SIGKILL the primary. Sentinel promotes the replica; with its one replica gone, the
+    new primary confirms nothing until the old one rejoins as its replica (503 meanwhile,
+    never a 202 that a second failure could lose); then every accepted job ends once."""
+    from tests.support.sentinel import SentinelGroup
+
+    with SentinelGroup(tmp_path / "group") as group:
+        dep = Deployment(
+            group.url,
+            tmp_path,
+            env_overrides={"MMQ_REDIS__DURABILITY": "replica", "MMQ_LEASE__TTL_S": "5"},
+        )
+        with serving(dep):
+            dep.start_api()
+            dep.start_reaper()
+            dep.start_worker("echo")
+            dep.start_worker("sleep")
+            r = redis_client.connect(group.url)
+            api = Api(dep.base_url, create_key(r, "failover"))
+            with Load(dep.base_url, api.key, clients=CLIENTS) as load:
+                time.sleep(LOAD_S / 2)
+                before = len(load.accepted)
+                killed_at = time.monotonic()
+                group.kill_primary()
+                assert httpx.get(f"{dep.base_url}/readyz", timeout=10).status_code == 503
+                group.wait_promoted(timeout_s=30)
+                promoted_s = time.monotonic() - killed_at
+                group.restart_primary(timeout_s=30)
+                rejoined_s = time.monotonic() - killed_at
+                wait_until(lambda: load.recovered_after(killed_at) is not None, timeout_s=30)
+                time.sleep(LOAD_S / 2)
+            assert httpx.get(f"{dep.base_url}/readyz", timeout=10).status_code == 200
+            tally = settle(r, load.ids)
+            recovered_s = load.recovered_after(killed_at)
+            print(f"{tally}, {before} before the kill, others {dict(load.others)}; promoted "
+                  f"{promoted_s:.1f} s, old primary back {rejoined_s:.1f} s, first 202 "
+                  f"{recovered_s} s after the kill")  # fmt: skip
+            assert before > 10 and tally.accepted > before
+            assert tally.succeeded == tally.accepted and tally.ended_twice == 0, tally
+            assert "500" not in load.others, load.others
