@@ -12,6 +12,17 @@ NOTICE_JOB_MAX_BYTES = 16_384
 # floats: cjson keeps 14 digits). Returns the stream id and the notice without its
 # closing brace (an end notice is published again, with the job, on the ends channel).
 _PUBLISH = """
+-- Notices held back until the caller has confirmed the writes (`redis.durability`):
+-- a script sets `held = {}` and returns them; the caller publishes them after.
+local held = nil
+local function publish(channel, message)
+  if held then
+    held[#held + 1] = {channel, message}
+  else
+    redis.call('PUBLISH', channel, message)
+  end
+end
+
 local function notice_of(id, job_id, etype, data, ts)
   return '{"id":' .. cjson.encode(id) .. ',"job_id":' .. cjson.encode(job_id) ..
          ',"type":' .. cjson.encode(etype) .. ',"data":' .. data .. ',"ts":' .. ts
@@ -22,7 +33,7 @@ local function announce(channel, stream, maxlen, job_id, etype, data, ts, ttl)
                         'type', etype, 'data', data, 'ts', ts)
   if ttl then redis.call('EXPIRE', stream, ttl) end
   local notice = notice_of(id, job_id, etype, data, ts)
-  redis.call('PUBLISH', channel, notice .. '}')
+  publish(channel, notice .. '}')
   return id, notice
 end
 """
@@ -64,8 +75,12 @@ TRANSITION = (
 --   lease_ttl_ms, end_ttl_s (0: not an end), maxlen, channel, ends_channel, event (JSON
 --   text), pre_event_type ('' for none: an output or error event written just before the
 --   status event), pre_event (JSON text), read_back: [field, ...] (['*']: all of them),
---   fields: {name: value}, message: a task message to push on the task list ('' for none)}
+--   fields: {name: value}, message: a task message to push on the task list ('' for none),
+--   hold: true to return the notices instead of publishing them}
+-- Returns {'ok', event id, pre-event id, held notices (JSON [[channel, message], ...] or
+-- ''), read-back values...} or {reason, status}.
 local a = cjson.decode(ARGV[1])
+if a.hold then held = {} end
 local current = redis.call('HMGET', KEYS[1], 'status', 'cancel_requested')
 local status = current[1]
 if not status then return {'missing', ''} end
@@ -120,7 +135,11 @@ end
 if ttl then redis.call('EXPIRE', KEYS[1], ttl) end
 local id, notice = announce(a.channel, KEYS[2], a.maxlen, a.job_id, 'status', a.event, a.now,
                             ttl)
-if not ttl and #a.read_back == 0 then return {'ok', id, pre_id} end
+local function held_json()
+  if held and #held > 0 then return cjson.encode(held) end
+  return ''
+end
+if not ttl and #a.read_back == 0 then return {'ok', id, pre_id, held_json()} end
 -- The job as it is now, read once: an end publishes it on the ends channel (so that a
 -- request waiting for the end needs no second read) unless it is large, and the caller
 -- gets the fields it asked for.
@@ -133,13 +152,13 @@ end
 if ttl then
   local job = ''
   if size <= NOTICE_JOB_MAX_BYTES then job = ',"job":' .. cjson.encode(fields) end
-  redis.call('PUBLISH', a.ends_channel, notice .. job .. '}')
+  publish(a.ends_channel, notice .. job .. '}')
 end
-if #a.read_back == 0 then return {'ok', id, pre_id} end
-if a.read_back[1] == '*' then return {'ok', id, pre_id, unpack(flat)} end
+if #a.read_back == 0 then return {'ok', id, pre_id, held_json()} end
+if a.read_back[1] == '*' then return {'ok', id, pre_id, held_json(), unpack(flat)} end
 local values = {}
 for _, name in ipairs(a.read_back) do values[#values + 1] = fields[name] or '' end
-return {'ok', id, pre_id, unpack(values)}
+return {'ok', id, pre_id, held_json(), unpack(values)}
 """.replace("NOTICE_JOB_MAX_BYTES", str(NOTICE_JOB_MAX_BYTES))
 )
 

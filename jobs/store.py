@@ -65,6 +65,9 @@ class TransitionResult:
     read_back: dict[str, str] = field(default_factory=dict)
     """On success: the fields named in `Transition.read_back`, as they are after it
     ('' for a field the job does not have)."""
+    held: list[tuple[str, str]] = field(default_factory=list)
+    """(channel, message) of the notices the script held back (`Transition.hold`), for
+    the caller to publish once the writes are confirmed."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,9 @@ class Transition:
             "read_back": list(self.read_back),
             "fields": self.fields,
             "message": self.message.envelope if self.message else "",
+            # An end at a durable level: its notices (what SSE clients, waiting requests
+            # and the hub hear) go out only once the caller has confirmed the writes.
+            "hold": self.target.terminal and settings.redis.durability != "memory",
         }
         return key_list, [dumps(change)]
 
@@ -212,10 +218,13 @@ def _decode_result(change: Transition, raw: list[Any]) -> TransitionResult:
     outcome, value = raw[0], raw[1]
     if outcome == "ok":
         if change.read_back == ALL_FIELDS:
-            read_back = dict(zip(raw[3::2], raw[4::2], strict=True))
+            read_back = dict(zip(raw[4::2], raw[5::2], strict=True))
         else:
-            read_back = dict(zip(change.read_back, raw[3:], strict=True))
-        return TransitionResult(ok=True, event_id=value, pre_event_id=raw[2], read_back=read_back)
+            read_back = dict(zip(change.read_back, raw[4:], strict=True))
+        held = [(str(c), str(m)) for c, m in json.loads(raw[3])] if raw[3] else []
+        return TransitionResult(
+            ok=True, event_id=value, pre_event_id=raw[2], read_back=read_back, held=held
+        )
     return TransitionResult(ok=False, reason=outcome, status=value)
 
 
@@ -265,10 +274,18 @@ class JobStore:
         else:
             raw = self._transition(keys=key_list, args=args)
         result = _decode_result(change, raw)
+        self._publish(result.held)
         if self.on_event is not None:
             for url, event in webhook_events(change, result, now):
                 self.on_event(change.job_id, url, event)
         return result
+
+    def _publish(self, notices: list[tuple[str, str]]) -> None:
+        if notices:
+            pipe = self.r.pipeline(transaction=False)
+            for channel, message in notices:
+                pipe.publish(channel, message)
+            pipe.execute()
 
     def _durable_transition(self, job_id: str, key_list: list[str], args: list[str]) -> Any:
         # A worker waits as long as its lease would last: its job has ended and the end
@@ -377,11 +394,11 @@ class AsyncJobStore:
         self._transition = client.register_script(lua.TRANSITION)
         self.durability = Durability(settings.redis)
 
-    async def _durably(self, script: Any, key_list: list[str], args: list[str], what: str) -> Any:
+    async def _durably(self, script: Any, key_list: list[str], args: list[str]) -> tuple[Any, bool]:
         """`script`, then this connection's writes confirmed at `redis.durability` (one
-        round trip); `NotDurable` when they are not in time."""
+        round trip); its reply, and whether they were confirmed in time."""
         if not self.durability.waits:
-            return await script(keys=key_list, args=args)
+            return await script(keys=key_list, args=args), True
         for attempt in range(2):
             async with self.r.pipeline(transaction=False) as pipe:
                 await script(keys=key_list, args=args, client=pipe)
@@ -393,9 +410,7 @@ class AsyncJobStore:
                 break
         if isinstance(raw, Exception):
             raise raw
-        if not self.durability.confirmed(reply):
-            raise self.durability.not_confirmed(what)
-        return raw
+        return raw, self.durability.confirmed(reply)
 
     async def submit(
         self,
@@ -434,9 +449,9 @@ class AsyncJobStore:
             "counter_field": counter[1] if counter else "",
             "fields": flat_pairs(job_to_fields(job)),
         }
-        outcome, value = await self._durably(
-            self._submit, key_list, [dumps(submit)], f"job {job.id}"
-        )
+        (outcome, value), confirmed = await self._durably(self._submit, key_list, [dumps(submit)])
+        if not confirmed and outcome == "ok":
+            raise self.durability.not_confirmed(f"job {job.id}")
         # value: the queued event's id ('' where a resent script found the job made).
         if outcome == "ok" and value and job.webhook is not None and self.on_event is not None:
             queued = _event(value, job.id, "status", {"status": "queued"}, job.created_at)
@@ -458,12 +473,19 @@ class AsyncJobStore:
     async def apply(self, change: Transition) -> TransitionResult:
         now = time.time()
         key_list, args = change.script_args(self.settings, now)
+        confirmed = True
         if change.target.terminal:
-            what = f"the end of job {change.job_id}"
-            raw = await self._durably(self._transition, key_list, args, what)
+            raw, confirmed = await self._durably(self._transition, key_list, args)
         else:
             raw = await self._transition(keys=key_list, args=args)
         result = _decode_result(change, raw)
+        if result.held:  # the end is written: its listeners hear of it, confirmed or not
+            pipe = self.r.pipeline(transaction=False)
+            for channel, message in result.held:
+                pipe.publish(channel, message)
+            await pipe.execute()
+        if not confirmed:
+            raise self.durability.not_confirmed(f"the end of job {change.job_id}")
         if self.on_event is not None:
             for url, event in webhook_events(change, result, now):
                 await asyncio.to_thread(self.on_event, change.job_id, url, event)

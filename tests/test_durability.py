@@ -6,6 +6,7 @@ workers, the reaper.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -238,3 +239,51 @@ def test_replica_level_keeps_every_accepted_job_across_a_failover(tmp_path: Path
             assert before > 10 and tally.accepted > before
             assert tally.succeeded == tally.accepted and tally.ended_twice == 0, tally
             assert "500" not in load.others, load.others
+
+
+def test_an_end_is_announced_only_once_its_writes_are_confirmed(tmp_path: Path) -> None:
+    """At `replica` with no replica, a worker's end waits its whole confirmation time
+    (a lease's length) before anyone hears of it, and is announced then; at `memory`,
+    at once."""
+    from jobs.codec import job_to_fields
+    from jobs.models import Job
+    from jobs.settings import LeaseSettings, Settings
+    from jobs.states import JobStatus
+    from jobs.store import JobStore, Lease, transition
+
+    with RedisServer(tmp_path / "r") as server:
+        heard: dict[str, float] = {}
+        for level in ("memory", "replica"):
+            settings = Settings(
+                redis_url=server.url,
+                redis=RedisSettings(durability=level, durability_timeout_ms=100),
+                lease=LeaseSettings(ttl_s=1.0),
+            )
+            store = JobStore.connect(settings)
+            now = time.time()
+            job = Job(
+                id=f"job_{level}", kind="echo", pipeline="echo", status=JobStatus.QUEUED,
+                owner="o", priority="normal", input={}, created_at=now, queued_at=now,
+            )  # fmt: skip
+            store.r.hset(keys.job(job.id), mapping=job_to_fields(job))
+            lease = Lease("w", 5000)
+            store.apply(transition(job, JobStatus.RUNNING, lease_mode="acquire", lease=lease))
+            listener = store.r.pubsub()
+            listener.subscribe(keys.EVENTS_CHANNEL)
+            assert listener.get_message(timeout=1)  # the subscription
+            started = time.monotonic()
+            done = store.apply(
+                transition(
+                    job,
+                    JobStatus.SUCCEEDED,
+                    sources=frozenset({JobStatus.RUNNING}),
+                    lease_mode="check",
+                    lease=lease,
+                )
+            )
+            assert done.ok
+            message = listener.get_message(timeout=5)
+            assert message and json.loads(message["data"])["data"]["status"] == "succeeded"
+            heard[level] = time.monotonic() - started
+            listener.close()
+        assert heard["memory"] < 0.5 and heard["replica"] >= 0.9, heard
