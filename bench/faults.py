@@ -45,11 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from host.redis_server import RedisServer
-from jobs import redis_client
-from jobs.apikeys import create_key
-from tests.conftest import Api
-from tests.support.deploy import Deployment, serving
-from tests.support.faults import Load, settle
+from tests.support.faults import FaultRun, under_load
 
 console = Console(width=140)
 DURABILITY = {
@@ -61,29 +57,12 @@ DURABILITY = {
 """Scenario -> redis.durability."""
 
 
-def loaded(
-    args: argparse.Namespace, name: str, url: str, tmp: Path, fault: Callable[[], None]
-) -> dict[str, Any]:
-    """The deployment on `url` under load, `fault()` halfway; every accepted job counted."""
-    dep = Deployment(url, tmp, env_overrides={"MMQ_REDIS__DURABILITY": DURABILITY[name]})
-    with serving(dep):
-        dep.start_api()
-        dep.start_reaper()
-        dep.start_worker("echo")
-        dep.start_worker("sleep")
-        r = redis_client.connect(url)
-        api = Api(dep.base_url, create_key(r, "faults"))
-        with Load(dep.base_url, api.key, clients=args.clients) as load:
-            time.sleep(args.duration_s / 2)
-            fault_at = time.monotonic()
-            fault()
-            time.sleep(args.duration_s / 2)
-        tally = settle(r, load.ids)
+def row(name: str, run: FaultRun) -> dict[str, Any]:
     return {
         "scenario": name,
-        **asdict(tally),
-        "recover_s": load.recovered_after(fault_at),
-        "others": dict(load.others),
+        **asdict(run.tally),
+        "recover_s": run.recover_s,
+        "others": run.others,
     }
 
 
@@ -91,7 +70,7 @@ def crash(args: argparse.Namespace, name: str, tmp: Path) -> dict[str, Any]:
     """SIGKILL the one server, start it again on its data dir `--down-s` later."""
     server = RedisServer(tmp / "redis", fsync_always=DURABILITY[name] == "fsync").start()
 
-    def fault() -> None:
+    def fault(base_url: str) -> None:
         assert server.process is not None
         os.kill(server.process.pid, signal.SIGKILL)
         server.process.wait()
@@ -99,7 +78,8 @@ def crash(args: argparse.Namespace, name: str, tmp: Path) -> dict[str, Any]:
         server.start()
 
     try:
-        return loaded(args, name, server.url, tmp, fault)
+        run = under_load(server.url, tmp, DURABILITY[name], fault, args.duration_s, args.clients)
+        return row(name, run)
     finally:
         server.stop()
 
@@ -111,12 +91,13 @@ def failover(args: argparse.Namespace, name: str, tmp: Path) -> dict[str, Any]:
 
     with SentinelGroup(tmp / "group") as group:
 
-        def fault() -> None:
+        def fault(base_url: str) -> None:
             group.kill_primary()
             group.wait_promoted(timeout_s=60)
             group.restart_primary(timeout_s=60)
 
-        return loaded(args, name, group.url, tmp, fault)
+        run = under_load(group.url, tmp, DURABILITY[name], fault, args.duration_s, args.clients)
+        return row(name, run)
 
 
 SCENARIOS: dict[str, Callable[[argparse.Namespace, str, Path], dict[str, Any]]] = {

@@ -20,13 +20,11 @@ import redis
 
 from common.procs import free_port
 from host.redis_server import RedisServer, server_binary
-from jobs import keys, redis_client
-from jobs.apikeys import create_key
+from jobs import keys
 from jobs.durability import server_problem
 from jobs.settings import RedisSettings
-from tests.conftest import Api, new_owner
-from tests.support.deploy import REPO, Deployment, serving, wait_until
-from tests.support.faults import Load, settle
+from tests.support.deploy import REPO, wait_until
+from tests.support.faults import under_load
 from tests.support.inprocess import inprocess_settings, serve_in_process
 
 LOAD_S = 4.0
@@ -123,39 +121,23 @@ def test_fsync_keeps_every_accepted_job_across_a_redis_crash(tmp_path: Path) -> 
     """Under load, SIGKILL the server and start it again on its data dir: every job that
     got a 202 ends `succeeded`, with exactly one end."""
     server = RedisServer(tmp_path / "redis", fsync_always=True).start()
+
+    def crash(base_url: str) -> None:
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGKILL)
+        server.process.wait()
+        time.sleep(0.5)
+        server.start()
+
     try:
-        dep = Deployment(
-            server.url,
-            tmp_path,
-            env_overrides={"MMQ_REDIS__DURABILITY": "fsync", "MMQ_LEASE__TTL_S": "5"},
-        )
-        with serving(dep):
-            dep.start_api()
-            dep.start_reaper()
-            dep.start_worker("echo")
-            dep.start_worker("sleep")
-            api = new_owner(server.url, dep.base_url, "crash")
-            with Load(dep.base_url, api.key, clients=CLIENTS) as load:
-                time.sleep(LOAD_S / 2)
-                before = len(load.accepted)
-                assert server.process is not None
-                killed_at = time.monotonic()
-                os.kill(server.process.pid, signal.SIGKILL)
-                server.process.wait()
-                time.sleep(0.5)
-                server.start()
-                time.sleep(LOAD_S / 2)
-            r = redis.Redis.from_url(server.url, decode_responses=True)
-            tally = settle(r, load.ids)
-            recovered_s = load.recovered_after(killed_at)
-            print(f"{tally}, {before} before the kill, others {dict(load.others)}, "
-                  f"first 202 {recovered_s} s after the kill")  # fmt: skip
-            assert before > 10 and tally.accepted > before
-            assert tally.succeeded == tally.accepted, tally
-            assert tally.ended_twice == 0, tally
-            assert "500" not in load.others, load.others
+        run = under_load(server.url, tmp_path, "fsync", crash, LOAD_S, CLIENTS)
     finally:
         server.stop()
+    print(run)
+    assert run.before > 10 and run.tally.accepted > run.before
+    assert run.tally.succeeded == run.tally.accepted, run.tally
+    assert run.tally.ended_twice == 0, run.tally
+    assert "500" not in run.others, run.others
 
 
 def test_a_worker_keeps_its_leases_through_a_short_outage_and_gives_up_after_ttl(
@@ -206,39 +188,25 @@ def test_replica_level_keeps_every_accepted_job_across_a_failover(tmp_path: Path
     from tests.support.sentinel import SentinelGroup
 
     with SentinelGroup(tmp_path / "group") as group:
-        dep = Deployment(
-            group.url,
-            tmp_path,
-            env_overrides={"MMQ_REDIS__DURABILITY": "replica", "MMQ_LEASE__TTL_S": "5"},
-        )
-        with serving(dep):
-            dep.start_api()
-            dep.start_reaper()
-            dep.start_worker("echo")
-            dep.start_worker("sleep")
-            r = redis_client.connect(group.url)
-            api = Api(dep.base_url, create_key(r, "failover"))
-            with Load(dep.base_url, api.key, clients=CLIENTS) as load:
-                time.sleep(LOAD_S / 2)
-                before = len(load.accepted)
-                killed_at = time.monotonic()
-                group.kill_primary()
-                assert httpx.get(f"{dep.base_url}/readyz", timeout=10).status_code == 503
-                group.wait_promoted(timeout_s=30)
-                promoted_s = time.monotonic() - killed_at
-                group.restart_primary(timeout_s=30)
-                rejoined_s = time.monotonic() - killed_at
-                wait_until(lambda: load.recovered_after(killed_at) is not None, timeout_s=30)
-                time.sleep(LOAD_S / 2)
-            assert httpx.get(f"{dep.base_url}/readyz", timeout=10).status_code == 200
-            tally = settle(r, load.ids)
-            recovered_s = load.recovered_after(killed_at)
-            print(f"{tally}, {before} before the kill, others {dict(load.others)}; promoted "
-                  f"{promoted_s:.1f} s, old primary back {rejoined_s:.1f} s, first 202 "
-                  f"{recovered_s} s after the kill")  # fmt: skip
-            assert before > 10 and tally.accepted > before
-            assert tally.succeeded == tally.accepted and tally.ended_twice == 0, tally
-            assert "500" not in load.others, load.others
+        times: dict[str, float] = {}
+
+        def failover(base_url: str) -> None:
+            killed_at = time.monotonic()
+            group.kill_primary()
+            assert httpx.get(f"{base_url}/readyz", timeout=10).status_code == 503
+            group.wait_promoted(timeout_s=30)
+            times["promoted_s"] = time.monotonic() - killed_at
+            group.restart_primary(timeout_s=30)
+            times["rejoined_s"] = time.monotonic() - killed_at
+            wait_until(lambda: httpx.get(f"{base_url}/readyz").status_code == 200)
+
+        run = under_load(group.url, tmp_path, "replica", failover, LOAD_S, CLIENTS)
+    print(run, times)
+    assert run.before > 10 and run.tally.accepted > run.before
+    assert run.tally.succeeded == run.tally.accepted, run.tally
+    assert run.tally.ended_twice == 0, run.tally
+    assert "500" not in run.others, run.others
+    assert run.recover_s is not None and run.recover_s < 30
 
 
 def test_an_end_is_announced_only_once_its_writes_are_confirmed(tmp_path: Path) -> None:

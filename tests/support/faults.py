@@ -5,7 +5,7 @@ job id and when it came; anything else (503s, connection errors) is counted by k
 `settle` waits until every accepted job has ended (bounded) and tallies them: succeeded,
 failed, lost (no record, or no end in time), run twice (more than one `running` event)
 and ended twice (more than one end event). Used by tests/test_durability.py and
-`bench/faults.py`.
+`bench/faults.py`, through `under_load` (a deployment, the load, a fault halfway).
 """
 
 from __future__ import annotations
@@ -13,15 +13,18 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import redis
 
-from jobs import keys
+from jobs import keys, redis_client
+from jobs.apikeys import create_key
 from jobs.states import TERMINAL_VALUES
-from tests.support.deploy import status_events
+from tests.support.deploy import Deployment, serving, status_events
 
 BODIES: tuple[dict[str, Any], ...] = (
     {"kind": "echo", "input": {"text": "fault"}},
@@ -131,3 +134,51 @@ def settle(r: redis.Redis, job_ids: list[str], timeout_s: float = 90.0) -> Tally
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value or "")
+
+
+@dataclass
+class FaultRun:
+    """One deployment under load with a fault halfway."""
+
+    tally: Tally
+    before: int
+    """Jobs accepted before the fault."""
+    recover_s: float | None
+    """From the fault to the first 202 of a submit sent after it."""
+    others: dict[str, int]
+    base_url: str
+
+
+def under_load(
+    redis_url: str,
+    tmp: Path,
+    durability: str,
+    fault: Callable[[str], None],
+    duration_s: float,
+    clients: int = 4,
+) -> FaultRun:
+    """API, reaper, an echo and a sleep worker on `redis_url` at `durability`, `clients`
+    submitting for `duration_s`; `fault(base_url)` runs halfway. Waits for every accepted
+    job to end, then counts them."""
+    dep = Deployment(
+        redis_url,
+        tmp,
+        env_overrides={"MMQ_REDIS__DURABILITY": durability, "MMQ_LEASE__TTL_S": "5"},
+    )
+    with serving(dep):
+        dep.start_api()
+        dep.start_reaper()
+        dep.start_worker("echo")
+        dep.start_worker("sleep")
+        r = redis_client.connect(redis_url)
+        key = create_key(r, "faults")
+        with Load(dep.base_url, key, clients=clients) as load:
+            time.sleep(duration_s / 2)
+            before = len(load.accepted)
+            fault_at = time.monotonic()
+            fault(dep.base_url)
+            time.sleep(duration_s / 2)
+        tally = settle(r, load.ids)
+        return FaultRun(
+            tally, before, load.recovered_after(fault_at), dict(load.others), dep.base_url
+        )
