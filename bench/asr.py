@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -40,13 +39,12 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import percentile_ms, run_job, run_level
+from bench.common import child_env, percentile_ms, run_job, run_level
 from bench.overhead import check_alive, jsonable
 from common.procs import free_port
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.redis_server import RedisServer
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path("bench/results/asr.json")
 THROUGHPUT_GOAL = 1.3
 FIRST_SHARE_GOAL = 0.3
@@ -188,17 +186,7 @@ class Bench:
         config.write_text(config_toml(args))
         port = free_port()
         self.api_url = f"http://127.0.0.1:{port}"
-        self.env = {
-            **os.environ,
-            "PYTHONPATH": str(REPO),
-            "HF_HUB_OFFLINE": "1",
-            "MMQ_CONFIG_FILE": str(config),
-            "MMQ_REDIS_URL": server.url,
-            "MMQ_DATA_DIR": str(self.tmp / "data"),
-            "MMQ_LOG_LEVEL": "WARNING",
-            "MMQ_API__HOST": "127.0.0.1",
-            "MMQ_AUTH__REQUIRED": "false",
-        }
+        self.env = child_env(config, server.url, self.tmp / "data")
         api = ProcSpec("api", mmq_command("api"), {"MMQ_API__PORT": str(port)})
         self.api = Supervisor([api], base_env=self.env)
         stack.callback(self.api.terminate)

@@ -8,12 +8,16 @@ flight at any time until the last ones.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
+import os
 import statistics
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -166,3 +170,36 @@ async def _follow(client: httpx.AsyncClient, kind: str, inp: dict[str, Any]) -> 
     except (httpx.HTTPError, ValueError, KeyError) as exc:
         trace.error = f"{type(exc).__name__}: {exc}"[:300]
     return trace
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def child_env(
+    config: Path, redis_url: str, data_dir: Path, log_level: str = "WARNING"
+) -> dict[str, str]:
+    """The environment of the mmq processes a bench starts: this checkout importable, no
+    hub, its config, Redis and data dir, the API on loopback without keys."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return {
+        **os.environ,
+        "PYTHONPATH": path,
+        "HF_HUB_OFFLINE": "1",
+        "MMQ_CONFIG_FILE": str(config),
+        "MMQ_REDIS_URL": redis_url,
+        "MMQ_DATA_DIR": str(data_dir),
+        "MMQ_LOG_LEVEL": log_level.upper(),
+        "MMQ_API__HOST": "127.0.0.1",
+        "MMQ_AUTH__REQUIRED": "false",
+    }
+
+
+def run_meta(**extra: Any) -> dict[str, Any]:
+    """What a bench's JSON says of its run: when, how it was called, the machine."""
+    return {
+        "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+        "cpu_count": os.cpu_count(),
+        "load_avg": os.getloadavg(),
+        **extra,
+    }

@@ -29,7 +29,6 @@ last second would (not simulated).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import signal
@@ -44,6 +43,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.common import run_meta
 from host.redis_server import RedisServer
 from tests.support.faults import FaultRun, under_load
 
@@ -142,11 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     report(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
-        "meta": {
-            "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "argv": sys.argv[1:],
-            "cpu_count": os.cpu_count(),
-        },
+        "meta": run_meta(),
         "results": rows,
     }
     args.out.write_text(json.dumps(payload, indent=2) + "\n")

@@ -26,13 +26,13 @@ import httpx
 import redis
 
 from bench.asr import wait_healthy
+from bench.common import child_env
 from bench.overhead import check_alive
 from common.procs import free_port
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.redis_server import RedisServer
 from jobs import keys
 
-REPO = Path(__file__).resolve().parents[1]
 LOAD_TIMEOUT_S = 900.0
 LOG_TAIL_BYTES = 3000
 
@@ -123,18 +123,8 @@ class Deployment:
         self.pipelines = pipelines
         port = free_port()
         self.api_url = f"http://127.0.0.1:{port}"
-        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-        self.env = {
-            **os.environ,
-            "PYTHONPATH": path,
-            "HF_HUB_OFFLINE": "1",
-            "MMQ_CONFIG_FILE": str(config),
-            "MMQ_REDIS_URL": server.url,
-            "MMQ_DATA_DIR": str(self.tmp / "data"),
-            "MMQ_LOG_LEVEL": "WARNING",
-            "MMQ_API__HOST": "127.0.0.1",
+        self.env = child_env(config, server.url, self.tmp / "data") | {
             "MMQ_API__PORT": str(port),
-            "MMQ_AUTH__REQUIRED": "false",
             **env,
         }
         self.api = Supervisor([ProcSpec("api", mmq_command("api"))], base_env=self.env)

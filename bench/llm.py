@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
-import os
 import sys
 import tempfile
 import time
@@ -51,7 +49,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import percentile_ms
+from bench.common import child_env, percentile_ms, run_meta
 from bench.llm_stream import Slo, Target, compare, stream_chat
 from common.procs import free_port
 from host.launcher import ProcSpec, Supervisor, mmq_command
@@ -129,15 +127,7 @@ def deploy(args: argparse.Namespace, stack: ExitStack) -> tuple[str, str, Superv
     redis.start()
     stack.callback(redis.stop)
     api_port = free_port()
-    env = {
-        **os.environ,
-        "MMQ_REDIS_URL": redis.url,
-        "MMQ_CONFIG_FILE": str(config),
-        "MMQ_DATA_DIR": str(tmp / "data"),
-        "MMQ_API__PORT": str(api_port),
-        "MMQ_LOG_LEVEL": "WARNING",
-        "HF_HUB_OFFLINE": "1",
-    }
+    env = child_env(config, redis.url, tmp / "data") | {"MMQ_API__PORT": str(api_port)}
     specs = [ProcSpec("api", mmq_command("api"))] + [
         ProcSpec(name, mmq_command("worker", "--pipeline", name)) for name in ports
     ]
@@ -285,12 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios = report(results, args.concurrency)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
-        "meta": {
-            "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "argv": sys.argv[1:],
-            "cpu_count": os.cpu_count(),
-            "load_avg": os.getloadavg(),
-        },
+        "meta": run_meta(),
         "goals": GOALS,
         "results": results,
         "ratios": ratios,

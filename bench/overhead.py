@@ -49,13 +49,21 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.celery_floor import FloorClient, new_reply_key
-from bench.common import Call, LevelSummary, RequestResult, measure, run_level, summarize
+from bench.common import (
+    REPO,
+    Call,
+    LevelSummary,
+    RequestResult,
+    child_env,
+    measure,
+    run_level,
+    summarize,
+)
 from common.procs import free_port
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.redis_server import RedisServer
 from jobs.settings import Settings, load_settings
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "mmq.toml"
 DEFAULT_OUT = Path("bench/results/overhead.json")
 NOOP_KIND = "noop"
@@ -156,18 +164,8 @@ def noop_pipeline(settings: Settings) -> tuple[str, int] | None:
     return None
 
 
-def child_env(args: argparse.Namespace, redis_url: str, data_dir: Path) -> dict[str, str]:
-    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    return {
-        **os.environ,
-        "PYTHONPATH": pythonpath,
-        "MMQ_CONFIG_FILE": str(args.config.resolve()),
-        "MMQ_REDIS_URL": redis_url,
-        "MMQ_DATA_DIR": str(data_dir),
-        "MMQ_LOG_LEVEL": args.log_level.upper(),
-        "MMQ_API__HOST": "127.0.0.1",
-        "MMQ_AUTH__REQUIRED": "false",
-    }
+def bench_env(args: argparse.Namespace, redis_url: str, data_dir: Path) -> dict[str, str]:
+    return child_env(args.config.resolve(), redis_url, data_dir, args.log_level)
 
 
 def only_noop(settings: Settings) -> dict[str, str]:
@@ -220,7 +218,7 @@ def deploy(args: argparse.Namespace, stack: ExitStack) -> tuple[Deployment, Supe
         port = free_port()
         api_url = f"http://127.0.0.1:{port}"
         specs += deployment_specs(name, port, settings)
-    supervisor = Supervisor(specs, base_env=child_env(args, redis_url, tmp))
+    supervisor = Supervisor(specs, base_env=bench_env(args, redis_url, tmp))
     stack.callback(supervisor.terminate)
     supervisor.start()
     deployment = Deployment(api_url, redis_url, settings, not args.url, concurrency)
@@ -245,7 +243,7 @@ def deploy_durable(
         stack.callback(replica.stop)
         wait_in_sync(replica)
     port = free_port()
-    env = child_env(args, server.url, tmp / "durable") | {"MMQ_REDIS__DURABILITY": args.durability}
+    env = bench_env(args, server.url, tmp / "durable") | {"MMQ_REDIS__DURABILITY": args.durability}
     supervisor = Supervisor(deployment_specs(pipeline, port, settings), base_env=env)
     stack.callback(supervisor.terminate)
     supervisor.start()

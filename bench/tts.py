@@ -39,13 +39,12 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import LevelSummary, measure
+from bench.common import LevelSummary, child_env, measure
 from common.procs import free_port
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.redis_server import RedisServer
 from jobs import keys
 
-REPO = Path(__file__).resolve().parents[1]
 TEXT = (
     "The meeting starts at nine in the morning. Please bring the report from last week. "
     "We will talk about the budget and the new office. Lunch is served at noon in the hall. "
@@ -115,16 +114,7 @@ def start(
     config = tmp / f"{name}.toml"
     config.write_text(tts_config(instances, threads, args))
     port = free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "MMQ_CONFIG_FILE": str(config),
-        "MMQ_REDIS_URL": args.redis_url,
-        "MMQ_DATA_DIR": str(tmp / name),
-        "MMQ_LOG_LEVEL": "WARNING",
-        "MMQ_API__PORT": str(port),
-        "HF_HUB_OFFLINE": "1",
-    }
+    env = child_env(config, args.redis_url, tmp / name) | {"MMQ_API__PORT": str(port)}
     specs = [ProcSpec("api", mmq_command("api"))] + [
         ProcSpec(f"tts#{i}", mmq_command("worker", "--pipeline", "tts", "--instance", str(i)))
         for i in range(instances)
