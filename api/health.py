@@ -12,6 +12,7 @@ import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
 from jobs import keys
+from jobs.codec import time_seconds
 from jobs.settings import Settings
 
 STALE_HEARTBEATS = 3
@@ -58,7 +59,8 @@ class Health:
 
     async def live_kinds(self) -> set[str]:
         stale_s = self._settings.lease.heartbeat_s * STALE_HEARTBEATS
-        names = await self._r.zrangebyscore(keys.WORKERS, time.time() - stale_s, "+inf")
+        now = time_seconds(await self._r.time())  # heartbeats are in Redis's time
+        names = await self._r.zrangebyscore(keys.WORKERS, now - stale_s, "+inf")
         if not names:
             return set()
         pipe = self._r.pipeline(transaction=False)

@@ -9,7 +9,6 @@ GPU readings that workers stored. Two pipelined round trips per scrape.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -25,6 +24,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from jobs import keys
+from jobs.codec import time_seconds
 from jobs.kombu_redis import priority_lists
 from jobs.metrics import RECORDED, MetricDef
 from jobs.queues import queue_name
@@ -67,7 +67,7 @@ async def read_snapshot(r: aredis.Redis, settings: Settings) -> Snapshot:
         for name, config in pipelines.items()
         for priority, key in priority_lists(queue_name(name)).items()
     ]
-    now = time.time()
+    now = time_seconds(await r.time())  # heartbeats and readings are in Redis's time
     pipe = r.pipeline(transaction=False)
     for metric in RECORDED:
         pipe.hgetall(keys.metric(metric.name))

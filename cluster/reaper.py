@@ -47,7 +47,7 @@ class Reaper:
     def sweep(self) -> int:
         """Requeue or fail every running job whose lease has expired; returns how many."""
         handled = 0
-        for job_id in self.store.expired_running(time.time()):
+        for job_id in self.store.expired_running():
             job = self.store.get(job_id)
             if job is None or job.status is not JobStatus.RUNNING:
                 self.store.r.zrem(keys.RUNNING, job_id)
@@ -106,7 +106,8 @@ class Reaper:
 
     def forget_dead_workers(self) -> int:
         """Drop the liveness entries of long-silent workers; returns how many."""
-        silent_since = time.time() - DEAD_WORKER_BEATS * self.settings.lease.heartbeat_s
+        beats_s = DEAD_WORKER_BEATS * self.settings.lease.heartbeat_s
+        silent_since = self.store.server_time() - beats_s
         return int(self.store.r.zremrangebyscore(keys.WORKERS, "-inf", silent_since))
 
     def run_forever(self, stop: threading.Event) -> None:

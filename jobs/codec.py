@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from jobs.models import Event, EventType, Job
@@ -74,3 +74,10 @@ def text_map(reply: Mapping[bytes | str, bytes | str]) -> dict[str, str]:
 
 def text_list(reply: Iterable[Any]) -> list[str]:
     return cast(list[str], list(reply))
+
+
+def time_seconds(reply: Sequence[int]) -> float:
+    """Redis's `TIME` reply (seconds, microseconds) as seconds: the one clock that leases,
+    deadlines and heartbeats are measured in, whatever a host's own clock says."""
+    seconds, micros = reply
+    return float(seconds) + micros / 1e6

@@ -38,6 +38,15 @@ local function announce(channel, stream, maxlen, job_id, etype, data, ts, ttl)
 end
 """
 
+# Lease deadlines are Redis's time, never a worker's: a host whose clock is off must not
+# get its jobs reaped early or late (the reaper compares them with Redis's time too).
+_DEADLINE = """
+local function deadline_after(ttl_ms)
+  local now = redis.call('TIME')
+  return tonumber(now[1]) + tonumber(now[2]) / 1e6 + tonumber(ttl_ms) / 1000
+end
+"""
+
 SUBMIT = (
     _PUBLISH
     + PUSH_MESSAGE_LUA
@@ -68,6 +77,7 @@ return {'ok', id}
 
 TRANSITION = (
     _PUBLISH
+    + _DEADLINE
     + PUSH_MESSAGE_LUA
     + """
 -- KEYS: job, events stream, lease, running zset, queued set, task list
@@ -126,7 +136,7 @@ if target == 'queued' then
   redis.call('ZREM', KEYS[4], a.job_id)
 elseif target == 'running' then
   redis.call('SREM', KEYS[5], a.job_id)
-  redis.call('ZADD', KEYS[4], tonumber(a.now) + a.lease_ttl_ms / 1000, a.job_id)
+  redis.call('ZADD', KEYS[4], deadline_after(a.lease_ttl_ms), a.job_id)
 else
   redis.call('SREM', KEYS[5], a.job_id)
   redis.call('ZREM', KEYS[4], a.job_id)
@@ -214,10 +224,13 @@ redis.call('ZADD', KEYS[2], 0, ARGV[2])
 return 1
 """
 
-RENEW_LEASE = """
--- KEYS: lease, running zset; ARGV: token, ttl ms, job_id, deadline
+RENEW_LEASE = (
+    _DEADLINE
+    + """
+-- KEYS: lease, running zset; ARGV: token, ttl ms, job_id
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
+redis.call('ZADD', KEYS[2], deadline_after(ARGV[2]), ARGV[3])
 return 1
 """
+)

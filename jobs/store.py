@@ -27,6 +27,7 @@ from jobs.codec import (
     job_to_fields,
     text_list,
     text_map,
+    time_seconds,
 )
 from jobs.durability import Durability
 from jobs.kombu_redis import TaskMessage
@@ -346,9 +347,13 @@ class JobStore:
         return self.append_events([NewEvent(job_id, etype, data, first_output, webhook)])[0]
 
     def renew_lease(self, job_id: str, lease: Lease) -> bool:
-        deadline = time.time() + lease.ttl_ms / 1000
-        args = [lease.token, str(lease.ttl_ms), job_id, repr(deadline)]
+        args = [lease.token, str(lease.ttl_ms), job_id]
         return bool(self._renew(keys=[keys.lease(job_id), keys.RUNNING], args=args))
+
+    def server_time(self) -> float:
+        """Redis's clock (seconds): what leases, deadlines and heartbeats are measured in,
+        whatever this host's clock says."""
+        return time_seconds(self.r.time())
 
     def give_back_lease(self, job_id: str, lease: Lease) -> bool:
         """Give up a held lease at once: the reaper requeues the job at its next sweep."""
@@ -366,7 +371,9 @@ class JobStore:
         key = keys.response_cache(owner, policy.digest)
         self.r.set(key, dumps(output), px=max(1, int(policy.ttl_s * 1000)))
 
-    def expired_running(self, now: float, limit: int = 100) -> list[str]:
+    def expired_running(self, limit: int = 100) -> list[str]:
+        """Running jobs whose lease deadline (Redis's time) has passed."""
+        now = self.server_time()
         return text_list(self.r.zrangebyscore(keys.RUNNING, "-inf", now, start=0, num=limit))
 
     def cancel_requested(self, job_ids: list[str]) -> set[str]:

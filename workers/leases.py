@@ -129,8 +129,9 @@ class LeaseKeeper:
         self._mark_alive()
 
     def _mark_alive(self) -> None:
+        now = self.store.server_time()  # Redis's clock: readers compare with it too
         pipe = self.store.r.pipeline()
-        pipe.zadd(keys.WORKERS, {self.name: time.time()})
+        pipe.zadd(keys.WORKERS, {self.name: now})
         pipe.hset(keys.worker(self.name), items=flat_pairs(self.info))
         pipe.expire(keys.worker(self.name), int(self.settings.lease.heartbeat_s * 5) + 1)
         pipe.execute()

@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable
 
 import redis
 
 from host.devices import Usage, read_usage
 from jobs import keys
+from jobs.codec import time_seconds
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def write_usage(client: redis.Redis, host: str, usage: Usage, ttl_s: int) -> Non
         },
     )
     pipe.expire(keys.device(name), ttl_s)
-    pipe.zadd(keys.DEVICES, {name: time.time()})
+    pipe.zadd(keys.DEVICES, {name: time_seconds(client.time())})
     pipe.execute()
 
 

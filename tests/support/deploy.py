@@ -109,12 +109,13 @@ class Deployment:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
 
-    def spawn(self, name: str, *args: str) -> Proc:
+    def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
+        """`mmq ARGS` with the deployment's environment (and `env` over it)."""
         log_path = self.tmp / f"{name.replace(' ', '_')}.log"
         log_file = log_path.open("ab")
         process = subprocess.Popen(
             mmq_command(*args),
-            env=self.env,
+            env={**self.env, **(env or {})},
             cwd=REPO,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -131,7 +132,9 @@ class Deployment:
         wait_until(lambda: _healthy(self.base_url), proc, timeout_s=30)
         return proc
 
-    def start_worker(self, pipeline: str, instance: int = 0) -> Proc:
+    def start_worker(
+        self, pipeline: str, instance: int = 0, env: dict[str, str] | None = None
+    ) -> Proc:
         proc = self.spawn(
             f"worker-{pipeline}-{instance}-{len(self.procs)}",
             "worker",
@@ -139,6 +142,7 @@ class Deployment:
             pipeline,
             "--instance",
             str(instance),
+            env=env,
         )
         wait_until(lambda: "ready." in proc.log(), proc, timeout_s=30)
         return proc
