@@ -8,6 +8,7 @@ Settings are built once per process and passed down.
 from __future__ import annotations
 
 import ipaddress
+import socket
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -169,6 +170,10 @@ class StorageSettings(BaseModel):
     """Largest upload (413 above), and largest input fetched from an http(s) URL."""
     sweep_interval_s: float = Field(default=60.0, gt=0)
     """How often the reaper runs the retention sweep."""
+    local_shared: bool = False
+    """The local directory (`data_dir/storage`) is a mount that every host of the
+    deployment sees at the same path (NFS, a shared volume): `mmq workers` joining from
+    another host refuses the local backend without it."""
     s3: S3Settings = Field(default_factory=S3Settings)
 
     @model_validator(mode="after")
@@ -256,6 +261,9 @@ class Settings(BaseSettings):
     """Redis (or valkey) URL. Unset: `mmq up` starts an embedded server."""
     embedded_redis_port: int = 6399
     """Port of the server that `mmq up` starts when `redis_url` is unset."""
+    host_name: str = Field(default_factory=socket.gethostname, min_length=1)
+    """This host's name in worker ids, liveness and metrics (`MMQ_HOST_NAME`): set it
+    where host names are not unique (containers, network namespaces)."""
     data_dir: Path = Path("./data")
     """Where local files, the embedded server's data and logs live."""
     job_ttl_s: int = 7 * 24 * 3600

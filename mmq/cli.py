@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -24,7 +25,33 @@ ConfigOpt = Annotated[
 ]
 
 
-def _settings(config: Path | None) -> Settings:
+RedisOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--redis",
+        help="Redis URL (sets MMQ_REDIS_URL for this command and what it starts)",
+        show_default=False,
+    ),
+]
+HostOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--host-name",
+        help="This host's name in worker ids and metrics (sets MMQ_HOST_NAME; default: "
+        "the system's host name)",
+        show_default=False,
+    ),
+]
+
+
+def _settings(
+    config: Path | None, redis: str | None = None, host_name: str | None = None
+) -> Settings:
+    # Through the environment, so that the processes a command starts see them too.
+    if redis:
+        os.environ["MMQ_REDIS_URL"] = redis
+    if host_name:
+        os.environ["MMQ_HOST_NAME"] = host_name
     settings = load_settings(config)
     logging.basicConfig(
         level=settings.log_level,
@@ -97,13 +124,13 @@ def _safe(url: str) -> str:
 
 
 @app.command()
-def api(config: ConfigOpt = None) -> None:
+def api(config: ConfigOpt = None, redis: RedisOpt = None) -> None:
     """Run the HTTP API (uvicorn)."""
     import uvicorn
 
     from api.app import create_app
 
-    settings = _with_redis(_settings(config))
+    settings = _with_redis(_settings(config, redis))
     uvicorn.run(
         create_app(settings),
         host=settings.api.host,
@@ -125,13 +152,15 @@ def worker(
     max_wait_ms: Annotated[float | None, typer.Option(min=0)] = None,
     runners: Annotated[int | None, typer.Option(min=1)] = None,
     config: ConfigOpt = None,
+    redis: RedisOpt = None,
+    host_name: HostOpt = None,
 ) -> None:
     """Run one worker process serving one pipeline (knob options override the config's)."""
     from host.devices import discover
     from host.placement import PlacementError, apply_overrides, concrete_device
     from workers.process import run_worker
 
-    settings = _with_redis(_settings(config))
+    settings = _with_redis(_settings(config, redis, host_name))
     if pipeline not in settings.enabled_pipelines:
         typer.echo(f"no enabled pipeline {pipeline!r} in the config", err=True)
         raise typer.Exit(2)
@@ -208,11 +237,16 @@ def _plan(settings: Settings, placement: Path | None) -> Plan:
 
 
 @app.command()
-def up(config: ConfigOpt = None, placement: PlacementOpt = None) -> None:
+def up(
+    config: ConfigOpt = None,
+    placement: PlacementOpt = None,
+    redis: RedisOpt = None,
+    host_name: HostOpt = None,
+) -> None:
     """Start everything: Redis (if MMQ_REDIS_URL is unset), the API, the reaper, workers."""
     from host.up import run_up
 
-    settings = _settings(config)
+    settings = _settings(config, redis, host_name)
     _check_redis_url(settings)
     if settings.redis_url:
         _check_redis(settings)
@@ -220,12 +254,26 @@ def up(config: ConfigOpt = None, placement: PlacementOpt = None) -> None:
 
 
 @app.command()
-def workers(config: ConfigOpt = None, placement: PlacementOpt = None) -> None:
+def workers(
+    config: ConfigOpt = None,
+    placement: PlacementOpt = None,
+    redis: RedisOpt = None,
+    host_name: HostOpt = None,
+) -> None:
     """Start this host's workers only (one per device, pipeline and instance), supervised:
-    a GPU host joining a deployment through MMQ_REDIS_URL."""
+    a host joining a deployment (`--redis` or MMQ_REDIS_URL); no API, no reaper."""
     from host.up import run_up
 
-    settings = _with_redis(_settings(config))
+    settings = _with_redis(_settings(config, redis, host_name))
+    if settings.storage.backend == "local" and not settings.storage.local_shared:
+        typer.echo(
+            "storage.backend is local but this host joins a deployment whose API may run "
+            "elsewhere: outputs written here must be readable there. Use storage.backend = "
+            '"s3", or set storage.local_shared = true (MMQ_STORAGE__LOCAL_SHARED) if '
+            f"{settings.data_dir / 'storage'} is a mount every host shares.",
+            err=True,
+        )
+        raise typer.Exit(2)
     run_up(settings, config, _plan(settings, placement), services=False)
 
 

@@ -11,7 +11,7 @@ import httpx
 import redis
 
 from jobs import keys
-from tests.support.deploy import REPO, Deployment
+from tests.support.deploy import REPO, Deployment, wait_until
 
 
 def _mmq(*args: str, redis_url: str) -> subprocess.CompletedProcess[str]:
@@ -85,3 +85,31 @@ def test_submit_follow_prints_events_and_exit_code_tells_the_end(
         redis_url=deployment.redis_url,
     )  # fmt: skip
     assert bad.returncode == 2 and "422 invalid_input: input." in bad.stdout
+
+
+def test_a_joining_host_refuses_unshared_local_storage(redis_url: str) -> None:
+    """`mmq workers` on another host: outputs it writes must be readable by the API."""
+    done = _mmq("workers", "--redis", redis_url, redis_url="")
+    assert done.returncode == 2
+    assert "storage.local_shared" in done.stderr and '"s3"' in done.stderr, done.stderr
+
+
+def test_a_worker_joins_with_redis_and_host_name_options(deployment: Deployment) -> None:
+    """`--redis` and `--host-name` on the command line: the worker's id and its liveness
+    record carry the host name (namespaced or containerised hosts share system names)."""
+    r = redis.Redis.from_url(deployment.redis_url, decode_responses=True)
+    worker = deployment.spawn(
+        "worker-box7", "worker", "--pipeline", "echo", "--redis", deployment.redis_url,
+        "--host-name", "box-7", env={"MMQ_REDIS_URL": ""},
+    )  # fmt: skip
+    try:
+
+        def registered() -> list[str]:
+            return [n for n in r.zrange(keys.WORKERS, 0, -1) if "@box-7." in n]
+
+        wait_until(lambda: bool(registered()), worker, timeout_s=30)
+        (name,) = registered()
+        assert name.startswith("echo-0@box-7.")
+        assert r.hget(keys.worker(name), "host") == "box-7"
+    finally:
+        worker.stop()

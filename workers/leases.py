@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
@@ -41,7 +40,7 @@ class LeaseKeeper:
         self.store = store
         self.settings = settings
         self.name = name
-        self.info = {**info, "pid": str(os.getpid()), "host": socket.gethostname()}
+        self.info = {**info, "pid": str(os.getpid()), "host": settings.host_name}
         self._held: dict[str, Held] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 from typing import Any
@@ -46,8 +45,8 @@ STATE_TTL_S = 24 * 3600
 REASON_MAX_CHARS = 1000
 
 
-def worker_name(pipeline: str, instance: int) -> str:
-    return f"{pipeline}-{instance}@{socket.gethostname()}.{os.getpid()}"
+def worker_name(pipeline: str, instance: int, host: str) -> str:
+    return f"{pipeline}-{instance}@{host}.{os.getpid()}"
 
 
 def build_pipeline(settings: Settings, pipeline_name: str) -> Pipeline[Any, Any]:
@@ -158,13 +157,13 @@ def start_or_exit(settings: Settings, pipeline_name: str, name: str) -> Pipeline
 
 def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> None:
     """Serve `pipeline_name` until the Celery worker stops (SIGTERM, SIGINT)."""
-    name = worker_name(pipeline_name, instance)
+    name = worker_name(pipeline_name, instance, settings.host_name)
     pipeline = start_or_exit(settings, pipeline_name, name)
     config = pipeline.config
     knobs = pipeline.knobs()
     app = make_celery(settings)
     store = MeteredJobStore.connect(settings, on_event=webhook_sender(app))
-    metrics = WorkerMetrics(store.r, config.device)
+    metrics = WorkerMetrics(store.r, config.device, host=settings.host_name)
     keeper = LeaseKeeper(
         store,
         settings,
