@@ -169,6 +169,7 @@ def test_a_cut_off_worker_loses_its_job_to_the_other_host_and_serves_again(
     other_pid = cluster.workers[other_name][1].process.pid
     wait_until(lambda: any(t == "progress" for _, t, _ in cluster.stream(cut_job)), timeout_s=10)
 
+    cut_at = time.time()
     with cluster.net.partitioned(host):
         # The lease runs out (3 s), the reaper requeues, the other host takes it over once
         # its own job is done; the cut-off run goes on meanwhile, its writes held.
@@ -184,6 +185,11 @@ def test_a_cut_off_worker_loses_its_job_to_the_other_host_and_serves_again(
     # After the second `running`, only the second run's events: its steps from 1 in order,
     # its output, its end. A late event of the first run would break the sequence.
     stream = cluster.stream(cut_job)
+    requeued_at = next(
+        float(ts) for ts, t, d in _timed(cluster, cut_job) if t == "status" and d == "queued"
+    )
+    print(f"requeued {requeued_at - cut_at:.2f} s after the cut")
+    assert requeued_at - cut_at < 3 + 3  # the lease's TTL, then a sweep or two
     second = [i for i, (_, t, d) in enumerate(stream) if t == "status" and d["status"] == "running"]
     after = stream[second[1] + 1 :]
     progress = [d["step"] for _, t, d in after if t == "progress"]
@@ -200,6 +206,12 @@ def test_a_cut_off_worker_loses_its_job_to_the_other_host_and_serves_again(
     _serves_again(cluster, cut_name)
     other = jobs[1]
     assert status_events(cluster.r, other) == ["queued", "running", "succeeded"]
+
+
+def _timed(cluster: Cluster, job_id: str) -> list[tuple[str, str, str]]:
+    """(ts, type, status or '') of each event of the job after its first."""
+    entries: list[tuple[str, dict[str, str]]] = cluster.r.xrange(keys.job_events(job_id))  # type: ignore[assignment]  # redis-py: a union of both APIs
+    return [(e["ts"], e["type"], json.loads(e["data"]).get("status", "")) for _, e in entries[1:]]
 
 
 def _serves_again(cluster: Cluster, name: str) -> None:
