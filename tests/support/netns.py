@@ -182,18 +182,23 @@ def unavailable() -> str | None:
         return "no `ip` binary (iproute2) on PATH"
     if os.geteuid() != 0:
         return "making network namespaces needs root"
-    probe, veth_end = f"{PREFIX}{os.getpid()}-probe", f"{PREFIX}{os.getpid()}v"
+    tag = f"{PREFIX}{os.getpid()}"
+    probe, veth_end, bridge = f"{tag}-probe", f"{tag}v", f"{tag}b"
+    attempts = (
+        ("netns", "add", probe),
+        ("link", "add", veth_end, "type", "veth", "peer", "name", "eth0", "netns", probe),
+        ("link", "add", bridge, "type", "bridge"),
+    )
     try:
-        made = ip("netns", "add", probe, check=False)
-        if made.returncode != 0:
-            return f"`ip netns add` failed: {made.stderr.strip()}"
-        veth = ip("link", "add", veth_end, "type", "veth", "peer", "name",
-                  "eth0", "netns", probe, check=False)  # fmt: skip
-        if veth.returncode != 0:
-            return f"`ip link add ... type veth` failed: {veth.stderr.strip()}"
+        for args in attempts:
+            done = ip(*args, check=False)
+            if done.returncode != 0:
+                return f"`ip {' '.join(args[:2])}` failed: {done.stderr.strip()}"
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"`ip` failed: {exc}"
     finally:
-        ip("link", "del", veth_end, check=False)
+        for link in (veth_end, bridge):
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                ip("link", "del", link, check=False)
         remove_netns(probe)
     return None
