@@ -186,24 +186,30 @@ return 1
 APPEND_EVENTS = (
     _PUBLISH
     + """
--- KEYS: events stream and job of each event, in pairs
+-- KEYS: events stream, job and lease of each event, in threes
 -- ARGV[1]: JSON {channel, maxlen, events: [{job_id, type, data (JSON text), ts,
---   first_output: the job's first-output time ('' to leave it)}]}
+--   first_output: the job's first-output time ('' to leave it), lease: the lease token
+--   the event was made under ('' for none)}]}
 -- Appends every event to its job's stream and publishes them in one notice: the event
--- alone, or a JSON array of several. Returns the stream ids.
+-- alone, or a JSON array of several. An event made under a lease that its job no longer
+-- has (it ran out, the job was requeued or ended) is dropped: an abandoned run's events
+-- never follow the job's next status. Returns the stream ids ('' for a dropped event).
 local a = cjson.decode(ARGV[1])
 local ids, notices = {}, {}
 for i, e in ipairs(a.events) do
-  if e.first_output ~= '' then
-    local cur = redis.call('HGET', KEYS[2 * i], 'first_output_at')
-    if not cur or cur == '' then
-      redis.call('HSET', KEYS[2 * i], 'first_output_at', e.first_output)
+  local job, lease = KEYS[3 * i - 1], KEYS[3 * i]
+  if e.lease ~= '' and redis.call('GET', lease) ~= e.lease then
+    ids[i] = ''
+  else
+    if e.first_output ~= '' then
+      local cur = redis.call('HGET', job, 'first_output_at')
+      if not cur or cur == '' then redis.call('HSET', job, 'first_output_at', e.first_output) end
     end
+    local id = redis.call('XADD', KEYS[3 * i - 2], 'MAXLEN', '~', a.maxlen, '*',
+                          'type', e.type, 'data', e.data, 'ts', e.ts)
+    ids[i] = id
+    notices[#notices + 1] = notice_of(id, e.job_id, e.type, e.data, e.ts) .. '}'
   end
-  local id = redis.call('XADD', KEYS[2 * i - 1], 'MAXLEN', '~', a.maxlen, '*',
-                        'type', e.type, 'data', e.data, 'ts', e.ts)
-  ids[i] = id
-  notices[i] = notice_of(id, e.job_id, e.type, e.data, e.ts) .. '}'
 end
 if #notices == 1 then
   redis.call('PUBLISH', a.channel, notices[1])

@@ -83,6 +83,9 @@ class NewEvent:
     `first_output_at`."""
     webhook: WebhookSpec | None = None
     ts: float = field(default_factory=time.time)
+    lease_token: str = ""
+    """The lease of the run that made it ('' for none): the event is written only while
+    its job still has that lease (an abandoned run's late events are dropped)."""
 
 
 @dataclass
@@ -258,7 +261,12 @@ class JobStore:
     def connect(cls, settings: Settings, on_event: EventListener | None = None) -> Self:
         if not settings.redis_url:
             raise ValueError("redis_url is not set")
-        client = redis_client.connect(settings.redis_url)
+        # A command on a connection whose peer went silent (a partition) gives up after
+        # this, so that a worker notices it cannot renew its leases; longer than any wait
+        # it makes on purpose (the confirmation of an end, up to a lease).
+        ttl_s = settings.lease.ttl_s
+        wait_s = max(settings.redis.durability_timeout_ms / 1000, ttl_s)
+        client = redis_client.connect(settings.redis_url, socket_timeout=wait_s + ttl_s)
         return cls(client, settings, on_event)
 
     def get(self, job_id: str) -> Job | None:
@@ -307,11 +315,16 @@ class JobStore:
 
     def append_events(self, events: Sequence[NewEvent]) -> list[str]:
         """Append each event to its job's stream and publish them in one notice (one
-        script call); returns their stream ids. Hands those a webhook wants to
-        `on_event`."""
+        script call); returns their stream ids, '' for an event dropped because its job
+        no longer has the lease it was made under (`NewEvent.lease_token`). Hands those
+        written that a webhook wants to `on_event`."""
         if not events:
             return []
-        key_list = [k for e in events for k in (keys.job_events(e.job_id), keys.job(e.job_id))]
+        key_list = [
+            k
+            for e in events
+            for k in (keys.job_events(e.job_id), keys.job(e.job_id), keys.lease(e.job_id))
+        ]
         batch = {
             "channel": keys.EVENTS_CHANNEL,
             "maxlen": self.settings.events_maxlen,
@@ -322,6 +335,7 @@ class JobStore:
                     "data": dumps(e.data),
                     "ts": repr(e.ts),
                     "first_output": repr(e.ts) if e.first_output else "",
+                    "lease": e.lease_token,
                 }
                 for e in events
             ],
@@ -329,7 +343,7 @@ class JobStore:
         ids = [str(i) for i in self._append(keys=key_list, args=[dumps(batch)])]
         if self.on_event is not None:
             for event_id, e in zip(ids, events, strict=True):
-                if e.webhook is not None and wants(e.webhook.events, e.type, e.data):
+                if event_id and e.webhook is not None and wants(e.webhook.events, e.type, e.data):
                     as_dict = _event(event_id, e.job_id, str(e.type), e.data, e.ts)
                     self.on_event(e.job_id, e.webhook.url, as_dict)
         return ids

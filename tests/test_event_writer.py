@@ -15,7 +15,7 @@ import redis.asyncio as aredis
 
 from api.hub import EventHub
 from jobs import keys
-from jobs.models import EventType
+from jobs.models import EventType, WebhookSpec
 from jobs.settings import Settings
 from jobs.store import JobStore, NewEvent
 from workers.events import EventWriter, merged
@@ -105,3 +105,31 @@ async def test_one_notice_of_several_jobs_reaches_each_jobs_followers(
     finally:
         await hub.stop()
         await client.aclose()
+
+
+def test_an_event_made_under_a_lease_its_job_no_longer_has_is_dropped(store: JobStore) -> None:
+    """The fence of an abandoned run: its job's lease ran out (or passed to another run),
+    so what it still sends never reaches the stream, the notice or a webhook."""
+    job_id = f"job_f{time.monotonic_ns()}"
+    handed: list[dict[str, Any]] = []
+    fenced = JobStore(store.r, store.settings, on_event=lambda _j, _u, e: handed.append(e))
+    webhook = WebhookSpec(url="https://example.com/hook", events=["progress"])
+    store.r.set(keys.lease(job_id), "second-run", px=5000)
+
+    def event(step: int, token: str) -> NewEvent:
+        data = {"step": step}
+        return NewEvent(job_id, EventType.PROGRESS, data, webhook=webhook, lease_token=token)
+
+    ids = fenced.append_events([event(1, "first-run"), event(2, "second-run"), event(3, "")])
+    assert ids[0] == "" and ids[1] and ids[2]
+    assert _stream(store, job_id) == [("progress", {"step": 2}), ("progress", {"step": 3})]
+    assert [e["data"] for e in handed] == [{"step": 2}, {"step": 3}]
+    store.r.delete(keys.lease(job_id))  # ran out: nothing made under a lease is written
+    assert fenced.append_events([event(4, "second-run")]) == [""]
+    assert len(_stream(store, job_id)) == 2
+
+
+def test_partials_of_two_runs_of_a_job_are_never_merged() -> None:
+    first = NewEvent("a", EventType.PARTIAL, {"index": 0, "text": "old"}, lease_token="one")
+    then = NewEvent("a", EventType.PARTIAL, {"index": 0, "text": "new"}, lease_token="two")
+    assert merged([first, then], _tokens) == [first, then]

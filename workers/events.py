@@ -8,7 +8,9 @@ that arrive wait for the next one, and a partial event that follows a partial of
 job is merged into it where the pipeline says how (`Pipeline.merge_partials`: LLM tokens
 become one delta). Nothing is held back: an idle writer writes an event the moment it
 arrives. `flush()` returns once everything handed over before it is written, so a job's
-end is never recorded before its outputs.
+end is never recorded before its outputs. An event carries the lease of its run; the
+script drops it if the job no longer has that lease (the run was abandoned: the lease ran
+out while this worker was cut off, and the job went back to the queue or ended).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -84,7 +87,8 @@ class EventWriter:
     def _write(self, batch: list[NewEvent]) -> None:
         for wait_s in (*RETRIES_S, None):
             try:
-                self.store.append_events(batch)
+                ids = self.store.append_events(batch)
+                _log_fenced(batch, ids)
                 return
             except redis.RedisError as exc:
                 if wait_s is None:
@@ -111,13 +115,18 @@ def merged(batch: list[NewEvent], merge: Merge | None) -> list[NewEvent]:
         at = last.get(event.job_id)
         if at is not None and event.type is EventType.PARTIAL:
             before = out[at]
-            joined = merge(before.data, event.data) if before.type is EventType.PARTIAL else None
+            same_run = before.type is EventType.PARTIAL and before.lease_token == event.lease_token
+            joined = merge(before.data, event.data) if same_run else None
             if joined is not None:
-                out[at] = NewEvent(
-                    before.job_id, before.type, joined, before.first_output, before.webhook,
-                    before.ts,
-                )  # fmt: skip
+                out[at] = replace(before, data=joined)  # keeps its first token's time
                 continue
         last[event.job_id] = len(out)
         out.append(event)
     return out
+
+
+def _log_fenced(batch: list[NewEvent], ids: list[str]) -> None:
+    """Say which jobs' events were dropped because their run no longer has the lease."""
+    fenced = sorted({e.job_id for e, event_id in zip(batch, ids, strict=True) if not event_id})
+    if fenced:
+        log.warning("dropped events of jobs %s: their run here no longer holds the lease", fenced)

@@ -110,8 +110,11 @@ class JobRunner:
             self._record(job, held, Outcome("failed", error=validation_error_field(exc, "input")))
             return
 
+        token = held.lease.token
+
         def emit(job_id: str, etype: EventType, data: dict[str, Any], output: bool) -> None:
-            self.events.emit(NewEvent(job_id, etype, data, output, job.webhook))
+            event = NewEvent(job_id, etype, data, output, job.webhook, lease_token=token)
+            self.events.emit(event)
 
         files = self.files_for(job) if self.files_for else None
         item = self.engine.submit(job.id, request, emit, held.cancel, files)

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,12 +109,30 @@ class Deployment:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
 
-    def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
-        """`mmq ARGS` with the deployment's environment (and `env` over it)."""
+    def spawn(
+        self,
+        name: str,
+        *args: str,
+        wrap: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> Proc:
+        """`mmq ARGS` as a process of this deployment (see `launch`)."""
+        return self.launch(name, mmq_command(*args), wrap=wrap, env=env)
+
+    def launch(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        wrap: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> Proc:
+        """`argv` in its own process group, logging to a file; `wrap` goes before it (`ip
+        netns exec NAME`: a test host), `env` over the deployment's environment."""
         log_path = self.tmp / f"{name.replace(' ', '_')}.log"
         log_file = log_path.open("ab")
         process = subprocess.Popen(
-            mmq_command(*args),
+            [*wrap, *argv],
             env={**self.env, **(env or {})},
             cwd=REPO,
             stdout=log_file,
