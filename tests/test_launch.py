@@ -69,7 +69,11 @@ def test_workers_follow_the_placement_and_restart_and_stop(
 ) -> None:
     placement = dep.tmp / "placement.toml"
     placement.write_text(PLACEMENT)
-    launcher = dep.spawn("workers", "workers", "--placement", str(placement))
+    # This "host" shares the API's disk: its local storage is shared.
+    launcher = dep.spawn(
+        "workers", "workers", "--placement", str(placement),
+        env={"MMQ_STORAGE__LOCAL_SHARED": "true"},
+    )  # fmt: skip
     wait_until(lambda: len(live_workers(rclient)) == 4, launcher, timeout_s=60)
     assert {w["device"] for w in live_workers(rclient).values()} == {"cpu"}
     sleepers = pids_of(rclient, "sleep")

@@ -123,7 +123,10 @@ def test_a_config_too_large_fails_at_once_and_readyz_says_why(dep: Deployment) -
 def test_mmq_workers_prints_why_a_worker_failed_to_start(dep: Deployment) -> None:
     placement = dep.tmp / "huge-placement.toml"
     placement.write_text('[[place]]\npipeline = "huge"\ndevice = "cpu"\n')
-    launcher = dep.spawn("workers-huge", "workers", "--placement", str(placement))
+    launcher = dep.spawn(
+        "workers-huge", "workers", "--placement", str(placement),
+        env={"MMQ_STORAGE__LOCAL_SHARED": "true"},  # the API's disk: shared
+    )  # fmt: skip
     wait_until(lambda: "exited with 1; restarting in" in launcher.log(), launcher, 60)
     launcher.process.send_signal(signal.SIGINT)
     assert launcher.process.wait(30) == 0
