@@ -62,7 +62,7 @@ def estimate(config: PipelineConfig, on_gpu: bool = True) -> Estimate:
     """The memory of one worker of `config` (see the module docstring)."""
     if config.memory_gb is not None:
         return Estimate(int(config.memory_gb * GIB), "memory_gb")
-    path = _local_model(config.model)
+    path = local_model(config.model)
     if path is None:
         why = f"no local files for {config.model!r}" if config.model else "no model path"
         return Estimate(0, f"unknown: {why}")
@@ -118,7 +118,9 @@ def safetensors_params(path: Path) -> dict[str, int]:
     return counts
 
 
-def _local_model(model: str) -> Path | None:
+def local_model(model: str) -> Path | None:
+    """The model's files: a local path, or a hub id already in the local hub cache
+    (never a download); None otherwise."""
     if not model:
         return None
     path = Path(model).expanduser()

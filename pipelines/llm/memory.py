@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from host.devices import read_usage
-from host.model_memory import RUN_DTYPE_BYTES, run_dtype_bytes, weight_bytes
+from host.model_memory import RUN_DTYPE_BYTES, local_model, run_dtype_bytes, weight_bytes
 from jobs.schemas.llm import LlmOptions
 from pipelines.llm.sizing import GIB, Memory, ModelShape
 
@@ -167,20 +167,3 @@ def _dtype_bytes(config: dict[str, Any], dtype: str, on_gpu: bool) -> int:
     stored = str(config.get("dtype") or config.get("torch_dtype") or "float32")
     size = CONFIG_DTYPE_BYTES.get(stored.removeprefix("torch."), 4)
     return min(size, 2) if on_gpu else size
-
-
-def local_model(model: str) -> Path | None:
-    """The model's directory: a path, or a hub id already in the local hub cache."""
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return path
-    if model.count("/") != 1:
-        return None
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        return None
-    try:  # the local cache only: never a download
-        return Path(snapshot_download(model, local_files_only=True))
-    except (ValueError, OSError):
-        return None
