@@ -84,7 +84,7 @@ class Cluster:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     reason = unavailable()
     if reason is not None:
-        pytest.skip(f"no test hosts (network namespaces): {reason}")
+        pytest.skip(reason=f"no test hosts (network namespaces): {reason}")
     net = Network()
     try:
         redis_host, api_host = net.add_host("redis"), net.add_host("api")
