@@ -1,0 +1,340 @@
+"""A soak across hosts: mixed jobs while links are cut and workers killed, at random.
+
+    python -m bench.soak [--hosts 3] [--minutes 10] [--rate 4] [--fault-every-s 40]
+                         [--seed 1] [--out bench/results/soak.json]
+
+Needs root (Linux network namespaces, tests/support/netns.py). One "host" runs Redis
+(valkey, `appendonly yes`, `appendfsync always`, `redis.durability = fsync`), one the API
+and the reaper, and `--hosts` more each run `mmq workers --host-name wN` (supervised:
+noop, tts and asr workers from the repository's mmq.toml, on the CPU). The client is the
+root namespace: it submits noop, tts and asr jobs at `--rate` per second (open loop,
+`Prefer: wait`), and every `--fault-every-s` (seeded) either cuts a worker host's link
+for 8-15 s or SIGKILLs one of its worker processes (its supervisor starts it again).
+
+It prints, and writes as JSON: accepted, succeeded, failed (with reasons), lost (no end),
+run twice (a job started more than once: delivery is at least once after a fault),
+ended twice (must be 0), end-to-end p50/p99 before the first fault, during faults (from a
+fault until its host serves again) and after; and per fault the time to recover (its
+host's workers live again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import percentile_ms, run_meta
+from host.redis_server import server_binary
+from jobs import keys
+from jobs.apikeys import create_key
+from jobs.codec import time_seconds
+from tests.support.deploy import REPO, Deployment, serving, wait_until
+from tests.support.faults import settle
+from tests.support.netns import NetHost, Network, unavailable
+
+console = Console(width=140)
+REDIS_PORT = 6379
+API_PORT = 8000
+PIPELINES = ("noop", "tts", "asr")
+"""The workers each worker host runs (mmq.toml's enabled pipelines)."""
+ENV = {
+    "MMQ_LEASE__TTL_S": "5",
+    "MMQ_LEASE__HEARTBEAT_S": "1",
+    "MMQ_REDIS__DURABILITY": "fsync",
+    "MMQ_STORAGE__LOCAL_SHARED": "true",  # the namespaces share this machine's disk
+    "MMQ_AUTH__REQUIRED": "true",
+    "HF_HUB_OFFLINE": "1",
+}
+
+
+@dataclass
+class Shot:
+    kind: str
+    sent: float
+    e2e_s: float | None = None
+    status: str = ""
+    job_id: str = ""
+    error: str = ""
+
+
+@dataclass
+class Fault:
+    what: str
+    host: str
+    at: float
+    until: float | None = None
+    """When its host served again (all its workers live)."""
+
+    @property
+    def recover_s(self) -> float | None:
+        return None if self.until is None else self.until - self.at
+
+
+@dataclass
+class Soak:
+    net: Network
+    dep: Deployment
+    api: NetHost
+    hosts: dict[str, NetHost]
+    r: redis.Redis
+    key: str
+    audio_key: str = ""
+    shots: list[Shot] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.api.address}:{API_PORT}"
+
+    def live_workers(self, host: str) -> int:
+        stale = time_seconds(self.r.time()) - 3 * float(ENV["MMQ_LEASE__HEARTBEAT_S"])
+        names = self.r.zrangebyscore(keys.WORKERS, stale, "+inf")
+        return sum(1 for n in names if f"@{host}." in str(n))
+
+
+def start(net: Network, tmp: Path, workers: int) -> Soak:
+    """Redis, the API and the reaper, and `workers` worker hosts, each on its own host."""
+    redis_host, api_host = net.add_host("redis"), net.add_host("api")
+    hosts = {f"w{i}": net.add_host(f"w{i}") for i in range(workers)}
+    dep = Deployment(f"redis://{redis_host.address}:{REDIS_PORT}/0", tmp, env_overrides=ENV)
+    dep.config_path = REPO / "mmq.toml"
+    server = dep.launch(
+        "redis",
+        [server_binary(), "--bind", redis_host.address, "--port", str(REDIS_PORT),
+         "--protected-mode", "no", "--save", "", "--appendonly", "yes",
+         "--appendfsync", "always", "--dir", str(dep.tmp)],
+        wrap=redis_host.wrap(),
+    )  # fmt: skip
+    r = redis.Redis(host=redis_host.address, port=REDIS_PORT, decode_responses=True)
+    wait_until(lambda: _answers(r), server, timeout_s=15)
+    env = {"MMQ_API__HOST": api_host.address, "MMQ_API__PORT": str(API_PORT)}
+    api = dep.spawn("api", "api", wrap=api_host.wrap(), env=env)
+    dep.spawn("reaper", "reaper", wrap=api_host.wrap())
+    for name, host in hosts.items():
+        dep.spawn(f"workers-{name}", "workers", "--host-name", name, wrap=host.wrap())
+    soak = Soak(net, dep, api_host, hosts, r, create_key(r, "soak"))
+    for name in hosts:
+        wait_until(lambda n=name: soak.live_workers(n) == len(PIPELINES), api, timeout_s=180)
+    soak.audio_key = _upload_clip(soak)
+    return soak
+
+
+def _answers(r: redis.Redis) -> bool:
+    try:
+        return bool(r.ping())
+    except redis.RedisError:
+        return False
+
+
+def _upload_clip(soak: Soak) -> str:
+    from tests.support.audio import spoken
+
+    files = {"file": ("clip.wav", spoken(("Hello from the soak.",), "wav"), "audio/wav")}
+    headers = {"Authorization": f"Bearer {soak.key}"}
+    r = httpx.post(
+        f"{soak.base_url}/v1/files", files=files, headers=headers, timeout=60, trust_env=False
+    )
+    r.raise_for_status()
+    return str(r.json()["key"])
+
+
+def body(soak: Soak, kind: str) -> dict[str, Any]:
+    if kind == "tts":
+        return {"kind": "tts", "input": {"text": "A short soak sentence.", "format": "pcm"}}
+    if kind == "asr":
+        return {"kind": "asr", "input": {"audio": soak.audio_key, "language": "en"}}
+    return {"kind": "noop", "input": {"payload": "soak"}}
+
+
+def one(soak: Soak, http: httpx.Client, shot: Shot) -> None:
+    try:
+        r = http.post("/v1/jobs", json=body(soak, shot.kind), headers={"Prefer": "wait=60"})
+    except httpx.HTTPError as exc:
+        shot.error = type(exc).__name__
+        return
+    if r.status_code not in (200, 202):
+        shot.error = str(r.status_code)
+        return
+    job = r.json()
+    shot.job_id, shot.status = job["id"], job["status"]
+    if r.status_code == 200:
+        shot.e2e_s = time.monotonic() - shot.sent
+
+
+def load(soak: Soak, rate: float, stop: threading.Event, rng: random.Random) -> None:
+    headers = {"Authorization": f"Bearer {soak.key}"}
+    http = httpx.Client(base_url=soak.base_url, headers=headers, timeout=90, trust_env=False)
+    with http, ThreadPoolExecutor(max_workers=32) as pool:
+        next_at = time.monotonic()
+        while not stop.is_set():
+            kind = rng.choices(PIPELINES, weights=(6, 2, 2))[0]
+            shot = Shot(kind, time.monotonic())
+            soak.shots.append(shot)
+            pool.submit(one, soak, http, shot)
+            next_at += 1 / rate
+            stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+def fault(soak: Soak, rng: random.Random) -> Fault:
+    name = rng.choice(sorted(soak.hosts))
+    host = soak.hosts[name]
+    if rng.random() < 0.5:
+        cut = Fault("cut link", name, time.monotonic())
+        soak.net.cut(host)
+        time.sleep(rng.uniform(8, 15))
+        soak.net.restore(host)
+    else:
+        cut = Fault("SIGKILL a worker", name, time.monotonic())
+        kill_one_worker(host, rng)
+    wait_until(lambda: soak.live_workers(name) == len(PIPELINES), timeout_s=120)
+    cut.until = time.monotonic()
+    return cut
+
+
+def kill_one_worker(host: NetHost, rng: random.Random) -> None:
+    """SIGKILL one `mmq worker` process inside `host` (not its supervisor)."""
+    import os
+    import signal
+
+    from tests.support.netns import ip
+
+    pids = ip("netns", "pids", host.netns, check=False).stdout.split()
+    workers = [p for p in pids if b"mmq.cli\x00worker\x00" in _cmdline(p)]
+    if workers:
+        os.kill(int(rng.choice(workers)), signal.SIGKILL)
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def summarize(soak: Soak, started: float) -> dict[str, Any]:
+    ids = [s.job_id for s in soak.shots if s.job_id]
+    tally = settle(soak.r, ids, timeout_s=180)
+    reasons: Counter[str] = Counter()
+    for job_id in ids:
+        job = soak.r.hgetall(keys.job(job_id))
+        if job.get("status") == "failed":
+            reasons[json.loads(job.get("error") or "{}").get("type", "?")] += 1
+    first = min((f.at for f in soak.faults), default=float("inf"))
+
+    def phase(shot: Shot) -> str:
+        if shot.sent < first:
+            return "before"
+        if any(f.at <= shot.sent <= (f.until or f.at) for f in soak.faults):
+            return "during"
+        return "after"
+
+    latency: dict[str, dict[str, float | int]] = {}
+    for name in ("before", "during", "after"):
+        done = [s.e2e_s for s in soak.shots if s.e2e_s is not None and phase(s) == name]
+        latency[name] = {
+            "jobs": len(done),
+            "p50_ms": percentile_ms(done, 50) if done else float("nan"),
+            "p99_ms": percentile_ms(done, 99) if done else float("nan"),
+        }
+    return {
+        "minutes": (time.monotonic() - started) / 60,
+        "submitted": len(soak.shots),
+        "not_accepted": dict(Counter(s.error for s in soak.shots if s.error)),
+        **asdict(tally),
+        "failed_reasons": dict(reasons),
+        "latency": latency,
+        "faults": [
+            {"what": f.what, "host": f.host, "at_s": f.at - started, "recover_s": f.recover_s}
+            for f in soak.faults
+        ],
+    }
+
+
+def report(result: dict[str, Any]) -> None:
+    table = Table(title=f"Soak: {result['minutes']:.1f} min across hosts")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for name in ("submitted", "accepted", "succeeded", "failed", "lost", "run_twice"):
+        table.add_row(name.replace("_", " "), str(result[name]))
+    table.add_row("ended twice", str(result["ended_twice"]))
+    table.add_row("failed by reason", json.dumps(result["failed_reasons"]) or "-")
+    table.add_row("not accepted", json.dumps(result["not_accepted"]) or "-")
+    for phase, row in result["latency"].items():
+        table.add_row(
+            f"e2e {phase} faults (p50 / p99 ms, jobs)",
+            f"{row['p50_ms']:.0f} / {row['p99_ms']:.0f}, {row['jobs']}",
+        )
+    console.print(table)
+    faults = Table(title="Faults")
+    for column in ("at s", "fault", "host", "recovered after s"):
+        faults.add_column(column)
+    for f in result["faults"]:
+        recover = f"{f['recover_s']:.1f}" if f["recover_s"] is not None else "-"
+        faults.add_row(f"{f['at_s']:.0f}", f["what"], f["host"], recover)
+    console.print(faults)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
+    parser.add_argument("--hosts", type=int, default=3, help="worker hosts")
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=4.0, help="jobs submitted per second")
+    parser.add_argument("--fault-every-s", type=float, default=40.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/soak.json"))
+    args = parser.parse_args(argv)
+    if reason := unavailable():
+        console.print(f"bench.soak needs network namespaces: {reason}")
+        return 2
+    rng = random.Random(args.seed)
+    net = Network()
+    try:
+        with tempfile.TemporaryDirectory(prefix="mmq-soak-") as tmp:
+            soak = start(net, Path(tmp), args.hosts)
+            with serving(soak.dep):
+                result = run(soak, args, rng)
+    finally:
+        net.close()
+    report(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": run_meta(), "result": result}, indent=2) + "\n")
+    console.print(f"results written to {args.out}")
+    return 1 if result["lost"] or result["ended_twice"] else 0
+
+
+def run(soak: Soak, args: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
+    started = time.monotonic()
+    stop = threading.Event()
+    loader = threading.Thread(target=load, args=(soak, args.rate, stop, rng), daemon=True)
+    loader.start()
+    end = started + args.minutes * 60
+    try:
+        while not stop.wait(min(args.fault_every_s, max(0.0, end - time.monotonic()))):
+            if time.monotonic() >= end - 15:  # the last seconds without a fault
+                break
+            soak.faults.append(fault(soak, rng))
+            console.print(f"fault {len(soak.faults)}: {soak.faults[-1]}")
+        stop.wait(max(0.0, end - time.monotonic()))
+    finally:
+        stop.set()
+        loader.join(120)
+    return summarize(soak, started)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
