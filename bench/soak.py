@@ -1,6 +1,6 @@
 """A soak across hosts: mixed jobs while links are cut and workers killed, at random.
 
-    python -m bench.soak [--hosts 3] [--minutes 10] [--rate 4] [--fault-every-s 40]
+    python -m bench.soak [--hosts 3] [--minutes 10] [--rate 2] [--fault-every-s 40]
                          [--seed 1] [--out bench/results/soak.json]
 
 Needs root (Linux network namespaces, tests/support/netns.py). One "host" runs Redis
@@ -12,10 +12,13 @@ root namespace: it submits noop, tts and asr jobs at `--rate` per second (open l
 for 8-15 s or SIGKILLs one of its worker processes (its supervisor starts it again).
 
 It prints, and writes as JSON: accepted, succeeded, failed (with reasons), lost (no end),
-run twice (a job started more than once: delivery is at least once after a fault),
+run again (a job whose run a fault cut off, started again: delivery is at least once),
+run twice (a job started again while no fault had cut its first run off: must be 0),
 ended twice (must be 0), end-to-end p50/p99 before the first fault, during faults (from a
-fault until its host serves again) and after; and per fault the time to recover (its
-host's workers live again).
+fault until its host serves again) and after, and per kind; and per fault the time to
+recover: from the kill, or from the link's return, until every worker of its host beats
+again (a killed worker is started again by its supervisor and loads its model first).
+Exit status 1 if anything was lost, run twice or ended twice.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 import tempfile
 import threading
@@ -30,6 +34,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +82,26 @@ class Fault:
     what: str
     host: str
     at: float
+    at_ms: int = 0
+    """When, on Redis's clock (stream ids are on it)."""
+    pid: int | None = None
+    """The worker process killed (None: the whole host was cut off)."""
+    cut_s: float = 0.0
+    """How long the link was down."""
     until: float | None = None
     """When its host served again (all its workers live)."""
 
+    def cut_off(self, worker: str, started_ms: int, next_ms: int) -> bool:
+        """Whether this fault explains why `worker`'s run, started at `started_ms`, was
+        followed by another run at `next_ms`."""
+        if f"@{self.host}." not in worker or not started_ms - 1000 <= self.at_ms <= next_ms:
+            return False
+        return self.pid is None or worker.endswith(f".{self.pid}")
+
     @property
     def recover_s(self) -> float | None:
-        return None if self.until is None else self.until - self.at
+        """From the kill, or from the link's return, until the host served again."""
+        return None if self.until is None else self.until - self.at - self.cut_s
 
 
 @dataclass
@@ -100,6 +119,18 @@ class Soak:
     @property
     def base_url(self) -> str:
         return f"http://{self.api.address}:{API_PORT}"
+
+    def now_ms(self) -> int:
+        return int(time_seconds(self.r.time()) * 1000)
+
+    def serves(self, host: str, killed: int | None) -> bool:
+        """Whether all of `host`'s workers are live again (and none is the killed one):
+        a live worker has beaten within its last two beats, after the fault began."""
+        beat_s = float(ENV["MMQ_LEASE__HEARTBEAT_S"])
+        names = self.r.zrangebyscore(keys.WORKERS, time_seconds(self.r.time()) - 2 * beat_s, "+inf")
+        ours = [str(n) for n in names if f"@{host}." in str(n)]
+        fresh = [n for n in ours if killed is None or not n.endswith(f".{killed}")]
+        return len(fresh) == len(PIPELINES)
 
     def live_workers(self, host: str) -> int:
         stale = time_seconds(self.r.time()) - 3 * float(ENV["MMQ_LEASE__HEARTBEAT_S"])
@@ -194,20 +225,21 @@ def fault(soak: Soak, rng: random.Random) -> Fault:
     name = rng.choice(sorted(soak.hosts))
     host = soak.hosts[name]
     if rng.random() < 0.5:
-        cut = Fault("cut link", name, time.monotonic())
+        cut = Fault("cut link", name, time.monotonic(), soak.now_ms())
         soak.net.cut(host)
-        time.sleep(rng.uniform(8, 15))
+        cut.cut_s = rng.uniform(8, 15)
+        time.sleep(cut.cut_s)
         soak.net.restore(host)
     else:
-        cut = Fault("SIGKILL a worker", name, time.monotonic())
-        kill_one_worker(host, rng)
-    wait_until(lambda: soak.live_workers(name) == len(PIPELINES), timeout_s=120)
+        cut = Fault("SIGKILL a worker", name, time.monotonic(), soak.now_ms())
+        cut.pid = kill_one_worker(host, rng)
+    wait_until(lambda: soak.serves(name, cut.pid), timeout_s=120)
     cut.until = time.monotonic()
     return cut
 
 
-def kill_one_worker(host: NetHost, rng: random.Random) -> None:
-    """SIGKILL one `mmq worker` process inside `host` (not its supervisor)."""
+def kill_one_worker(host: NetHost, rng: random.Random) -> int | None:
+    """SIGKILL one `mmq worker` process inside `host` (not its supervisor); its pid."""
     import os
     import signal
 
@@ -215,8 +247,11 @@ def kill_one_worker(host: NetHost, rng: random.Random) -> None:
 
     pids = ip("netns", "pids", host.netns, check=False).stdout.split()
     workers = [p for p in pids if b"mmq.cli\x00worker\x00" in _cmdline(p)]
-    if workers:
-        os.kill(int(rng.choice(workers)), signal.SIGKILL)
+    if not workers:
+        return None
+    pid = int(rng.choice(sorted(workers)))
+    os.kill(pid, signal.SIGKILL)
+    return pid
 
 
 def _cmdline(pid: str) -> bytes:
@@ -226,14 +261,49 @@ def _cmdline(pid: str) -> bytes:
         return b""
 
 
+def runs(r: redis.Redis, job_id: str) -> list[tuple[int, str]]:
+    """A job's runs: (when its `running` event was written, ms on Redis's clock; worker)."""
+    out = []
+    for event_id, e in r.xrange(keys.job_events(job_id)):
+        data = json.loads(e["data"]) if e["type"] == "status" else {}
+        if data.get("status") == "running":
+            out.append((int(str(event_id).split("-")[0]), str(data.get("worker", ""))))
+    return out
+
+
+def reruns_explained(soak: Soak, job_id: str) -> bool:
+    """Whether every run of the job that another run followed was cut off by a fault
+    (its host's link cut, or its worker process killed) between the two starts."""
+    started = runs(soak.r, job_id)
+    return all(
+        any(f.cut_off(worker, at, next_at) for f in soak.faults)
+        for (at, worker), (next_at, _) in pairwise(started)
+    )
+
+
 def summarize(soak: Soak, started: float) -> dict[str, Any]:
     ids = [s.job_id for s in soak.shots if s.job_id]
     tally = settle(soak.r, ids, timeout_s=180)
     reasons: Counter[str] = Counter()
+    unexplained: list[str] = []
     for job_id in ids:
         job = soak.r.hgetall(keys.job(job_id))
         if job.get("status") == "failed":
             reasons[json.loads(job.get("error") or "{}").get("type", "?")] += 1
+        if not reruns_explained(soak, job_id):
+            unexplained.append(job_id)
+    twice = {
+        job_id: {
+            "runs": runs(soak.r, job_id),
+            "faults_ms": [(f.host, f.pid, f.at_ms) for f in soak.faults],
+            "statuses": [
+                json.loads(e["data"])
+                for _, e in soak.r.xrange(keys.job_events(job_id))
+                if e["type"] == "status"
+            ],
+        }
+        for job_id in unexplained[:10]
+    }
     first = min((f.at for f in soak.faults), default=float("inf"))
 
     def phase(shot: Shot) -> str:
@@ -256,10 +326,28 @@ def summarize(soak: Soak, started: float) -> dict[str, Any]:
         "submitted": len(soak.shots),
         "not_accepted": dict(Counter(s.error for s in soak.shots if s.error)),
         **asdict(tally),
+        "rerun_after_fault": tally.run_twice - len(unexplained),
+        "run_twice": len(unexplained),
+        "run_twice_detail": twice,
+        "latency_by_kind": {
+            kind: {
+                "jobs": len(done),
+                "p50_ms": percentile_ms(done, 50) if done else float("nan"),
+                "p99_ms": percentile_ms(done, 99) if done else float("nan"),
+            }
+            for kind in PIPELINES
+            for done in [[s.e2e_s for s in soak.shots if s.kind == kind and s.e2e_s is not None]]
+        },
         "failed_reasons": dict(reasons),
         "latency": latency,
         "faults": [
-            {"what": f.what, "host": f.host, "at_s": f.at - started, "recover_s": f.recover_s}
+            {
+                "what": f.what,
+                "host": f.host,
+                "at_s": f.at - started,
+                "cut_s": f.cut_s,
+                "recover_s": f.recover_s,
+            }
             for f in soak.faults
         ],
     }
@@ -269,8 +357,10 @@ def report(result: dict[str, Any]) -> None:
     table = Table(title=f"Soak: {result['minutes']:.1f} min across hosts")
     table.add_column("measure")
     table.add_column("value", justify="right")
-    for name in ("submitted", "accepted", "succeeded", "failed", "lost", "run_twice"):
-        table.add_row(name.replace("_", " "), str(result[name]))
+    for name in ("submitted", "accepted", "succeeded", "failed", "lost"):
+        table.add_row(name, str(result[name]))
+    table.add_row("run again: its run was cut off by a fault", str(result["rerun_after_fault"]))
+    table.add_row("run twice: no fault cut its first run off", str(result["run_twice"]))
     table.add_row("ended twice", str(result["ended_twice"]))
     table.add_row("failed by reason", json.dumps(result["failed_reasons"]) or "-")
     table.add_row("not accepted", json.dumps(result["not_accepted"]) or "-")
@@ -279,13 +369,19 @@ def report(result: dict[str, Any]) -> None:
             f"e2e {phase} faults (p50 / p99 ms, jobs)",
             f"{row['p50_ms']:.0f} / {row['p99_ms']:.0f}, {row['jobs']}",
         )
+    for kind, row in result["latency_by_kind"].items():
+        table.add_row(
+            f"e2e {kind} (p50 / p99 ms, jobs)",
+            f"{row['p50_ms']:.0f} / {row['p99_ms']:.0f}, {row['jobs']}",
+        )
     console.print(table)
     faults = Table(title="Faults")
-    for column in ("at s", "fault", "host", "recovered after s"):
+    for column in ("at s", "fault", "host", "link down s", "serving again after s"):
         faults.add_column(column)
     for f in result["faults"]:
         recover = f"{f['recover_s']:.1f}" if f["recover_s"] is not None else "-"
-        faults.add_row(f"{f['at_s']:.0f}", f["what"], f["host"], recover)
+        down = f"{f['cut_s']:.1f}" if f["cut_s"] else "-"
+        faults.add_row(f"{f['at_s']:.0f}", f["what"], f["host"], down, recover)
     console.print(faults)
 
 
@@ -293,42 +389,57 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
     parser.add_argument("--hosts", type=int, default=3, help="worker hosts")
     parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--rate", type=float, default=4.0, help="jobs submitted per second")
+    parser.add_argument("--rate", type=float, default=2.0, help="jobs submitted per second")
     parser.add_argument("--fault-every-s", type=float, default=40.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("bench/results/soak.json"))
+    parser.add_argument("--logs", type=Path, help="copy every process's log here at the end")
     args = parser.parse_args(argv)
     if reason := unavailable():
         console.print(f"bench.soak needs network namespaces: {reason}")
         return 2
-    rng = random.Random(args.seed)
     net = Network()
     try:
         with tempfile.TemporaryDirectory(prefix="mmq-soak-") as tmp:
             soak = start(net, Path(tmp), args.hosts)
-            with serving(soak.dep):
-                result = run(soak, args, rng)
+            try:
+                with serving(soak.dep):
+                    result = run(soak, args)
+            finally:
+                if args.logs:
+                    args.logs.mkdir(parents=True, exist_ok=True)
+                    for log in Path(tmp).glob("*.log"):
+                        shutil.copy(log, args.logs / log.name)
     finally:
         net.close()
     report(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": run_meta(), "result": result}, indent=2) + "\n")
     console.print(f"results written to {args.out}")
-    return 1 if result["lost"] or result["ended_twice"] else 0
+    return 1 if result["lost"] or result["ended_twice"] or result["run_twice"] else 0
 
 
-def run(soak: Soak, args: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
+def run(soak: Soak, args: argparse.Namespace) -> dict[str, Any]:
+    """Load from the start to the end; a fault at seeded random times (every
+    `--fault-every-s` on average), none in the last 30 s so that "after" has jobs."""
+    load_rng, fault_rng = random.Random(f"{args.seed}-load"), random.Random(f"{args.seed}-faults")
     started = time.monotonic()
     stop = threading.Event()
-    loader = threading.Thread(target=load, args=(soak, args.rate, stop, rng), daemon=True)
+    loader = threading.Thread(target=load, args=(soak, args.rate, stop, load_rng), daemon=True)
     loader.start()
     end = started + args.minutes * 60
     try:
-        while not stop.wait(min(args.fault_every_s, max(0.0, end - time.monotonic()))):
-            if time.monotonic() >= end - 15:  # the last seconds without a fault
+        while True:
+            pause = fault_rng.uniform(0.5, 1.5) * args.fault_every_s
+            if time.monotonic() + pause >= end - 30:
                 break
-            soak.faults.append(fault(soak, rng))
-            console.print(f"fault {len(soak.faults)}: {soak.faults[-1]}")
+            time.sleep(pause)
+            soak.faults.append(fault(soak, fault_rng))
+            f = soak.faults[-1]
+            console.print(
+                f"fault {len(soak.faults)}: {f.what} on {f.host}, serving again after "
+                f"{f.recover_s:.1f} s"
+            )
         stop.wait(max(0.0, end - time.monotonic()))
     finally:
         stop.set()

@@ -101,6 +101,9 @@ class JobRunner:
             lease=lease,
             kind=self.kind,
             read_back=ALL_FIELDS,
+            # A run's status event names its worker: after a fault moved the job on, a
+            # client (and the soak) can tell which run an event belonged to.
+            event_data={"worker": self.worker_name} if target == JobStatus.RUNNING else {},
         )
 
     def _run_held(self, job: Job, held: Held) -> None:
