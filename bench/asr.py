@@ -1,35 +1,40 @@
-"""ASR throughput and first-segment latency, cross-request batching on and off, one run.
+"""ASR beside the in-process baselines, at low and high load, in one run.
 
-    python -m bench.asr [--audio FILE] [--concurrency 1,8] [--rounds 1]
-                        [--modes alone,batched,parallel,hybrid] [--out bench/results/asr.json]
+    python -m bench.asr [--audio FILE] [--concurrency 1,8,32] [--requests N] [--rounds 1]
+                        [--config mmq.toml] [--out bench/results/asr.json]
 
-Starts its own deployment (Redis, the API, one ASR worker per mode) with one pipeline per
-mode, all on the same model (default: the packaged tiny.en, int8 on CPU):
+Three targets transcribe the same clip (default: 9 s of Piper speech, the test voice) in
+closed loops of `concurrency` lanes, taking turns level by level:
 
-- alone:    one request at a time (max_batch 1, runners 1): batching off;
-- batched:  lockstep batches of up to 8 requests, one window of each per forward pass;
-- parallel: two requests decoded at once, each alone (runners 2, num_workers 2, so
-            each call gets half the cores): the CPU way;
-- hybrid:   lockstep batches of up to 4, two at once.
+- `sequential`: faster-whisper in this process, one `WhisperModel` with every core
+  (`cpu_threads` = cores, `num_workers` = 1), one call at a time (lanes wait their turn);
+- `threads`: the same model called from `concurrency` threads at once;
+- `mmq`: `POST /v1/audio/transcriptions` (multipart upload, `response_format=json`) on a
+  private deployment (Redis, the API, the `asr` worker) with the shipped `mmq.toml`,
+  unchanged.
 
-Each request uploads nothing (the audio is uploaded once), submits an `asr` job and
-follows its events over SSE like any client: first-segment latency is the first
-`partial` event, full latency the terminal one. Each round runs every concurrency level
-for every mode in turn (`concurrency` closed-loop lanes, `max(2, concurrency)` requests);
-the modes take turns so that a busy shared machine slows them alike. Goals (CPU): batching at
-8 concurrent >= 1.3x the audio-seconds per second of `alone`; first segment <= 30 % of
-the full time. The default audio is 60 s of Piper speech (the test voice).
+All three decode with faster-whisper's defaults (beam 5) in English, on the same model
+(`[pipelines.asr] model`: the packaged tiny.en unless the config names another) and
+compute type. Per target and level: audio-seconds per second over the level's wall time,
+p50/p99 end to end (send to answer, seen by the client), and the WER of every answer
+against the script (mean and worst). Ratios, one run: mmq's p50 at concurrency 1 over
+`sequential`'s (goal <= 1.1), and at the higher levels mmq's throughput over `threads`'
+(goal >= 1.3) and its p99 over `threads`' (goal <= 0.7).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import io
 import json
+import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,302 +44,272 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import child_env, percentile_ms, run_job, run_level
-from bench.overhead import check_alive, jsonable
+from bench.common import REPO, check_alive, child_env, percentile_ms, run_meta, wait_healthy
 from common.procs import free_port
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.redis_server import RedisServer
+from jobs.settings import load_settings
 
-DEFAULT_OUT = Path("bench/results/asr.json")
-THROUGHPUT_GOAL = 1.3
-FIRST_SHARE_GOAL = 0.3
-MODES: dict[str, dict[str, Any]] = {
-    "alone": {"max_batch": 1, "runners": 1, "options": {}},
-    "batched": {"max_batch": 8, "runners": 1, "max_wait_ms": 50, "options": {}},
-    "parallel": {"max_batch": 1, "runners": 2, "options": {"num_workers": 2}},
-    "hybrid": {"max_batch": 4, "runners": 2, "max_wait_ms": 50, "options": {"num_workers": 2}},
-}
-console = Console(width=120)
+TARGETS = ("sequential", "threads", "mmq")
+GOALS = {"c1_p50_vs_sequential_max": 1.1, "throughput_vs_threads_min": 1.3, "p99_max": 0.7}
+console = Console(width=130)
 
-
-@dataclass
-class Sample:
-    """One request: when its first segment and its end came, and its text."""
-
-    first_s: float | None = None
-    total_s: float | None = None
-    text: str = ""
-    error: str | None = None
+Transcribe = Callable[[], str]
+"""One request: returns the transcript (raises on failure)."""
 
 
 @dataclass
 class Level:
-    mode: str
+    target: str
     concurrency: int
     requests: int
     completed: int
     wall_s: float
     audio_s_per_s: float
-    first_p50_ms: float
-    total_p50_ms: float
-    first_share: float
-    """Median over requests of first-segment time / full time."""
-    text_equals_alone: bool | None
+    p50_ms: float
+    p99_ms: float
+    wer_mean: float | None
+    wer_max: float | None
     errors: list[str] = field(default_factory=list)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.asr", description=__doc__)
-    parser.add_argument("--audio", type=Path, help="audio file (default: 60 s of Piper speech)")
-    parser.add_argument("--model", default="", help="hub id or CTranslate2 dir (default tiny.en)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--concurrency", default="1,8")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--audio", type=Path, help="audio file (default: 9 s of Piper speech)")
+    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument(
+        "--requests", type=int, default=0, help="per level (default: max(8, 2 x concurrency))"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="each level this many times")
+    parser.add_argument("--config", type=Path, default=REPO / "mmq.toml")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/asr.json"))
     args = parser.parse_args(argv)
-    args.concurrency = [int(c) for c in args.concurrency.split(",")]
-    args.modes = [m for m in args.modes.split(",") if m]
-    unknown = set(args.modes) - set(MODES)
-    if unknown:
-        parser.error(f"unknown modes {sorted(unknown)}; choose from {list(MODES)}")
+    args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
     return args
 
 
-def config_toml(args: argparse.Namespace) -> str:
-    tables = []
-    for mode in args.modes:
-        knobs = MODES[mode]
-        lines = [f"[pipelines.asr_{mode}]", 'kind = "asr"', 'impl = "pipelines.asr:AsrPipeline"']
-        lines += [f"model = {json.dumps(args.model)}", f"device = {json.dumps(args.device)}"]
-        lines += [f"{k} = {v}" for k, v in knobs.items() if k != "options"]
-        lines += ["concurrency = 16", f"[pipelines.asr_{mode}.options]"]
-        lines += [f"{k} = {v}" for k, v in knobs["options"].items()]
-        tables.append("\n".join(lines))
-    return "\n\n".join(tables) + "\n"
-
-
 def load_audio(args: argparse.Namespace) -> tuple[bytes, str, str | None]:
-    """The audio, its file name and its reference text (None for `--audio`)."""
+    """The audio, its file name and the script (None for `--audio`)."""
     if args.audio:
         return args.audio.read_bytes(), args.audio.name, None
     from tests.support.audio import LONG, reference, spoken
 
-    return spoken(LONG, "mp3"), "meeting.mp3", reference(LONG)
+    return spoken(LONG[:3], "wav"), "clip.wav", reference(LONG[:3])
 
 
-async def transcribe(client: httpx.AsyncClient, key: str, pipeline: str) -> Sample:
-    inp = {"audio": key, "model": pipeline, "language": "en"}
-    trace = await run_job(client, "asr", inp)
-    text = str(trace.output.get("text", ""))
-    return Sample(first_s=trace.first_s, total_s=trace.total_s, text=text, error=trace.error)
+# --- targets -------------------------------------------------------------------------
 
 
-async def measure(
-    api_url: str, key: str, mode: str, concurrency: int, requests: int
-) -> tuple[list[Sample], float]:
-    """`requests` transcriptions over `concurrency` closed-loop lanes; samples, wall time."""
-    samples: list[Sample] = []
-    async with httpx.AsyncClient(base_url=api_url, timeout=600, trust_env=False) as client:
+class InProcess:
+    """faster-whisper as a user calls it: one model with every core."""
 
-        async def call() -> str | None:
-            sample = await transcribe(client, key, f"asr_{mode}")
-            samples.append(sample)
-            return sample.error
+    def __init__(self, args: argparse.Namespace, audio: bytes) -> None:
+        from faster_whisper import WhisperModel, decode_audio
 
-        _, wall_s = await run_level(call, requests, concurrency)
-    return samples, wall_s
+        from pipelines.asr.model import spec_from_config
+
+        spec = spec_from_config(load_settings(args.config).pipelines["asr"])
+        self.cores = len(os.sched_getaffinity(0))
+        self.model = WhisperModel(
+            spec.source, device=spec.device, compute_type=spec.compute_type,
+            cpu_threads=self.cores, num_workers=1,
+        )  # fmt: skip
+        self.samples = decode_audio(io.BytesIO(audio))
+        self.turn = threading.Lock()
+        self.transcribe()  # warm up
+
+    def transcribe(self) -> str:
+        segments, _ = self.model.transcribe(self.samples, language="en", beam_size=5)
+        return "".join(s.text for s in segments).strip()
+
+    def one_at_a_time(self) -> str:
+        with self.turn:
+            return self.transcribe()
+
+
+class Service:
+    """A private mmq deployment with the shipped config: Redis, the API, the asr worker."""
+
+    def __init__(self, args: argparse.Namespace, stack: ExitStack, audio: bytes, name: str):
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-asr-")))
+        server = RedisServer(tmp / "redis", persist=False)
+        server.start()
+        stack.callback(server.stop)
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        env = child_env(args.config, server.url, tmp / "data")
+        api = ProcSpec("api", mmq_command("api"), {"MMQ_API__PORT": str(port)})
+        worker = ProcSpec("worker asr", mmq_command("worker", "--pipeline", "asr"))
+        self.procs = Supervisor([api, worker], base_env=env)
+        stack.callback(self.procs.terminate)
+        self.procs.start()
+        wait_healthy(self.url, self.procs)
+        self.audio, self.name = audio, name
+        self.local = threading.local()
+        deadline = time.monotonic() + 180
+        while True:  # the worker answers once its model is loaded and warm
+            try:
+                self.transcribe()
+                return
+            except (httpx.HTTPError, RuntimeError):
+                check_alive(self.procs)
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def transcribe(self) -> str:
+        client = getattr(self.local, "client", None)
+        if client is None:
+            client = self.local.client = httpx.Client(
+                base_url=self.url, timeout=900, trust_env=False
+            )
+        r = client.post(
+            "/v1/audio/transcriptions",
+            files={"file": (self.name, self.audio, "application/octet-stream")},
+            data={"model": "whisper-1", "language": "en", "response_format": "json"},
+        )
+        if r.status_code != 200:
+            raise RuntimeError(f"{r.status_code}: {r.text[:200]}")
+        return str(r.json()["text"]).strip()
+
+
+# --- driver --------------------------------------------------------------------------
+
+
+@dataclass
+class Samples:
+    latencies: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def closed_loop(call: Transcribe, requests: int, concurrency: int, into: Samples) -> None:
+    """`requests` calls over `concurrency` lanes, each sending its next when its last
+    came back."""
+    left = iter(range(requests))
+    lock = threading.Lock()
+
+    def lane() -> None:
+        while True:
+            with lock:
+                if next(left, None) is None:
+                    return
+            sent = time.perf_counter()
+            try:
+                text = call()
+            except Exception as exc:
+                with lock:
+                    into.errors.append(f"{type(exc).__name__}: {exc}"[:200])
+                continue
+            with lock:
+                into.latencies.append(time.perf_counter() - sent)
+                into.texts.append(text)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        for future in [pool.submit(lane) for _ in range(concurrency)]:
+            future.result()
+    into.wall_s += time.perf_counter() - start
 
 
 def summarize(
-    mode: str, concurrency: int, samples: list[Sample], wall_s: float, duration_s: float
+    target: str, concurrency: int, got: Samples, duration_s: float, script: str | None
 ) -> Level:
-    ok = [s for s in samples if s.error is None and s.first_s and s.total_s]
+    from tests.support.audio import wer
+
+    wers = [wer(script, text) for text in got.texts] if script else []
     return Level(
-        mode=mode,
+        target=target,
         concurrency=concurrency,
-        requests=len(samples),
-        completed=len(ok),
-        wall_s=wall_s,
-        audio_s_per_s=len(ok) * duration_s / wall_s,
-        first_p50_ms=percentile_ms([s.first_s for s in ok if s.first_s], 50),
-        total_p50_ms=percentile_ms([s.total_s for s in ok if s.total_s], 50),
-        first_share=_median_share(ok),
-        text_equals_alone=None,
-        errors=[s.error for s in samples if s.error][:5],
+        requests=len(got.latencies) + len(got.errors),
+        completed=len(got.latencies),
+        wall_s=got.wall_s,
+        audio_s_per_s=len(got.latencies) * duration_s / got.wall_s if got.wall_s else 0.0,
+        p50_ms=percentile_ms(got.latencies, 50),
+        p99_ms=percentile_ms(got.latencies, 99),
+        wer_mean=statistics.fmean(wers) if wers else None,
+        wer_max=max(wers) if wers else None,
+        errors=got.errors[:5],
     )
 
 
-def _median_share(samples: list[Sample]) -> float:
-    shares = [s.first_s / s.total_s for s in samples if s.first_s and s.total_s]
-    return statistics.median(shares) if shares else float("nan")
-
-
-# --- deployment ------------------------------------------------------------------------
-
-
-class Bench:
-    """A private deployment: Redis, the API, and one worker at a time."""
-
-    def __init__(self, args: argparse.Namespace, stack: ExitStack) -> None:
-        self.stack = stack
-        self.tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-asr-")))
-        server = RedisServer(self.tmp / "redis", persist=False)
-        server.start()
-        stack.callback(server.stop)
-        config = self.tmp / "mmq.toml"
-        config.write_text(config_toml(args))
-        port = free_port()
-        self.api_url = f"http://127.0.0.1:{port}"
-        self.env = child_env(config, server.url, self.tmp / "data")
-        api = ProcSpec("api", mmq_command("api"), {"MMQ_API__PORT": str(port)})
-        self.api = Supervisor([api], base_env=self.env)
-        stack.callback(self.api.terminate)
-        self.api.start()
-        wait_healthy(self.api_url, self.api)
-
-    def upload(self, data: bytes, name: str) -> str:
-        files = {"file": (name, data, "application/octet-stream")}
-        r = httpx.post(f"{self.api_url}/v1/files", files=files, timeout=60, trust_env=False)
-        r.raise_for_status()
-        return str(r.json()["key"])
-
-    def start_workers(self, modes: list[str], warmup_key: str) -> None:
-        """One worker per mode, all at once (idle ones cost nothing), so that the modes
-        can take turns and share whatever else the machine is doing; returns once each
-        has run a warm-up job."""
-        specs = [
-            ProcSpec(f"worker {mode}", mmq_command("worker", "--pipeline", f"asr_{mode}"))
-            for mode in modes
-        ]
-        workers = Supervisor(specs, base_env=self.env)
-        self.stack.callback(workers.terminate)
-        workers.start()
-        for mode in modes:
-            deadline = time.monotonic() + 180
-            while asyncio.run(self._one(warmup_key, mode)).error is not None:
-                check_alive(workers)
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the {mode} worker did not answer")
-
-    async def _one(self, key: str, mode: str) -> Sample:
-        async with httpx.AsyncClient(base_url=self.api_url, timeout=600, trust_env=False) as c:
-            return await transcribe(c, key, f"asr_{mode}")
-
-
-def wait_healthy(api_url: str, supervisor: Supervisor, timeout_s: float = 60.0) -> None:
-    """The API answers /healthz (/readyz waits for workers, which start mode by mode)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        check_alive(supervisor)
-        try:
-            if httpx.get(f"{api_url}/healthz", timeout=1, trust_env=False).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{api_url} did not answer in {timeout_s:g}s")
-
-
-# --- report ----------------------------------------------------------------------------
-
-
-def ratios(levels: list[Level]) -> dict[str, Any]:
-    by = {(lv.mode, lv.concurrency): lv for lv in levels}
-    top = max(lv.concurrency for lv in levels)
-    base = by.get(("alone", top))
-    out: dict[str, Any] = {"concurrency": top}
-    for lv in levels:
-        if lv.concurrency == top and base and lv.mode != "alone":
-            out[f"{lv.mode}_vs_alone"] = lv.audio_s_per_s / base.audio_s_per_s
-        if lv.concurrency == 1:
-            out[f"{lv.mode}_first_share_c1"] = lv.first_share
+def ratios(levels: list[Level]) -> dict[str, float]:
+    by = {(lv.target, lv.concurrency): lv for lv in levels}
+    out: dict[str, float] = {}
+    for (target, c), lv in by.items():
+        if target != "mmq":
+            continue
+        seq, threads = by.get(("sequential", c)), by.get(("threads", c))
+        if seq:
+            out[f"c{c}_p50_vs_sequential"] = lv.p50_ms / seq.p50_ms
+        if threads and c > 1:
+            out[f"c{c}_throughput_vs_threads"] = lv.audio_s_per_s / threads.audio_s_per_s
+            out[f"c{c}_p99_vs_threads"] = lv.p99_ms / threads.p99_ms
     return out
 
 
-def table(levels: list[Level]) -> Table:
-    t = Table(title="ASR: audio-seconds per second, first segment vs full time")
-    for col in ("mode", "conc", "req", "audio-s/s", "x alone", "first p50", "full p50"):
+def table(levels: list[Level], duration_s: float) -> Table:
+    t = Table(title=f"ASR, {duration_s:.1f} s clip: audio-seconds per second, end to end")
+    for col in ("target", "conc", "done", "audio-s/s", "p50", "p99", "WER mean / max"):
         t.add_column(col, justify="right")
-    t.add_column("first/full", justify="right")
-    t.add_column("text == alone", justify="right")
-    base = {lv.concurrency: lv.audio_s_per_s for lv in levels if lv.mode == "alone"}
     for lv in levels:
-        x = lv.audio_s_per_s / base[lv.concurrency] if base.get(lv.concurrency) else float("nan")
+        wer = "-" if lv.wer_mean is None else f"{lv.wer_mean:.3f} / {lv.wer_max:.3f}"
         t.add_row(
-            lv.mode, str(lv.concurrency), f"{lv.completed}/{lv.requests}",
-            f"{lv.audio_s_per_s:.1f}", f"{x:.2f}", f"{lv.first_p50_ms:.0f} ms",
-            f"{lv.total_p50_ms:.0f} ms", f"{lv.first_share:.0%}", str(lv.text_equals_alone),
+            lv.target, str(lv.concurrency), f"{lv.completed}/{lv.requests}",
+            f"{lv.audio_s_per_s:.1f}", f"{lv.p50_ms / 1000:.2f} s", f"{lv.p99_ms / 1000:.2f} s",
+            wer,
         )  # fmt: skip
     return t
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    from tests.support.audio import silence, wer
+def duration_of(audio: bytes) -> float:
+    from faster_whisper import decode_audio
 
-    audio, name, reference = load_audio(args)
-    duration_s = _duration(audio)
-    runs: dict[tuple[str, int], tuple[list[Sample], float]] = {}
+    return len(decode_audio(io.BytesIO(audio))) / 16000
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    audio, name, script = load_audio(args)
+    duration_s = duration_of(audio)
+    samples: dict[tuple[str, int], Samples] = {}
     with ExitStack() as stack:
-        bench = Bench(args, stack)
-        key, warmup = bench.upload(audio, name), bench.upload(silence(2.0), "warmup.wav")
-        bench.start_workers(args.modes, warmup)
+        service = Service(args, stack, audio, name)
+        local = InProcess(args, audio)
+        calls: dict[str, Transcribe] = {
+            "sequential": local.one_at_a_time,
+            "threads": local.transcribe,
+            "mmq": service.transcribe,
+        }
         for round_no in range(args.rounds):
-            for concurrency in args.concurrency:
-                for mode in args.modes:  # modes take turns: load drift hits them alike
-                    requests = max(2, concurrency)
-                    got, wall_s = asyncio.run(
-                        measure(bench.api_url, key, mode, concurrency, requests)
+            for c in args.concurrency:
+                for target in TARGETS:  # targets take turns: a slow spell hits them alike
+                    got = samples.setdefault((target, c), Samples())
+                    closed_loop(calls[target], args.requests or max(8, 2 * c), c, got)
+                    lv = summarize(target, c, got, duration_s, script)
+                    console.print(
+                        f"round {round_no + 1}: {target} x{c}: {lv.audio_s_per_s:.1f} audio-s/s,"
+                        f" p50 {lv.p50_ms / 1000:.2f} s, p99 {lv.p99_ms / 1000:.2f} s"
                     )
-                    before, before_s = runs.get((mode, concurrency), ([], 0.0))
-                    runs[(mode, concurrency)] = (before + got, before_s + wall_s)
-                    level = summarize(mode, concurrency, got, wall_s, duration_s)
-                    console.print(f"round {round_no + 1}: {_line(level)}")
-    levels = [summarize(m, c, got, wall, duration_s) for (m, c), (got, wall) in runs.items()]
-    alone_text = _alone_text(runs)
-    for level in levels:
-        texts = {s.text for s in runs[(level.mode, level.concurrency)][0] if s.error is None}
-        level.text_equals_alone = texts == {alone_text} if alone_text is not None else None
-    levels.sort(key=lambda lv: (lv.concurrency, args.modes.index(lv.mode)))
+    levels = [summarize(t, c, got, duration_s, script) for (t, c), got in samples.items()]
+    levels.sort(key=lambda lv: (lv.concurrency, TARGETS.index(lv.target)))
     return {
+        "meta": run_meta(config=str(args.config), cores=len(os.sched_getaffinity(0))),
         "audio": {"name": name, "duration_s": duration_s},
-        "wer_alone": wer(reference, alone_text) if reference and alone_text else None,
-        "goals": {"throughput_ratio_min": THROUGHPUT_GOAL, "first_share_max": FIRST_SHARE_GOAL},
+        "goals": GOALS,
         "ratios": ratios(levels),
         "levels": [asdict(lv) for lv in levels],
-        "argv": sys.argv[1:],
     }
-
-
-def _alone_text(runs: dict[tuple[str, int], tuple[list[Sample], float]]) -> str | None:
-    texts = [s.text for (m, _), (got, _) in runs.items() if m == "alone" for s in got if s.text]
-    return texts[0] if texts else None
-
-
-def _line(lv: Level) -> str:
-    return (
-        f"{lv.mode} x{lv.concurrency}: {lv.audio_s_per_s:.1f} audio-s/s, first "
-        f"{lv.first_p50_ms:.0f} ms of {lv.total_p50_ms:.0f} ms ({lv.first_share:.0%})"
-    )
-
-
-def _duration(audio: bytes) -> float:
-    import io
-
-    import av
-
-    with av.open(io.BytesIO(audio), mode="r") as container:
-        return float(container.duration or 0) / av.time_base
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(jsonable(result), indent=2) + "\n")
-    levels = [Level(**lv) for lv in result["levels"]]
-    console.print(table(levels))
-    console.print(json.dumps(jsonable(result["ratios"]), indent=2))
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    console.print(table([Level(**lv) for lv in result["levels"]], result["audio"]["duration_s"]))
+    for key, value in result["ratios"].items():
+        console.print(f"{key}: {value:.2f}")
     console.print(f"wrote {args.out}")
     return 0
 

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from common.sse import aparse_lines
+from host.launcher import Supervisor
 from jobs.states import ends_job
 
 Call = Callable[[], Awaitable[str | None]]
@@ -203,3 +204,28 @@ def run_meta(**extra: Any) -> dict[str, Any]:
         "load_avg": os.getloadavg(),
         **extra,
     }
+
+
+def check_alive(supervisor: Supervisor) -> None:
+    """Raise if a process the bench started has exited."""
+    for child in supervisor.children:
+        if child.process is not None and child.process.poll() is not None:
+            raise RuntimeError(f"{child.spec.name} exited with {child.process.returncode}")
+
+
+def wait_healthy(api_url: str, supervisor: Supervisor, timeout_s: float = 60.0) -> None:
+    """Poll GET /healthz until 200 (/readyz would wait for workers a bench starts later)."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    with httpx.Client(base_url=api_url, timeout=2.0, trust_env=False) as client:
+        while time.monotonic() < deadline:
+            check_alive(supervisor)
+            try:
+                response = client.get("/healthz")
+                if response.status_code == 200:
+                    return
+                last = f"{response.status_code} {response.text[:200]}"
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            time.sleep(0.1)
+    raise RuntimeError(f"{api_url}/healthz not ready after {timeout_s:g}s: {last}")

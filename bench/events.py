@@ -55,7 +55,7 @@ import httpx
 import redis
 from redis.exceptions import RedisError
 
-from bench.common import percentile_ms
+from bench.common import check_alive, percentile_ms, wait_healthy
 from bench.events_publisher import BENCH_CLIENT_PREFIX, Publisher, publisher_process
 from bench.events_report import (
     GOALS_P50_MS,
@@ -75,7 +75,7 @@ from bench.events_streams import (
     open_streams,
     submit_jobs,
 )
-from bench.overhead import check_alive, child_env, parse_levels, resolve_redis
+from bench.overhead import child_env, parse_levels, resolve_redis
 from common.procs import free_port
 from host.launcher import ProcSpec, Supervisor, mmq_command
 
@@ -394,24 +394,6 @@ def raise_nofile_limit(needed: int) -> tuple[int, int]:
     if soft < needed:
         console.print(f"[yellow]open-file limit {soft} < {needed} needed; streams may fail")
     return soft, hard
-
-
-def wait_healthy(api_url: str, supervisor: Supervisor, timeout_s: float = 60.0) -> None:
-    """Poll GET /healthz until 200 (no worker runs here, so /readyz would stay 503)."""
-    deadline = time.monotonic() + timeout_s
-    last = "no answer"
-    with httpx.Client(base_url=api_url, timeout=2.0, trust_env=False) as client:
-        while time.monotonic() < deadline:
-            check_alive(supervisor)
-            try:
-                response = client.get("/healthz")
-                if response.status_code == 200:
-                    return
-                last = f"{response.status_code} {response.text[:200]}"
-            except httpx.HTTPError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            time.sleep(0.1)
-    raise RuntimeError(f"{api_url}/healthz not ready after {timeout_s:g}s: {last}")
 
 
 @dataclass

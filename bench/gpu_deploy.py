@@ -25,9 +25,7 @@ from typing import Any
 import httpx
 import redis
 
-from bench.asr import wait_healthy
-from bench.common import child_env
-from bench.overhead import check_alive
+from bench.common import check_alive, child_env, wait_healthy
 from common.procs import free_port
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.redis_server import RedisServer

@@ -54,6 +54,7 @@ from bench.common import (
     Call,
     LevelSummary,
     RequestResult,
+    check_alive,
     child_env,
     measure,
     run_level,
@@ -259,12 +260,6 @@ def wait_in_sync(replica: RedisServer, timeout_s: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"the replica did not sync in {timeout_s:g}s")
         time.sleep(0.1)
-
-
-def check_alive(supervisor: Supervisor) -> None:
-    for child in supervisor.children:
-        if child.process is not None and child.process.poll() is not None:
-            raise RuntimeError(f"{child.spec.name} exited with {child.process.returncode}")
 
 
 def wait_api_ready(api_url: str, supervisor: Supervisor, timeout_s: float = 60.0) -> None:

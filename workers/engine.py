@@ -2,8 +2,12 @@
 
 Task threads `submit` requests and wait on them. Runner threads (`runners`, usually 1)
 take a batch when one is ready: a group of requests with the same `batch_key` that has
-reached `max_batch`, or whose oldest request has waited `max_wait_ms`. While every runner
-is busy, groups keep growing, so batches fill up under load and stay small when idle.
+reached `max_batch`, or whose oldest request has waited `max_wait_ms`, or whose oldest
+request came more than `max_wait_ms` after the request before it (nothing suggests a batch
+mate is on its way, so waiting would only add latency: a lone request at low load starts
+at once, and the first request after a quiet spell does not hold up its burst's mates,
+which wait and batch). While every runner is busy, groups keep growing, so batches fill
+up under load and stay small when idle.
 A runner prepares each request of its batch (`Pipeline.prepare`; a failure fails that
 request alone), runs the prepared ones, and finishes whatever the pipeline left open.
 """
@@ -53,6 +57,8 @@ class WorkItem:
     cancel_event: threading.Event = field(default_factory=threading.Event)
     job_files: Files | None = None
     submitted_at: float = field(default_factory=time.monotonic)
+    eager: bool = False
+    """It came more than `max_wait_ms` after the request before it: it waits for no mates."""
     outcome: Outcome | None = None
     timings: dict[str, float] = field(default_factory=dict)
     _finished: threading.Event = field(default_factory=threading.Event)
@@ -144,6 +150,7 @@ class Engine:
         self._cv = threading.Condition()
         self._stopping = False
         self._solo = itertools.count()
+        self._last_submit: float | None = None
         self._threads = [
             threading.Thread(target=self._runner, name=f"engine-{name}-{i}", daemon=True)
             for i in range(runners)
@@ -175,6 +182,8 @@ class Engine:
             job_id=job_id, input=request, sink=sink, key=key, cancel_event=cancel, job_files=files
         )
         with self._cv:
+            last, self._last_submit = self._last_submit, item.submitted_at
+            item.eager = last is not None and item.submitted_at - last > self.max_wait_s
             self._groups.setdefault(key, []).append(item)
             self._cv.notify()
         return item
@@ -202,7 +211,7 @@ class Engine:
                 del self._groups[key]
                 continue
             oldest = group[0].submitted_at
-            solo = isinstance(key, tuple) and key[:1] == ("__solo__",)
+            solo = group[0].eager or (isinstance(key, tuple) and key[:1] == ("__solo__",))
             if (solo or len(group) >= self.max_batch or now - oldest >= self.max_wait_s) and (
                 ready is None or oldest < ready[0]
             ):
