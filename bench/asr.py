@@ -78,7 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--audio", type=Path, help="audio file (default: 9 s of Piper speech)")
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument(
-        "--requests", type=int, default=0, help="per level (default: max(8, 2 x concurrency))"
+        "--requests", type=int, default=0, help="per level (default: max(16, 2 x concurrency))"
     )
     parser.add_argument("--rounds", type=int, default=1, help="each level this many times")
     parser.add_argument("--config", type=Path, default=REPO / "mmq.toml")
@@ -285,7 +285,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for c in args.concurrency:
                 for target in TARGETS:  # targets take turns: a slow spell hits them alike
                     got = samples.setdefault((target, c), Samples())
-                    closed_loop(calls[target], args.requests or max(8, 2 * c), c, got)
+                    closed_loop(calls[target], args.requests or max(16, 2 * c), c, got)
                     lv = summarize(target, c, got, duration_s, script)
                     console.print(
                         f"round {round_no + 1}: {target} x{c}: {lv.audio_s_per_s:.1f} audio-s/s,"
