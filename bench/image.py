@@ -5,16 +5,20 @@
                           [--out bench/results/image.json]
 
 It starts Redis, the API and one image worker (its own config: `max_batch` = requests,
-`max_wait_ms` = `--max-wait-ms`, which every lone request waits too, `concurrency` =
-2 x requests) on free ports, then in the same run measures `--requests`
+`max_wait_ms` = `--max-wait-ms`, which a request that follows another closely waits
+for mates, `concurrency` = 2 x requests) on free ports, then in the same run measures `--requests`
 image jobs (same size, steps, guidance: one batch key; a prompt and seed each):
 
 - one at a time: each submitted when the previous one has ended;
 - batched: all submitted at once, so the engine runs them as one pipeline call.
 
+Beside them, `diffusers in process`: the same model loaded by diffusers in this process and
+called one request at a time with the same prompts, seeds, size, steps and scheduler (what
+mmq adds to a lone request, as a ratio of p50s).
+
 Per mode: images/s over the mode's wall time, p50/p95 latency (submit to end, seen by the
 client), p50/p95 time to first progress event (the job's `time_to_first_output_ms`) and
-the batch sizes the worker reported. `--rounds` alternates the order of the two modes.
+the batch sizes the worker reported. `--rounds` alternates the order of the modes.
 Goal: batched images/s >= 1.5x one at a time.
 
 Models: `tiny` is the test fixture's tiny Stable Diffusion (random weights); `sd15` builds
@@ -150,6 +154,7 @@ def write_config(args: argparse.Namespace, model: str, path: Path) -> None:
 def deploy(args: argparse.Namespace, stack: ExitStack) -> tuple[str, Supervisor]:
     tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-image-")))
     model, built = model_path(args, stack)
+    args.model_path = model
     args.config = tmp / "mmq.toml"
     write_config(args, model, args.config)
     redis_url = resolve_redis(args, stack, tmp)
@@ -207,23 +212,73 @@ async def all_at_once(client: httpx.AsyncClient, args: argparse.Namespace) -> li
 
 
 MODES = {"one at a time": one_at_a_time, "batched": all_at_once}
+DIRECT = "diffusers in process"
 
 
-async def run_modes(api_url: str, args: argparse.Namespace) -> list[ModeResult]:
-    shots: dict[str, list[Shot]] = {mode: [] for mode in MODES}
-    walls: dict[str, float] = dict.fromkeys(MODES, 0.0)
+class Direct:
+    """The same model through diffusers in this process, one request at a time, with the
+    same prompts, seeds, size, steps and scheduler: what mmq adds to a lone request."""
+
+    def __init__(self, model: str, args: argparse.Namespace) -> None:
+        import diffusers
+
+        from jobs.schemas.image import SCHEDULERS
+        from pipelines.image.load import torch_device
+
+        self.args = args
+        self.device = torch_device(args.device)
+        dtype = torch_dtype_of(args.dtype, self.device)
+        self.pipe = diffusers.AutoPipelineForText2Image.from_pretrained(
+            model, dtype=dtype, safety_checker=None
+        )
+        self.pipe.to(self.device)
+        self.pipe.set_progress_bar_config(disable=True)
+        spec = SCHEDULERS[args.scheduler]
+        scheduler_cls = getattr(diffusers, spec.cls)
+        self.pipe.scheduler = scheduler_cls.from_config(self.pipe.scheduler.config, **spec.kwargs)
+
+    def one(self, i: int) -> Shot:
+        import torch
+
+        start = time.perf_counter()
+        self.pipe(
+            PROMPTS[i % len(PROMPTS)],
+            height=self.args.size,
+            width=self.args.size,
+            num_inference_steps=self.args.steps,
+            generator=torch.Generator(self.device).manual_seed(i),
+        )
+        return Shot(True, time.perf_counter() - start)
+
+    async def one_at_a_time(self) -> list[Shot]:
+        return [await asyncio.to_thread(self.one, i) for i in range(self.args.requests)]
+
+
+def torch_dtype_of(name: str, device: Any) -> Any:
+    import torch
+
+    if name == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+async def run_modes(api_url: str, args: argparse.Namespace, direct: Direct) -> list[ModeResult]:
+    modes = {**MODES, DIRECT: lambda _client, _args: direct.one_at_a_time()}
+    shots: dict[str, list[Shot]] = {mode: [] for mode in modes}
+    walls: dict[str, float] = dict.fromkeys(modes, 0.0)
     async with httpx.AsyncClient(base_url=api_url, timeout=60, trust_env=False) as client:
         console.print("warming up (one request, then one batch) ...")
         await one(client, args, 0)
         await all_at_once(client, args)
+        await asyncio.to_thread(direct.one, 0)
         for round_no in range(args.rounds):
-            order = list(MODES) if round_no % 2 == 0 else list(reversed(MODES))
+            order = list(modes) if round_no % 2 == 0 else list(reversed(modes))
             for mode in order:
                 start = time.perf_counter()
-                shots[mode] += await MODES[mode](client, args)
+                shots[mode] += await modes[mode](client, args)
                 walls[mode] += time.perf_counter() - start
                 console.print(f"  round {round_no + 1} {mode}: done", highlight=False)
-    return [summarize(mode, shots[mode], walls[mode]) for mode in MODES]
+    return [summarize(mode, shots[mode], walls[mode]) for mode in modes]
 
 
 def summarize(mode: str, shots: list[Shot], wall_s: float) -> ModeResult:
@@ -253,6 +308,13 @@ def ratio_of(results: list[ModeResult]) -> float:
     return by_mode["batched"].images_per_s / base if base > 0 else float("nan")
 
 
+def service_vs_direct(results: list[ModeResult]) -> dict[str, float]:
+    """A lone request through mmq over the same call in process: p50 ratio, ms added."""
+    by_mode = {r.mode: r for r in results}
+    service, direct = by_mode["one at a time"], by_mode[DIRECT]
+    return {"p50": service.p50_ms / direct.p50_ms, "p50_added_ms": service.p50_ms - direct.p50_ms}
+
+
 def print_report(args: argparse.Namespace, results: list[ModeResult], ratio: float) -> None:
     title = (
         f"{args.requests} image requests, {args.model} {args.size}x{args.size}, "
@@ -275,6 +337,11 @@ def print_report(args: argparse.Namespace, results: list[ModeResult], ratio: flo
     console.print(table)
     met = "[green]met[/green]" if ratio >= GOAL_RATIO else "[red]not met[/red]"
     console.print(f"batched / one at a time: {ratio:.2f}x images/s (goal >= {GOAL_RATIO}x: {met})")
+    lone = service_vs_direct(results)
+    console.print(
+        f"one at a time through mmq / diffusers in process: {lone['p50']:.2f}x p50 "
+        f"({lone['p50_added_ms']:+.0f} ms)"
+    )
     for r in results:
         for error in r.errors:
             console.print(f"[red]{r.mode}: {error}[/red]")
@@ -301,6 +368,7 @@ def write_json(args: argparse.Namespace, results: list[ModeResult], ratio: float
         "goal": {"batched_over_one_at_a_time_min": GOAL_RATIO},
         "ratio": ratio,
         "goal_met": ratio >= GOAL_RATIO,
+        "service_vs_direct": service_vs_direct(results),
         "results": [asdict(r) for r in results],
     }
     args.out.write_text(json.dumps(jsonable(payload), indent=2) + "\n")
@@ -313,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         api_url, supervisor = deploy(args, stack)
         try:
             wait_api_ready(api_url, supervisor, timeout_s=600)
-            results = asyncio.run(run_modes(api_url, args))
+            direct = Direct(args.model_path, args)
+            results = asyncio.run(run_modes(api_url, args, direct))
             check_alive(supervisor)
         except RuntimeError as exc:
             console.print(f"[red]bench failed: {exc}[/red]")

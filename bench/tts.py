@@ -12,7 +12,9 @@ In one run, on a private Redis, it starts the API and the `tts` workers three ti
 - `2x1`: two instances (two worker processes) of one thread each.
 
 On the first it streams a 5-sentence text from `POST /v1/audio/speech` (pcm) `--ttfa-runs`
-times, one at a time: time to the first byte against time to the last. On each it sends
+times, one at a time: time to the first byte against time to the last; then, in this
+process while the workers idle, Piper itself (`PiperVoice.synthesize`) on the same text:
+mmq's first audio and total over the library's, as ratios. On each it sends
 `--jobs` jobs over `--concurrency` lanes (`POST /v1/jobs`, `Prefer: wait`) and counts
 jobs and seconds of audio per second. Goals: first audio <= 25 % of the total; `2x1`
 >= 1.5x the throughput of `1x2`. With `--coqui-model` (e.g. on a CUDA host with
@@ -180,6 +182,35 @@ async def first_audio(api_url: str, voice: str, runs: int) -> FirstAudio:
     return FirstAudio(voice, runs, first, last, w_first, w_total, ratio=first / last)
 
 
+@dataclass
+class Direct:
+    """Piper called in this process (`PiperVoice.load`, `synthesize`), every core."""
+
+    runs: int
+    first_ms: float
+    """p50: call to the first sentence's audio."""
+    total_ms: float
+    """p50: call to the last sentence's audio."""
+
+
+def direct_first_audio(runs: int) -> Direct:
+    from piper import PiperVoice
+
+    from pipelines.tts.piper import default_voice_paths
+
+    model, config = default_voice_paths()
+    voice = PiperVoice.load(model, config_path=config)
+    firsts, totals = [], []
+    for _ in range(runs + 1):  # the first run warms up and is not counted
+        start = time.perf_counter()
+        first = 0.0
+        for _chunk in voice.synthesize(TEXT):
+            first = first or time.perf_counter() - start
+        firsts.append(first * 1000)
+        totals.append((time.perf_counter() - start) * 1000)
+    return Direct(runs, statistics.median(firsts[1:]), statistics.median(totals[1:]))
+
+
 async def throughput(api_url: str, name: str, voice: str, args: argparse.Namespace) -> Throughput:
     audio_s: list[float] = []
     body = {"kind": "tts", "input": {"text": TEXT, "voice": voice, "format": "pcm"}}
@@ -201,10 +232,11 @@ async def throughput(api_url: str, name: str, voice: str, args: argparse.Namespa
     return Throughput(name, voice, instances, threads, summary, sum(audio_s) / summary.duration_s)
 
 
-def run(args: argparse.Namespace) -> tuple[list[FirstAudio], list[Throughput]]:
+def run(args: argparse.Namespace) -> tuple[list[FirstAudio], list[Throughput], Direct]:
     voices = ["joe", *(["coqui"] if args.coqui_model else [])]
     firsts: list[FirstAudio] = []
     rates: list[Throughput] = []
+    direct = Direct(0, float("nan"), float("nan"))
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-tts-")))
         server = RedisServer(tmp / "redis", persist=False)
@@ -219,13 +251,17 @@ def run(args: argparse.Namespace) -> tuple[list[FirstAudio], list[Throughput]]:
                 for voice in voices:
                     if name == "1x2":
                         firsts.append(asyncio.run(first_audio(api_url, voice, args.ttfa_runs)))
+                    if name == "1x2" and voice == "joe":  # in process, the workers idle
+                        direct = direct_first_audio(args.ttfa_runs)
                     result = asyncio.run(throughput(api_url, name, voice, args))
                     result.worker_rss_mib = rss_mib(supervisor)
                     rates.append(result)
-    return firsts, rates
+    return firsts, rates, direct
 
 
-def report(firsts: list[FirstAudio], rates: list[Throughput], out: Path) -> dict[str, Any]:
+def report(
+    firsts: list[FirstAudio], rates: list[Throughput], direct: Direct, out: Path
+) -> dict[str, Any]:
     table = Table(title="Time to first audio (5 sentences, pcm, p50)")
     for column in (
         "voice",
@@ -284,6 +320,20 @@ def report(firsts: list[FirstAudio], rates: list[Throughput], out: Path) -> dict
         console.print(
             f"{f.voice}: first audio at {f.ratio:.0%} of the total (goal <= {FIRST_AUDIO_GOAL:.0%})"
         )
+    joe = next((f for f in firsts if f.voice == "joe"), None)
+    if joe is not None and direct.runs:
+        ratios["service_vs_direct"] = {
+            "first_audio": joe.first_byte_ms / direct.first_ms,
+            "total": joe.last_byte_ms / direct.total_ms,
+            "first_audio_added_ms": joe.first_byte_ms - direct.first_ms,
+            "total_added_ms": joe.last_byte_ms - direct.total_ms,
+        }
+        console.print(
+            f"joe through mmq vs Piper in process (p50): first audio {joe.first_byte_ms:.0f} vs "
+            f"{direct.first_ms:.0f} ms ({joe.first_byte_ms / direct.first_ms:.2f}x), total "
+            f"{joe.last_byte_ms:.0f} vs {direct.total_ms:.0f} ms "
+            f"({joe.last_byte_ms / direct.total_ms:.2f}x)"
+        )
     payload = {
         "meta": {
             "cpu_count": os.cpu_count(),
@@ -293,6 +343,7 @@ def report(firsts: list[FirstAudio], rates: list[Throughput], out: Path) -> dict
         },
         "goals": {"first_audio_ratio_max": FIRST_AUDIO_GOAL, "instances_ratio_min": INSTANCES_GOAL},
         "first_audio": [asdict(f) for f in firsts],
+        "direct": asdict(direct),
         "throughput": [asdict(t) for t in rates],
         "ratios": ratios,
     }
@@ -321,11 +372,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        firsts, rates = run(args)
+        firsts, rates, direct = run(args)
     except (RuntimeError, KeyboardInterrupt) as exc:
         console.print(f"[red]bench failed: {exc!r}; everything started here is stopped[/red]")
         return 1
-    report(firsts, rates, args.out)
+    report(firsts, rates, direct, args.out)
     return 0
 
 

@@ -29,7 +29,7 @@ from jobs.kombu_redis import Unacked, queued_job_ids
 from jobs.metered import MeteredJobStore
 from jobs.metrics import MESSAGES_RESENT, Sample
 from jobs.queues import queue_name
-from jobs.states import JobStatus
+from jobs.states import TERMINAL, JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +38,26 @@ BATCH = 100
 
 def restore_stranded(app: Celery, store: MeteredJobStore, grace_s: float) -> int:
     """Requeue unacked run-job messages older than `grace_s` whose job is not running;
-    returns how many were put back."""
+        returns how many were put back. A message whose job has ended, or was queued again
+        with a new message after this one was delivered (the lease sweep took it back from a
+        lost worker), is dropped instead: putting it back would only run into a refusal. (The
+    two times come from different hosts' clocks; a message dropped by mistake because of skew
+    leaves its job queued without a message, which `resend_missing` sends again.)"""
     unacked = Unacked(app)
     restored = 0
-    for tag, job_id in unacked.older_than(time.time() - grace_s, BATCH):
+    for tag, job_id, delivered_at in unacked.older_than(time.time() - grace_s, BATCH):
         if job_id is None:
             continue  # not a run-job message (webhook deliveries wait on their ETA)
         job = store.get(job_id)
         if job is not None and job.status is JobStatus.RUNNING:
             continue  # a live worker holds it (or the lease sweep will take it back)
+        superseded = job is not None and job.queued_at > delivered_at
+        if job is not None and (
+            job.status in TERMINAL or (job.status is JobStatus.QUEUED and superseded)
+        ):
+            unacked.discard(tag)
+            log.info("job %s: dropped a stranded task message it no longer needs", job_id)
+            continue
         unacked.restore(tag)
         restored += 1
         log.warning("job %s: its task message was stranded with a dead worker; requeued", job_id)

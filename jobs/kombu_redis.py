@@ -242,17 +242,24 @@ class Unacked:
             raws = channel.client.hvals(UNACKED)
         return {j for j in (job_id_of(json.loads(raw)[0]) for raw in raws) if j}
 
-    def older_than(self, before: float, limit: int) -> list[tuple[str, str | None]]:
-        """(delivery tag, job id) of messages delivered before `before`, oldest first."""
-        found: list[tuple[str, str | None]] = []
+    def older_than(self, before: float, limit: int) -> list[tuple[str, str | None, float]]:
+        """(delivery tag, job id, when delivered) of messages delivered before `before`,
+        oldest first."""
+        found: list[tuple[str, str | None, float]] = []
         with self._channel() as channel:
             client = channel.client
-            for raw_tag in client.zrangebyscore(UNACKED_INDEX, "-inf", before, 0, limit):
+            index = client.zrangebyscore(UNACKED_INDEX, "-inf", before, 0, limit, withscores=True)
+            for raw_tag, delivered in index:
                 tag = raw_tag.decode() if isinstance(raw_tag, bytes) else str(raw_tag)
                 raw = client.hget(UNACKED, tag)
                 if raw is not None:
-                    found.append((tag, job_id_of(json.loads(raw)[0])))
+                    found.append((tag, job_id_of(json.loads(raw)[0]), float(delivered)))
         return found
+
+    def discard(self, tag: str) -> None:
+        """Forget a message that nothing needs any more (as an ack would)."""
+        with self._channel() as channel:
+            channel.client.pipeline().hdel(UNACKED, tag).zrem(UNACKED_INDEX, tag).execute()
 
     def restore(self, tag: str) -> None:
         """Put the message back at the head of its queue (kombu's own restore)."""

@@ -99,7 +99,7 @@ def test_waiting_and_unacked_messages_are_found_by_job_id(
         assert conn.default_channel.basic_get("mmq.noop", no_ack=False) is not None
         unacked = Unacked(app)
         assert unacked.job_ids() == {"job_high"}  # the highest priority is served first
-        [(tag, job_id)] = unacked.older_than(time.time() + 1, 10)
+        [(tag, job_id, _)] = unacked.older_than(time.time() + 1, 10)
         assert job_id == "job_high" and unacked.older_than(time.time() - 60, 10) == []
         unacked.restore(tag)
         assert unacked.job_ids() == set()

@@ -94,6 +94,11 @@ def test_sigkilled_worker_jobs_run_again_elsewhere_exactly_once(
         delay = requeued[0] - killed_at
         assert 0 < delay < budget_s, f"requeued {delay:.1f}s after the kill"
         assert status_events(rclient, job_id)[:4] == ["queued", "running", "queued", "running"]
+    # The killed worker's own messages of those jobs are dropped once stale, not put back
+    # in the queue beside the new messages the lease sweep sent.
+    wait_until(lambda: rclient.hlen(UNACKED) == 0, timeout_s=4 * LEASE["ttl_s"] + 5)
+    reaper = next(p for p in dep.procs if p.name == "reaper")
+    assert not [j for j in lost if f"job {j}: its task message was stranded" in reaper.log()]
     survivor.stop()
 
 

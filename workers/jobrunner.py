@@ -124,9 +124,10 @@ class JobRunner:
         outcome = item.wait()
         assert outcome is not None  # wait() without timeout returns only when finished
         self.events.flush()  # its outputs are written before its end
-        self._record(job, held, outcome)
         if outcome.status == "succeeded" and outcome.output is not None:
+            # Before the end: a client that saw the end and asks again is answered from it.
             self._remember(job, request, outcome.output)
+        self._record(job, held, outcome)
 
     def _remember(self, job: Job, request: JobInput, output: dict[str, Any]) -> None:
         """Keep a deterministic request's answer in the response cache (see
