@@ -118,7 +118,7 @@ def test_formats_upload_and_url_inputs(dep: Deployment, api: Api) -> None:
 def test_batched_equals_alone(dep: Deployment, api: Api, pipeline: str) -> None:
     client = _client(dep, api)
     inputs = [
-        {"audio": _upload(api, spoken(LONG, "mp3"), "long.mp3")},
+        {"audio": _upload(api, spoken(LONG[:10], "mp3"), "long.mp3")},  # two windows
         {"audio": _upload(api, spoken(SHORT, "wav"), "short.wav")},
         {"audio": _upload(api, spoken(LONG[3:9], "opus"), "mid.opus")},
         {"audio": _upload(api, spoken(SHORT[::-1], "m4a"), "rev.m4a"), "initial_prompt": "Fox."},

@@ -45,10 +45,22 @@ def bench(*args: str, timeout_s: float) -> tuple[subprocess.CompletedProcess[str
 
 
 @pytest.mark.timeout(SMOKE_TIMEOUT_S + 30)
-def test_quick_cpu_run_measures_every_section(tmp_path: Path) -> None:
-    out = tmp_path / "out"
+def test_quick_cpu_run_measures_every_section(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from tests.support.models.llm import cached_tiny_llm
+    from tests.support.models.sd import cached_tiny_sd
+
+    out, models = tmp_path / "out", tmp_path / "m"
+    models.mkdir()
+    # The session's tiny SD and LLM (the same builders at the same size) are models that
+    # bench.gpu finds built in its --models-dir; it builds the rest (VITS).
+    for name, built in (("sd-tiny", cached_tiny_sd), ("llm-tiny", cached_tiny_llm)):
+        path = built(tmp_path_factory)
+        (path / ".bench-built.json").write_text('{"built_s": null}')
+        (models / name).symlink_to(path, target_is_directory=True)
     done, took_s = bench(
-        "--device", "cpu", "--quick", "--out-dir", str(out), "--models-dir", str(tmp_path / "m"),
+        "--device", "cpu", "--quick", "--out-dir", str(out), "--models-dir", str(models),
         timeout_s=SMOKE_TIMEOUT_S,
     )  # fmt: skip
     print(f"bench.gpu --device cpu --quick took {took_s:.0f} s")
@@ -78,6 +90,8 @@ def test_quick_cpu_run_measures_every_section(tmp_path: Path) -> None:
     loads = [row for s in sections.values() for row in s["loads"]]
     assert loads and all(r["gpu_mib"] is None and r["load_warm_s"] > 0 for r in loads)
     assert report["readings"] and report["phases"]
+    builds = {b["model"]: b["cached"] for b in report["meta"]["builds"]}
+    assert builds == {"SD tiny": True, "llm-tiny": True, "VITS tiny": False}, builds
     markdown = (out / "gpu.md").read_text()
     assert "random weights" in markdown and "need --device cuda" in markdown
     from PIL import Image

@@ -88,7 +88,7 @@ def test_a_dead_worker_a_minute_ahead_has_its_job_reaped_within_a_lease(
     """Its clock a minute ahead: deadlines by its clock would keep its job a minute."""
     worker = _skewed_worker(dep, SKEW_S)
     api = new_owner(dep.redis_url, dep.base_url, "clockdead")
-    job = api.submit("sleep", steps=100, step_ms=100)
+    job = api.submit("sleep", steps=30, step_ms=100)
     wait_until(lambda: api.get(job["id"])["status"] == "running")
     worker.kill()
     killed_at = time.monotonic()
