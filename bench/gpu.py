@@ -4,7 +4,7 @@
                         [--out-dir bench/results] [--models-dir DIR] [--vllm-bin PATH]
 
 It starts its own deployment (a private Redis, the API, and workers section by section,
-as `bench.asr` does) and measures, on the same device:
+as the other benches do) and measures, on the same device:
 
 - asr:   mmq's cross-request batched decoding vs one request at a time (audio-s/s,
          p50/p99, first segment), and faster-whisper's `BatchedInferencePipeline` in
