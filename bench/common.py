@@ -215,17 +215,27 @@ def check_alive(supervisor: Supervisor) -> None:
 
 def wait_healthy(api_url: str, supervisor: Supervisor, timeout_s: float = 60.0) -> None:
     """Poll GET /healthz until 200 (/readyz would wait for workers a bench starts later)."""
+    wait_answers(api_url, "/healthz", supervisor, timeout_s)
+
+
+def wait_api_ready(api_url: str, supervisor: Supervisor, timeout_s: float = 60.0) -> None:
+    """Poll GET /readyz until 200 (Redis up and a live worker of each kind)."""
+    wait_answers(api_url, "/readyz", supervisor, timeout_s)
+
+
+def wait_answers(api_url: str, path: str, supervisor: Supervisor, timeout_s: float) -> None:
+    """Poll GET `path` until 200, failing at once if a started process exited."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
     with httpx.Client(base_url=api_url, timeout=2.0, trust_env=False) as client:
         while time.monotonic() < deadline:
             check_alive(supervisor)
             try:
-                response = client.get("/healthz")
+                response = client.get(path)
                 if response.status_code == 200:
                     return
                 last = f"{response.status_code} {response.text[:200]}"
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}"
             time.sleep(0.1)
-    raise RuntimeError(f"{api_url}/healthz not ready after {timeout_s:g}s: {last}")
+    raise RuntimeError(f"{api_url}{path} not ready after {timeout_s:g}s: {last}")

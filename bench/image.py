@@ -47,8 +47,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import check_alive, percentile_ms
-from bench.overhead import child_env, jsonable, resolve_redis, wait_api_ready
+from bench.common import check_alive, percentile_ms, wait_api_ready
+from bench.overhead import child_env, jsonable, resolve_redis
 from common.procs import free_port
 from host.launcher import ProcSpec, Supervisor, mmq_command
 

@@ -42,7 +42,6 @@ from types import FrameType
 from typing import Any
 
 import aiohttp
-import httpx
 import redis
 import redis.asyncio as aredis
 from rich.console import Console
@@ -59,6 +58,7 @@ from bench.common import (
     measure,
     run_level,
     summarize,
+    wait_api_ready,
 )
 from common.procs import free_port
 from host.launcher import ProcSpec, Supervisor, mmq_command
@@ -260,24 +260,6 @@ def wait_in_sync(replica: RedisServer, timeout_s: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"the replica did not sync in {timeout_s:g}s")
         time.sleep(0.1)
-
-
-def wait_api_ready(api_url: str, supervisor: Supervisor, timeout_s: float = 60.0) -> None:
-    """Poll GET /readyz until 200 (Redis up and a live noop worker)."""
-    deadline = time.monotonic() + timeout_s
-    last = "no answer"
-    with httpx.Client(base_url=api_url, timeout=2.0, trust_env=False) as client:
-        while time.monotonic() < deadline:
-            check_alive(supervisor)
-            try:
-                response = client.get("/readyz")
-                if response.status_code == 200:
-                    return
-                last = f"{response.status_code} {response.text[:200]}"
-            except httpx.HTTPError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            time.sleep(0.1)
-    raise RuntimeError(f"{api_url}/readyz not ready after {timeout_s:g}s: {last}")
 
 
 def wait_floor_ready(floor: FloorClient, supervisor: Supervisor, timeout_s: float = 60.0) -> None:
