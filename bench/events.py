@@ -75,7 +75,7 @@ from bench.events_streams import (
     open_streams,
     submit_jobs,
 )
-from bench.overhead import child_env, parse_levels, resolve_redis
+from bench.overhead import bench_env, parse_levels, resolve_redis
 from common.procs import free_port
 from host.launcher import ProcSpec, Supervisor, mmq_command
 
@@ -413,7 +413,7 @@ def start_api(args: argparse.Namespace, stack: ExitStack, redis_url: str, tmp: P
         "MMQ_QUEUE__MAX_QUEUED": str(2 * max(args.streams) + 100),
     }
     supervisor = Supervisor(
-        [ProcSpec("api", mmq_command("api"), env)], base_env=child_env(args, redis_url, tmp)
+        [ProcSpec("api", mmq_command("api"), env)], base_env=bench_env(args, redis_url, tmp)
     )
     stack.callback(supervisor.terminate)
     supervisor.start()

@@ -48,7 +48,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import check_alive, percentile_ms, wait_api_ready
-from bench.overhead import child_env, jsonable, resolve_redis
+from bench.overhead import bench_env, jsonable, resolve_redis
 from common.procs import free_port
 from host.launcher import ProcSpec, Supervisor, mmq_command
 
@@ -158,7 +158,7 @@ def deploy(args: argparse.Namespace, stack: ExitStack) -> tuple[str, Supervisor]
     args.config = tmp / "mmq.toml"
     write_config(args, model, args.config)
     redis_url = resolve_redis(args, stack, tmp)
-    env = child_env(args, redis_url, tmp / "data")
+    env = bench_env(args, redis_url, tmp / "data")
     env["MMQ_LIMITS__IMAGE_MAX_SIDE"] = str(max(1024, args.size))
     env["MMQ_LIMITS__IMAGE_MAX_STEPS"] = str(max(100, args.steps))
     if built:

@@ -198,7 +198,7 @@ def resolve_redis(args: argparse.Namespace, stack: ExitStack, tmp: Path) -> str:
     url = args.redis_url or (load_settings(args.config).redis_url if args.url else None)
     if url:
         return str(url)
-    server = RedisServer(tmp / "redis", persist=bool(args.durability))
+    server = RedisServer(tmp / "redis", persist=bool(getattr(args, "durability", None)))
     server.start()
     stack.callback(server.stop)
     return server.url
