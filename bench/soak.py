@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -48,9 +50,9 @@ from host.redis_server import server_binary
 from jobs import keys
 from jobs.apikeys import create_key
 from jobs.codec import time_seconds
-from tests.support.deploy import REPO, Deployment, serving, wait_until
+from tests.support.deploy import REPO, Deployment, answers, cmdline, serving, wait_until
 from tests.support.faults import settle
-from tests.support.netns import NetHost, Network, unavailable
+from tests.support.netns import NetHost, Network, pids_inside, unavailable
 
 console = Console(width=140)
 REDIS_PORT = 6379
@@ -123,19 +125,14 @@ class Soak:
     def now_ms(self) -> int:
         return int(time_seconds(self.r.time()) * 1000)
 
-    def serves(self, host: str, killed: int | None) -> bool:
-        """Whether all of `host`'s workers are live again (and none is the killed one):
-        a live worker has beaten within its last two beats, after the fault began."""
+    def serves(self, host: str, killed: int | None = None) -> bool:
+        """Whether all of `host`'s workers are live (none of them the killed process): a
+        live worker has beaten within its last two beats."""
         beat_s = float(ENV["MMQ_LEASE__HEARTBEAT_S"])
         names = self.r.zrangebyscore(keys.WORKERS, time_seconds(self.r.time()) - 2 * beat_s, "+inf")
         ours = [str(n) for n in names if f"@{host}." in str(n)]
         fresh = [n for n in ours if killed is None or not n.endswith(f".{killed}")]
         return len(fresh) == len(PIPELINES)
-
-    def live_workers(self, host: str) -> int:
-        stale = time_seconds(self.r.time()) - 3 * float(ENV["MMQ_LEASE__HEARTBEAT_S"])
-        names = self.r.zrangebyscore(keys.WORKERS, stale, "+inf")
-        return sum(1 for n in names if f"@{host}." in str(n))
 
 
 def start(net: Network, tmp: Path, workers: int) -> Soak:
@@ -152,7 +149,7 @@ def start(net: Network, tmp: Path, workers: int) -> Soak:
         wrap=redis_host.wrap(),
     )  # fmt: skip
     r = redis.Redis(host=redis_host.address, port=REDIS_PORT, decode_responses=True)
-    wait_until(lambda: _answers(r), server, timeout_s=15)
+    wait_until(lambda: answers(r), server, timeout_s=15)
     env = {"MMQ_API__HOST": api_host.address, "MMQ_API__PORT": str(API_PORT)}
     api = dep.spawn("api", "api", wrap=api_host.wrap(), env=env)
     dep.spawn("reaper", "reaper", wrap=api_host.wrap())
@@ -160,16 +157,9 @@ def start(net: Network, tmp: Path, workers: int) -> Soak:
         dep.spawn(f"workers-{name}", "workers", "--host-name", name, wrap=host.wrap())
     soak = Soak(net, dep, api_host, hosts, r, create_key(r, "soak"))
     for name in hosts:
-        wait_until(lambda n=name: soak.live_workers(n) == len(PIPELINES), api, timeout_s=180)
+        wait_until(lambda n=name: soak.serves(n), api, timeout_s=180)
     soak.audio_key = _upload_clip(soak)
     return soak
-
-
-def _answers(r: redis.Redis) -> bool:
-    try:
-        return bool(r.ping())
-    except redis.RedisError:
-        return False
 
 
 def _upload_clip(soak: Soak) -> str:
@@ -240,25 +230,13 @@ def fault(soak: Soak, rng: random.Random) -> Fault:
 
 def kill_one_worker(host: NetHost, rng: random.Random) -> int | None:
     """SIGKILL one `mmq worker` process inside `host` (not its supervisor); its pid."""
-    import os
-    import signal
-
-    from tests.support.netns import ip
-
-    pids = ip("netns", "pids", host.netns, check=False).stdout.split()
-    workers = [p for p in pids if b"mmq.cli\x00worker\x00" in _cmdline(p)]
+    pids = pids_inside(host.netns)
+    workers = sorted(p for p in pids if b"mmq.cli\x00worker\x00" in cmdline(p))
     if not workers:
         return None
-    pid = int(rng.choice(sorted(workers)))
+    pid = rng.choice(workers)
     os.kill(pid, signal.SIGKILL)
     return pid
-
-
-def _cmdline(pid: str) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 def runs(r: redis.Redis, job_id: str) -> list[tuple[int, str]]:

@@ -28,6 +28,7 @@ from jobs.codec import text_list
 from jobs.kombu_redis import Unacked, queued_job_ids
 from jobs.metered import MeteredJobStore
 from jobs.metrics import MESSAGES_RESENT, Sample
+from jobs.models import Job
 from jobs.queues import queue_name
 from jobs.states import TERMINAL, JobStatus
 
@@ -38,11 +39,11 @@ BATCH = 100
 
 def restore_stranded(app: Celery, store: MeteredJobStore, grace_s: float) -> int:
     """Requeue unacked run-job messages older than `grace_s` whose job is not running;
-        returns how many were put back. A message whose job has ended, or was queued again
-        with a new message after this one was delivered (the lease sweep took it back from a
-        lost worker), is dropped instead: putting it back would only run into a refusal. (The
-    two times come from different hosts' clocks; a message dropped by mistake because of skew
-    leaves its job queued without a message, which `resend_missing` sends again.)"""
+    returns how many were put back. A message whose job has ended, or was queued again
+    with a new message after this one was delivered (the lease sweep took it back from a
+    lost worker), is dropped instead: putting it back would only run into a refusal. (The
+    two times come from different hosts' clocks; a message dropped by mistake because of
+    skew leaves its job queued without a message, which `resend_missing` sends again.)"""
     unacked = Unacked(app)
     restored = 0
     for tag, job_id, delivered_at in unacked.older_than(time.time() - grace_s, BATCH):
@@ -51,10 +52,7 @@ def restore_stranded(app: Celery, store: MeteredJobStore, grace_s: float) -> int
         job = store.get(job_id)
         if job is not None and job.status is JobStatus.RUNNING:
             continue  # a live worker holds it (or the lease sweep will take it back)
-        superseded = job is not None and job.queued_at > delivered_at
-        if job is not None and (
-            job.status in TERMINAL or (job.status is JobStatus.QUEUED and superseded)
-        ):
+        if job is not None and _superseded(job, delivered_at):
             unacked.discard(tag)
             log.info("job %s: dropped a stranded task message it no longer needs", job_id)
             continue
@@ -63,6 +61,14 @@ def restore_stranded(app: Celery, store: MeteredJobStore, grace_s: float) -> int
         log.warning("job %s: its task message was stranded with a dead worker; requeued", job_id)
     store.tally.add(_resent("stranded", restored))
     return restored
+
+
+def _superseded(job: Job, delivered_at: float) -> bool:
+    """Whether a message delivered at `delivered_at` is of no use to its job any more:
+    the job ended, or was queued again (with its own new message) after the delivery."""
+    if job.status in TERMINAL:
+        return True
+    return job.status is JobStatus.QUEUED and job.queued_at > delivered_at
 
 
 def resend_missing(app: Celery, store: MeteredJobStore, grace_s: float) -> int:

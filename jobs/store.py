@@ -491,6 +491,14 @@ class AsyncJobStore:
         fields = text_map(await self.r.hgetall(keys.job(job_id)))
         return job_from_fields(fields) if fields else None
 
+    async def _publish(self, notices: list[tuple[str, str]]) -> None:
+        """The notices a script held back (`Transition.hold`), in one round trip."""
+        if notices:
+            pipe = self.r.pipeline(transaction=False)
+            for channel, message in notices:
+                pipe.publish(channel, message)
+            await pipe.execute()
+
     async def apply(self, change: Transition) -> TransitionResult:
         now = time.time()
         key_list, args = change.script_args(self.settings, now)
@@ -500,11 +508,7 @@ class AsyncJobStore:
         else:
             raw = await self._transition(keys=key_list, args=args)
         result = _decode_result(change, raw)
-        if result.held:  # the end is written: its listeners hear of it, confirmed or not
-            pipe = self.r.pipeline(transaction=False)
-            for channel, message in result.held:
-                pipe.publish(channel, message)
-            await pipe.execute()
+        await self._publish(result.held)  # the end is written: heard of, confirmed or not
         if not confirmed:
             raise self.durability.not_confirmed(f"the end of job {change.job_id}")
         if self.on_event is not None:

@@ -28,7 +28,7 @@ from jobs import keys
 from jobs.apikeys import create_key
 from jobs.codec import text_map
 from jobs.states import TERMINAL_VALUES
-from tests.support.deploy import Deployment, Proc, serving, status_events, wait_until
+from tests.support.deploy import Deployment, Proc, answers, serving, status_events, wait_until
 from tests.support.netns import NetHost, Network, unavailable
 
 REDIS_PORT = 6379
@@ -111,7 +111,7 @@ def _start(
         host=redis_host.address, port=REDIS_PORT, decode_responses=True, socket_timeout=5,
         socket_connect_timeout=1,
     )  # fmt: skip
-    wait_until(lambda: _pings(r), server, timeout_s=15)
+    wait_until(lambda: answers(r), server, timeout_s=15)
     api = dep.spawn(
         "api", "api", wrap=api_host.wrap(),
         env={"MMQ_API__HOST": api_host.address, "MMQ_API__PORT": str(API_PORT)},
@@ -127,13 +127,6 @@ def _start(
     for _, proc in workers.values():
         wait_until(lambda proc=proc: "ready." in proc.log(), proc, timeout_s=45)
     return cluster
-
-
-def _pings(r: redis.Redis) -> bool:
-    try:
-        return bool(r.ping())
-    except redis.RedisError:
-        return False
 
 
 def _healthy(cluster: Cluster) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from common.procs import free_port
-from tests.support.deploy import REPO, wait_until
+from tests.support.deploy import REPO, cmdline, wait_until
 
 
 def _children(pid: int) -> set[int]:
@@ -27,13 +27,6 @@ def _children(pid: int) -> set[int]:
         if ppid == pid:
             found.add(int(entry.name))
     return found
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 def _alive(pid: int) -> bool:
@@ -99,7 +92,7 @@ def test_mmq_up_serves_jobs_and_ctrl_c_leaves_no_orphan(tmp_path: Path) -> None:
             assert line in printed, printed
         # The embedded server dies: mmq up starts it again on its data dir, and every
         # process reconnects by itself.
-        (server,) = [p for p in _children(up.pid) if b"-server" in _cmdline(p)]
+        (server,) = [p for p in _children(up.pid) if b"-server" in cmdline(p)]
         os.kill(server, signal.SIGKILL)
         wait_until(lambda: "embedded Redis started again" in (tmp_path / "up.log").read_text())
         wait_until(ready, timeout_s=30)

@@ -211,8 +211,9 @@ class Engine:
                 del self._groups[key]
                 continue
             oldest = group[0].submitted_at
-            solo = group[0].eager or (isinstance(key, tuple) and key[:1] == ("__solo__",))
-            if (solo or len(group) >= self.max_batch or now - oldest >= self.max_wait_s) and (
+            waits_for_none = group[0].eager or (isinstance(key, tuple) and key[:1] == ("__solo__",))
+            full = len(group) >= self.max_batch
+            if (waits_for_none or full or now - oldest >= self.max_wait_s) and (
                 ready is None or oldest < ready[0]
             ):
                 ready = (oldest, key)

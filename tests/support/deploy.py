@@ -219,3 +219,19 @@ def status_events(r: redis.Redis, job_id: str) -> list[str]:
 
 def flush(redis_url: str) -> None:
     redis.Redis.from_url(redis_url).flushdb()
+
+
+def answers(r: redis.Redis) -> bool:
+    """Whether the Redis server behind `r` answers a PING now."""
+    try:
+        return bool(r.ping())
+    except redis.RedisError:
+        return False
+
+
+def cmdline(pid: int) -> bytes:
+    """A process's command line, NUL-separated (b"" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -124,12 +124,16 @@ class Network:
         ip("link", "del", self.bridge, check=False)
 
 
+def pids_inside(netns: str) -> list[int]:
+    """The processes running in `netns`."""
+    return [int(pid) for pid in ip("netns", "pids", netns, check=False).stdout.split()]
+
+
 def kill_inside(netns: str) -> None:
     """SIGKILL every process in `netns` (all of them started by a test in it)."""
-    pids = ip("netns", "pids", netns, check=False).stdout.split()
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid), signal.SIGKILL)
+    for pid in pids_inside(netns):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def remove_netns(netns: str) -> None:
