@@ -111,6 +111,7 @@ class Reaper:
         return int(self.store.r.zremrangebyscore(keys.WORKERS, "-inf", silent_since))
 
     def run_forever(self, stop: threading.Event) -> None:
+        log.info("reaper sweeping every %ss", self.settings.lease.reaper_interval_s)
         while not stop.wait(self.settings.lease.reaper_interval_s):
             try:
                 self.sweep()

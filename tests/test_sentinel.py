@@ -167,6 +167,9 @@ def test_clients_follow_the_master_across_a_failover(group: SentinelGroup, tmp_p
     with serving(dep):
         procs = [dep.start_api(), dep.start_worker("echo"), dep.start_reaper()]
         pids = [p.process.pid for p in procs]
+        # The reaper checks Redis once at start (and exits if it does not answer): let it
+        # start before the kill, as a deployment's long-running reaper would have.
+        wait_until(lambda: "reaper sweeping every" in procs[2].log(), procs[2], timeout_s=60)
         http = _client(dep)
         before = [_submit(http) for _ in range(3)]
         assert all(_wait_succeeded(http, job_id) for job_id in before)
