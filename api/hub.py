@@ -18,22 +18,31 @@ import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
 from jobs import keys
 from jobs.errors import Unavailable
+from jobs.models import Event
 
 log = logging.getLogger(__name__)
 
 RESYNC: dict[str, Any] = {"type": "__resync__"}
+"""Put in every queue after the hub lost its connection: re-read from Redis."""
 SUBSCRIBE_TIMEOUT_S = 10.0
 
 
-Subscribers = dict[str, set[asyncio.Queue[dict[str, Any]]]]
+T = TypeVar("T")
+Queue = asyncio.Queue
+Subscribers = dict[str, set[Queue[T]]]
 """job id -> the queues of its local subscribers."""
+Notice = dict[str, Any]
+Ends = Queue[Notice]
+"""What a request waiting for a job's end reads: its end notice, or `RESYNC`."""
+Followed = Queue[Event | Notice]
+"""What a request following a job's events reads: each event, or `RESYNC`."""
 
 
 class _Listener:
@@ -100,8 +109,8 @@ class _Listener:
 
 class EventHub:
     def __init__(self, client: aredis.Redis, *, events_linger_s: float = 30.0) -> None:
-        self._waiters: Subscribers = {}
-        self._followers: Subscribers = {}
+        self._waiters: Subscribers[Notice] = {}
+        self._followers: Subscribers[Event | Notice] = {}
         self._ends = _Listener(
             client,
             keys.ENDS_CHANNEL,
@@ -111,7 +120,7 @@ class EventHub:
         self._events = _Listener(
             client,
             keys.EVENTS_CHANNEL,
-            functools.partial(_dispatch, self._followers),
+            functools.partial(_dispatch_events, self._followers),
             functools.partial(_resync, self._followers),
         )
         self._events_linger_s = events_linger_s
@@ -133,19 +142,24 @@ class EventHub:
         """Whether the hub listens to every event (some request follows a job's events)."""
         return self._events.listening
 
+    def subscribe(self, job_id: str) -> contextlib.AbstractAsyncContextManager[Followed]:
+        """A queue of the job's events as they are announced (and `RESYNC` after a lost
+        connection), from the moment this returns: for a request that follows them."""
+        return self._subscribe(self._followers, job_id)
+
+    def subscribe_ends(self, job_id: str) -> contextlib.AbstractAsyncContextManager[Ends]:
+        """A queue of the job's terminal status notice (and `RESYNC`), for a request that
+        waits for the end: that notice carries the job's fields as `job` unless they are
+        large (`lua.NOTICE_JOB_MAX_BYTES`)."""
+        return self._subscribe(self._waiters, job_id)
+
     @contextlib.asynccontextmanager
-    async def subscribe(
-        self, job_id: str, *, ends_only: bool = False
-    ) -> AsyncIterator[asyncio.Queue[dict[str, Any]]]:
-        """A queue of the job's notices, from the moment this returns; with `ends_only`,
-        of its terminal status notice (and `RESYNC`) alone, for a request that waits for
-        the end: that notice carries the job's fields as `job` unless they are large
-        (`lua.NOTICE_JOB_MAX_BYTES`)."""
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        table = self._waiters if ends_only else self._followers
+    async def _subscribe(self, table: Subscribers[T], job_id: str) -> AsyncIterator[Queue[T]]:
+        queue: Queue[T] = asyncio.Queue()
         table.setdefault(job_id, set()).add(queue)
+        following = table is self._followers
         try:
-            if not ends_only:
+            if following:
                 if self._events_idle is not None:
                     self._events_idle.cancel()
                     self._events_idle = None
@@ -157,7 +171,7 @@ class EventHub:
                 subs.discard(queue)
                 if not subs:
                     del table[job_id]
-            if not ends_only and not self._followers and self._events_idle is None:
+            if following and not self._followers and self._events_idle is None:
                 loop = asyncio.get_running_loop()
                 self._events_idle = loop.call_later(self._events_linger_s, self._stop_events)
 
@@ -167,16 +181,30 @@ class EventHub:
             self._events.close()
 
 
-def _dispatch(table: Subscribers, raw: str) -> None:
+def _dispatch(table: Subscribers[Notice], raw: str) -> None:
     """Each notice of a message (one, or a JSON array of those a worker wrote together)
     to the local subscribers of its job."""
-    parsed: dict[str, Any] | list[dict[str, Any]] = json.loads(raw)
-    for notice in parsed if isinstance(parsed, list) else (parsed,):
+    for notice in _notices(raw):
         for queue in table.get(notice["job_id"], ()):
             queue.put_nowait(notice)
 
 
-def _resync(table: Subscribers) -> None:
+def _dispatch_events(table: Subscribers[Event | Notice], raw: str) -> None:
+    """Like `_dispatch`, as events (each validated once, whatever its subscribers)."""
+    for notice in _notices(raw):
+        subs = table.get(notice["job_id"])
+        if subs:
+            event = Event.model_validate(notice)
+            for queue in subs:
+                queue.put_nowait(event)
+
+
+def _notices(raw: str) -> list[Notice]:
+    parsed: Notice | list[Notice] = json.loads(raw)
+    return parsed if isinstance(parsed, list) else [parsed]
+
+
+def _resync(table: Subscribers[T]) -> None:
     for subs in table.values():
         for queue in subs:
-            queue.put_nowait(RESYNC)
+            queue.put_nowait(RESYNC)  # type: ignore[arg-type]  # every table takes RESYNC

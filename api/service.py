@@ -188,7 +188,7 @@ class JobService:
         """Submit, then wait up to `timeout_s` for the end; subscribed before the job
         exists, so no notice can be missed and the new job needs no second read."""
         job_id = new_job_id()
-        async with self._hub.subscribe(job_id, ends_only=True) as notices:
+        async with self._hub.subscribe_ends(job_id) as notices:
             job, created = await self.submit(owner, body, idempotency_key, job_id=job_id)
             if not created:
                 return await self.wait(owner, job.id, timeout_s)
@@ -196,7 +196,7 @@ class JobService:
 
     async def wait(self, owner: str, job_id: str, timeout_s: float) -> Job:
         """The job once it has ended, or as it is after `timeout_s`."""
-        async with self._hub.subscribe(job_id, ends_only=True) as notices:
+        async with self._hub.subscribe_ends(job_id) as notices:
             return await self._wait_on(owner, await self.get(owner, job_id), notices, timeout_s)
 
     async def _wait_on(

@@ -45,19 +45,23 @@ async def follow(
             if batch[-1].ends:
                 return
         while True:
-            try:
-                arrived = [await asyncio.wait_for(notices.get(), keepalive_s)]
-            except TimeoutError:
-                yield KEEPALIVE
-                continue
+            if notices.empty():
+                try:
+                    async with asyncio.timeout(keepalive_s):
+                        arrived = [await notices.get()]  # on a timeout it stays queued
+                except TimeoutError:
+                    yield KEEPALIVE
+                    continue
+            else:
+                arrived = [notices.get_nowait()]
             while not notices.empty():
                 arrived.append(notices.get_nowait())
             batch = []
             for notice in arrived:
-                if notice.get("type") == "__resync__":
+                if isinstance(notice, Event):
+                    batch.append(notice)
+                else:  # RESYNC: the hub lost its connection, notices may be missing
                     batch += await store.events(job_id, f"{last[0]}-{last[1]}")
-                else:
-                    batch.append(Event.model_validate(notice))
             batch = _up_to_end([e for e in batch if stream_id_key(e.id) > last])
             if not batch:
                 continue

@@ -1,10 +1,12 @@
-"""Event delivery delay: a worker's publish to an SSE client's receipt, through one API process.
+"""Event delivery delay: a worker's publish to a client's receipt, through one API process.
 
     python -m bench.events [--url http://127.0.0.1:8000 --redis-url redis://...]
-                           [--streams 1,1000] [--rounds N] [--out bench/results/events.json]
+                           [--streams 1,100,1000] [--ws 1,100] [--rounds N]
+                           [--out bench/results/events.json]
 
 For each level of N concurrent streams it submits N `noop` jobs through the API (no worker
-runs, so they stay queued), opens one `GET /v1/jobs/{id}/events` SSE stream per job and
+runs, so they stay queued), opens one `GET /v1/jobs/{id}/events` SSE stream per job (or,
+for the `--ws` levels, one `/v1/jobs/{id}/ws` websocket per job) and
 waits until each stream has replayed its `queued` status event. Then a publisher process
 acts as the worker: each round it calls `JobStore.append_event(job, PROGRESS, {"sent_ns":
 time.time_ns(), ...})` once per job, and each stream notes `time.time_ns()` when the event
@@ -99,7 +101,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--redis-url", help="its Redis (default with --url: MMQ_REDIS_URL or the config's)"
     )
-    parser.add_argument("--streams", type=parse_levels, default=[1, 1000], help="e.g. 1,1000")
+    parser.add_argument(
+        "--streams", type=parse_levels, default=[1, 100, 1000], help="SSE levels, e.g. 1,1000"
+    )
+    parser.add_argument(
+        "--ws",
+        type=lambda text: [] if text in ("", "none") else parse_levels(text),
+        default=[1, 100],
+        help="websocket levels (default 1,100; 'none' for none)",
+    )
     parser.add_argument(
         "--rounds",
         type=int,
@@ -260,6 +270,7 @@ def level_errors(streams: list[Stream], receipts: Receipts, rounds: Rounds) -> C
 
 
 def summarize(
+    transport: str,
     streams: list[Stream],
     rounds_count: int,
     rounds: Rounds,
@@ -276,10 +287,11 @@ def summarize(
     failures = missing + broken + len(extra_errors) + sum(rounds.errors.values())
     span_s = sum(last - first for first, last in receipts.spans.values()) / 1e9
     delays = receipts.delays_s
-    goal = GOALS_P50_MS.get(len(streams))
+    goal = GOALS_P50_MS.get(len(streams)) if transport == "sse" else None
     p50 = percentile_ms(delays, 50)
     return LevelResult(
         streams=len(streams),
+        transport=transport,
         rounds=rounds_count,
         published=rounds.published,
         received=receipts.received,
@@ -341,7 +353,7 @@ async def measure_rounds(
     return rounds
 
 
-async def run_level(ctx: Context, count: int) -> LevelResult:
+async def run_level(ctx: Context, transport: str, count: int) -> LevelResult:
     """Submit, open, measure, cancel (submits and cancels on a small client of their own)."""
     rounds_count = rounds_for(ctx.args, count)
     tracker = Tracker()
@@ -352,7 +364,7 @@ async def run_level(ctx: Context, count: int) -> LevelResult:
         rss["before_streams"] = rss_kb(ctx.api_pid)
         start = time.perf_counter()
         lanes = ctx.args.open_lanes
-        streams, tasks = await open_streams(stack, ctx.api_url, job_ids, tracker, lanes)
+        streams, tasks = await open_streams(stack, ctx.api_url, job_ids, tracker, lanes, transport)
         open_s = time.perf_counter() - start
         ctx.check()
         rss["streams_open"] = rss_kb(ctx.api_pid)
@@ -362,7 +374,7 @@ async def run_level(ctx: Context, count: int) -> LevelResult:
         cpu_after = cpu_s(ctx.api_pid)
         rss["after_rounds"] = rss_kb(ctx.api_pid)
         close_errors = await close_streams(control, streams, tasks)
-    result = summarize(streams, rounds_count, rounds, open_s, close_errors)
+    result = summarize(transport, streams, rounds_count, rounds, open_s, close_errors)
     result.api_rss_kb = rss
     result.redis_clients = clients
     if cpu_before is not None and cpu_after is not None and rounds.all_published:
@@ -372,9 +384,10 @@ async def run_level(ctx: Context, count: int) -> LevelResult:
 
 async def run_levels(ctx: Context) -> list[LevelResult]:
     results = []
-    for count in ctx.args.streams:
-        console.print(f"  {count} stream(s): submitting, opening, measuring...")
-        result = await run_level(ctx, count)
+    levels = [("sse", n) for n in ctx.args.streams] + [("ws", n) for n in ctx.args.ws]
+    for transport, count in levels:
+        console.print(f"  {count} {transport} stream(s): submitting, opening, measuring...")
+        result = await run_level(ctx, transport, count)
         print_progress(result)
         results.append(result)
     return results
@@ -477,6 +490,7 @@ def run_meta(args: argparse.Namespace, deployment: Deployment) -> dict[str, Any]
         "redis_url": deployment.redis_url,
         "started_api": deployment.api_pid is not None,
         "streams_levels": args.streams,
+        "ws_levels": args.ws,
         "gap_ms": args.gap_ms,
         "round_timeout_s": args.round_timeout_s,
         "open_lanes": args.open_lanes,

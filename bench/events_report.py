@@ -38,6 +38,8 @@ class RedisClients:
 class LevelResult:
     streams: int
     rounds: int
+    transport: str
+    """`sse`, or `ws` (the job's websocket)."""
     published: int
     """Events published in the measured rounds: one per open stream per round (a stream
     that failed to open gets none and counts as a failure)."""
@@ -64,16 +66,16 @@ class LevelResult:
     errors: dict[str, int] = field(default_factory=dict)
 
 
-DELAY_COLUMNS = ("streams", "rounds", "events", "p50 ms", "p90 ms", "p99 ms", "max ms",
+DELAY_COLUMNS = ("via", "streams", "rounds", "events", "p50 ms", "p90 ms", "p99 ms", "max ms",
                  "events/s", "p50 goal", "fail")  # fmt: skip
-COST_COLUMNS = ("streams", "API RSS MiB", "KiB/stream", "API CPU us/event", "Redis conns",
+COST_COLUMNS = ("via", "streams", "API RSS MiB", "KiB/stream", "API CPU us/event", "Redis conns",
                 "bench", "API+other", "pub/sub", "open s")  # fmt: skip
 RSS_POINTS = ("before_streams", "streams_open", "after_rounds")
 
 
 def print_progress(r: LevelResult) -> None:
     console.print(
-        f"  {r.streams} stream(s): p50 {r.p50_ms:.2f} ms  p99 {r.p99_ms:.2f} ms  "
+        f"  {r.streams} {r.transport} stream(s): p50 {r.p50_ms:.2f} ms  p99 {r.p99_ms:.2f} ms  "
         f"{r.received}/{r.published} events  failures {r.failures}",
         highlight=False,
     )
@@ -99,6 +101,7 @@ def new_table(title: str, columns: tuple[str, ...]) -> Table:
 
 def delay_row(r: LevelResult) -> list[str]:
     return [
+        r.transport,
         str(r.streams),
         str(r.rounds),
         f"{r.received}/{r.published}",
@@ -110,7 +113,8 @@ def delay_row(r: LevelResult) -> list[str]:
 
 
 def delay_table(results: list[LevelResult]) -> Table:
-    table = new_table("Event delay: worker publish -> SSE receipt, one API process", DELAY_COLUMNS)
+    title = "Event delay: worker publish -> client receipt (SSE or websocket), one API process"
+    table = new_table(title, DELAY_COLUMNS)
     for r in results:
         table.add_row(*delay_row(r), style="red" if r.failures else None)
     return table
@@ -128,7 +132,7 @@ def cost_row(r: LevelResult) -> list[str]:
     cpu = "-" if r.api_cpu_us_per_event is None else f"{r.api_cpu_us_per_event:,.0f}"
     c = r.redis_clients
     conns = [str(c.total), str(c.bench), str(c.others), str(c.subscribers)] if c else ["-"] * 4
-    return [str(r.streams), rss, per_stream_kib(r), cpu, *conns, f"{r.open_s:.2f}"]
+    return [r.transport, str(r.streams), rss, per_stream_kib(r), cpu, *conns, f"{r.open_s:.2f}"]
 
 
 def cost_table(results: list[LevelResult]) -> Table:

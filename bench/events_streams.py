@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import httpx
+from websockets.asyncio.client import connect as ws_connect
 
-from common.sse import SseMessage, SseParser
+from common.sse import SseParser
 from jobs.states import TERMINAL_VALUES
 
 NOOP_KIND = "noop"
@@ -63,8 +64,8 @@ class Stream:
     """(receipt time.time_ns(), SSE data) of each progress event; parsed after the level."""
 
 
-def on_status(stream: Stream, message: SseMessage) -> None:
-    status = json.loads(message.data).get("data", {}).get("status")
+def on_status(stream: Stream, data: str) -> None:
+    status = json.loads(data).get("data", {}).get("status")
     if status == "queued":
         stream.ready = True
         stream.settled.set()
@@ -89,7 +90,7 @@ async def read_stream(client: httpx.AsyncClient, stream: Stream, tracker: Tracke
                     stream.received.append((time.time_ns(), message.data))
                     tracker.hit()
                 elif message.event == "status":
-                    on_status(stream, message)
+                    on_status(stream, message.data)
         if not stream.ended:
             stream.error = "stream closed before the terminal status"
     except Exception as exc:
@@ -98,10 +99,37 @@ async def read_stream(client: httpx.AsyncClient, stream: Stream, tracker: Tracke
         stream.settled.set()
 
 
+async def read_ws(api_url: str, stream: Stream, tracker: Tracker) -> None:
+    """Follow the job's events on its websocket until the server closes it; never raises."""
+    url = api_url.replace("http", "ws", 1) + f"/v1/jobs/{stream.job_id}/ws"
+    try:
+        async with ws_connect(url, max_queue=None, compression=None) as ws:
+            async for message in ws:
+                text = message if isinstance(message, str) else message.decode()
+                kind = json.loads(text)["type"]  # what the SSE parser does for its stream
+                if kind == "progress":
+                    stream.received.append((time.time_ns(), text))
+                    tracker.hit()
+                elif kind == "status":
+                    on_status(stream, text)
+        if not stream.ended:
+            stream.error = "websocket closed before the terminal status"
+    except Exception as exc:
+        stream.error = f"websocket: {type(exc).__name__}: {exc}"[:200]
+    finally:
+        stream.settled.set()
+
+
 async def open_streams(
-    stack: AsyncExitStack, api_url: str, job_ids: list[str], tracker: Tracker, lanes: int
+    stack: AsyncExitStack,
+    api_url: str,
+    job_ids: list[str],
+    tracker: Tracker,
+    lanes: int,
+    transport: str = "sse",
 ) -> tuple[list[Stream], list[asyncio.Task[None]]]:
-    """One stream per job, `lanes` opening at a time, each until its `queued` replay.
+    """One stream per job (SSE, or websockets with `transport="ws"`), `lanes` opening at
+    a time, each until its `queued` replay.
 
     Each batch of `lanes` streams has an httpx client of its own (closed by `stack`):
     httpx's pool scans all its connections whenever one is released, so one pool of
@@ -110,8 +138,11 @@ async def open_streams(
     tasks: list[asyncio.Task[None]] = []
     for start in range(0, len(streams), lanes):
         batch = streams[start : start + lanes]
-        client = await stack.enter_async_context(http_client(api_url, len(batch)))
-        tasks += [asyncio.create_task(read_stream(client, s, tracker)) for s in batch]
+        if transport == "ws":
+            tasks += [asyncio.create_task(read_ws(api_url, s, tracker)) for s in batch]
+        else:
+            client = await stack.enter_async_context(http_client(api_url, len(batch)))
+            tasks += [asyncio.create_task(read_stream(client, s, tracker)) for s in batch]
         waits = [asyncio.wait_for(s.settled.wait(), 30) for s in batch]
         for stream, outcome in zip(
             batch, await asyncio.gather(*waits, return_exceptions=True), strict=True

@@ -15,7 +15,7 @@ import redis.asyncio as aredis
 
 from api.hub import EventHub
 from jobs import keys
-from jobs.models import EventType, WebhookSpec
+from jobs.models import Event, EventType, WebhookSpec
 from jobs.settings import Settings
 from jobs.store import JobStore, NewEvent
 from workers.events import EventWriter, merged
@@ -99,9 +99,10 @@ async def test_one_notice_of_several_jobs_reaches_each_jobs_followers(
             async with asyncio.timeout(5):
                 got_one = [await one.get(), await one.get()]
                 got_two = [await two.get()]
-        assert [n["id"] for n in got_one] == [ids[0], ids[2]]
-        assert [n["data"]["text"] for n in got_one] == ["a", "c"]
-        assert got_two[0]["id"] == ids[1] and got_two[0]["job_id"] == second
+        assert all(isinstance(e, Event) for e in [*got_one, *got_two])
+        assert [e.id for e in got_one] == [ids[0], ids[2]]
+        assert [e.data["text"] for e in got_one] == ["a", "c"]
+        assert (got_two[0].id, got_two[0].job_id) == (ids[1], second)
     finally:
         await hub.stop()
         await client.aclose()

@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import redis
@@ -17,12 +17,13 @@ import redis.asyncio as aredis
 from api.hub import RESYNC, EventHub
 from jobs import keys
 from jobs.codec import job_to_fields
-from jobs.models import EventType, Job
+from jobs.models import Event, EventType, Job
 from jobs.settings import Settings
 from jobs.states import JobStatus
 from jobs.store import JobStore, Lease, transition
 
 Notice = dict[str, Any]
+T = TypeVar("T")
 HUB_NAME = "test-hub"
 RUNNING = frozenset({JobStatus.RUNNING})
 
@@ -59,16 +60,17 @@ def _run_to_end(store: JobStore, job: Job) -> None:
     assert store.apply(end).ok
 
 
-async def _until(queue: asyncio.Queue[Notice], last: Callable[[Notice], bool]) -> list[Notice]:
-    got: list[Notice] = []
+async def _until(queue: asyncio.Queue[T], last: Callable[[T], bool]) -> list[T]:
+    got: list[T] = []
     async with asyncio.timeout(5):
         while not got or not last(got[-1]):
             got.append(await queue.get())
     return got
 
 
-def _succeeded(notice: Notice) -> bool:
-    return bool(notice["data"].get("status") == "succeeded")
+def _succeeded(notice: Notice | Event) -> bool:
+    data = notice.data if isinstance(notice, Event) else notice["data"]
+    return bool(data.get("status") == "succeeded")
 
 
 @asynccontextmanager
@@ -89,7 +91,7 @@ def test_a_waiting_request_gets_the_end_with_the_job_and_nothing_else(
     async def main() -> list[Notice]:
         async with _hub(redis_url, 0.2) as hub:
             job = _put(store)
-            async with hub.subscribe(job.id, ends_only=True) as queue:
+            async with hub.subscribe_ends(job.id) as queue:
                 assert not hub.following  # nobody follows events: that channel is shut
                 await asyncio.to_thread(_run_to_end, store, job)
                 got = await _until(queue, _succeeded)
@@ -105,16 +107,16 @@ def test_a_waiting_request_gets_the_end_with_the_job_and_nothing_else(
 def test_followers_open_the_events_channel_until_the_last_leaves(
     redis_url: str, store: JobStore
 ) -> None:
-    async def follow_one(hub: EventHub) -> list[Notice]:
+    async def follow_one(hub: EventHub) -> list[Event]:
         job = _put(store)
-        async with hub.subscribe(job.id) as queue, hub.subscribe(job.id, ends_only=True) as end:
+        async with hub.subscribe(job.id) as queue, hub.subscribe_ends(job.id) as end:
             assert hub.following
             await asyncio.to_thread(_run_to_end, store, job)
             events = await _until(queue, _succeeded)
             assert "job" in (await _until(end, _succeeded))[0]
-            return events
+            return [e for e in events if isinstance(e, Event)]
 
-    async def main() -> tuple[list[Notice], list[Notice], list[bool]]:
+    async def main() -> tuple[list[Event], list[Event], list[bool]]:
         async with _hub(redis_url, 0.3) as hub:
             first = await follow_one(hub)
             following = [hub.following]  # it lingers after the last follower left
@@ -126,9 +128,11 @@ def test_followers_open_the_events_channel_until_the_last_leaves(
     first, second, following = asyncio.run(main())
     assert following == [True, False]
     for events in (first, second):
-        assert [e["type"] for e in events] == ["status", "progress", "status"]
-        assert [e["data"].get("status") for e in events] == ["running", None, "succeeded"]
-        assert all("job" not in e for e in events)  # followers get events as streamed
+        assert [e.type for e in events] == ["status", "progress", "status"]
+        assert [e.data.get("status") for e in events] == ["running", None, "succeeded"]
+        # Followers get each event as in the job's stream (no job fields).
+        streamed = store.events(events[0].job_id)
+        assert events == streamed
 
 
 def test_after_a_lost_connection_every_subscriber_is_told_to_resync(
@@ -137,7 +141,7 @@ def test_after_a_lost_connection_every_subscriber_is_told_to_resync(
     async def main() -> tuple[Notice, Notice, list[Notice]]:
         async with _hub(redis_url, 5.0) as hub:
             job = _put(store)
-            async with hub.subscribe(job.id) as queue, hub.subscribe(job.id, ends_only=True) as end:
+            async with hub.subscribe(job.id) as queue, hub.subscribe_ends(job.id) as end:
                 killed = 0
                 for conn in store.r.client_list(_type="pubsub"):
                     if conn["name"] == HUB_NAME:
@@ -158,7 +162,7 @@ def test_a_malformed_notice_is_skipped_and_the_hub_listens_on(
     async def main() -> list[Notice]:
         async with _hub(redis_url, 5.0) as hub:
             job = _put(store)
-            async with hub.subscribe(job.id, ends_only=True) as end:
+            async with hub.subscribe_ends(job.id) as end:
                 store.r.publish(keys.ENDS_CHANNEL, f'{{"job_id":"{job.id}","type":')
                 await asyncio.to_thread(_run_to_end, store, job)
                 return await _until(end, _succeeded)
@@ -176,7 +180,7 @@ def test_notices_are_read_as_json_whatever_their_spacing_or_key_order(
     async def main() -> list[Notice]:
         async with _hub(redis_url, 5.0) as hub:
             job = _put(store)
-            async with hub.subscribe(job.id, ends_only=True) as end:
+            async with hub.subscribe_ends(job.id) as end:
                 other = {"id": "1-0", "job_id": "job_other", "type": "status", "ts": 1.0}
                 store.r.publish(keys.ENDS_CHANNEL, json.dumps(other | {"data": {}}))
                 ours = {"type": "status", "data": {"status": "succeeded"}, "job_id": job.id}
