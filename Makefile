@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[dev,asr,image,llm]"
+	$(BIN)/pip install -q -e ".[dev,asr,image,llm,tune]"
 	bash scripts/install_tts.sh $(BIN)
 	touch $(STAMP)
 
@@ -26,7 +26,7 @@ test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
-PACKAGES := jobs api workers host cluster common pipelines storage mmq
+PACKAGES := jobs api workers host cluster common pipelines storage mmq tuning
 
 lint: install
 	$(BIN)/ruff check .

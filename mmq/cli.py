@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from jobs.settings import Settings, load_settings
+from mmq.tune import tune
 
 if TYPE_CHECKING:
     from host.placement import Plan
@@ -400,6 +401,8 @@ def keys_revoke(name: str, config: ConfigOpt = None) -> None:
     client = redis_client.connect(str(_with_redis(settings).redis_url))
     typer.echo(f"revoked {revoke_owner(client, name)} key(s)")
 
+
+app.command()(tune)
 
 if __name__ == "__main__":
     app()

@@ -89,3 +89,33 @@ class SleepPipeline(SimplePipeline[SleepInput]):
             time.sleep(request.input.step_ms / 1000)
             request.progress(step, total)
         request.succeed({"steps": total, "pid": os.getpid()})
+
+
+class BatchCostInput(JobInput):
+    text: str = Field(default="x", max_length=100)
+
+
+class BatchCostPipeline(SimplePipeline[BatchCostInput]):
+    """A model whose batch time is known: `BASE_MS` for up to `KNEE` requests, `EXTRA_MS`
+    more for each one beyond. Batching pays up to `KNEE` and hurts past it, so under a
+    closed loop of 4 and 8 clients, with batches that wait to fill, `max_batch = KNEE`
+    serves the most requests within a few hundred ms (the answer `mmq tune` must find).
+    `options.fail_load` makes its start fail (a candidate that cannot run)."""
+
+    kind = "batchcost"
+    BASE_MS = 100
+    KNEE = 4
+    EXTRA_MS = 100
+
+    def load(self) -> None:
+        if self.config.options.get("fail_load"):
+            raise RuntimeError("asked to fail by options.fail_load")
+
+    def batch_key(self, request: BatchCostInput) -> Hashable | None:
+        return "all"
+
+    def run(self, batch: Sequence[Request[BatchCostInput]]) -> None:
+        extra = max(0, len(batch) - self.KNEE) * self.EXTRA_MS
+        time.sleep((self.BASE_MS + extra) / 1000)
+        for request in batch:
+            request.succeed({"batch_size": len(batch)})

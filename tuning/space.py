@@ -1,0 +1,197 @@
+"""The knobs `mmq tune` may turn, the values it tries, and the candidates they make.
+
+A knob is a field of `[pipelines.NAME]` (`max_batch`, `max_wait_ms`, `runners`,
+`concurrency`, `instances`) or one of its `options` (`options.max_inflight`; the LLM's
+engine knobs `options.max_num_seqs`, `options.max_num_batched_tokens`,
+`options.gpu_memory_utilization`; TTS `options.threads`; ASR `options.cpu_threads`).
+Each kind has a default space; `--knob NAME=V1,V2,...` widens or narrows one knob,
+`--fix NAME=V` pins it. A knob left out of the space keeps the config's value.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobs.settings import PipelineConfig
+
+Value = int | float
+Candidate = dict[str, Value]
+"""Knob -> value; every knob of the space has one."""
+
+ENGINE_KNOBS = ("max_batch", "max_wait_ms", "runners", "concurrency", "instances")
+INTEGER_KNOBS = frozenset(
+    {
+        "max_batch", "runners", "concurrency", "instances", "options.max_inflight",
+        "options.max_num_seqs", "options.max_num_batched_tokens", "options.threads",
+        "options.cpu_threads", "options.num_workers",
+    }
+)  # fmt: skip
+
+DEFAULT_SPACES: dict[str, dict[str, list[Value]]] = {
+    "asr": {"max_batch": [1, 2, 4, 8], "max_wait_ms": [0, 10, 50], "runners": [1, 2]},
+    "tts": {"instances": [1, 2], "options.threads": [0, 1]},
+    "image": {"max_batch": [1, 2, 4], "max_wait_ms": [0, 50, 200]},
+    "llm": {"options.max_inflight": [4, 8, 16, 32]},
+}
+"""The values tried for each kind unless told otherwise."""
+GENERIC_SPACE: dict[str, list[Value]] = {"max_batch": [1, 2, 4, 8], "max_wait_ms": [0, 20, 100]}
+"""For a kind of the user's own."""
+VLLM_SPACE: dict[str, list[Value]] = {
+    "options.max_num_seqs": [64, 128, 256],
+    "options.max_num_batched_tokens": [2048, 8192],
+    "options.gpu_memory_utilization": [0.85, 0.92],
+}
+"""Added to the LLM space where the engine is vLLM."""
+KNOWN_OPTIONS: dict[str, frozenset[str]] = {
+    "asr": frozenset({"cpu_threads", "num_workers", "beam_size"}),
+    "tts": frozenset({"threads"}),
+    "llm": frozenset(
+        {"max_inflight", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"}
+    ),
+}
+
+
+class KnobError(ValueError):
+    """An unknown knob, or a value it cannot take."""
+
+
+@dataclass
+class Space:
+    knobs: dict[str, list[Value]]
+    """Each knob's values, in order (neighbours are adjacent)."""
+    base: Candidate
+    """The config's own value of every knob: the candidate to beat."""
+    notes: list[str] = field(default_factory=list)
+
+    def grid(self) -> Iterator[Candidate]:
+        names = list(self.knobs)
+        for values in itertools.product(*(self.knobs[n] for n in names)):
+            yield dict(zip(names, values, strict=True))
+
+    @property
+    def size(self) -> int:
+        count = 1
+        for values in self.knobs.values():
+            count *= len(values)
+        return count
+
+    def snap(self, candidate: Candidate) -> Candidate:
+        """`candidate` with each value moved to the nearest value of its knob."""
+        return {
+            name: min(values, key=lambda v: abs(float(v) - float(candidate[name])))
+            for name, values in self.knobs.items()
+        }
+
+    def neighbours(self, candidate: Candidate) -> list[Candidate]:
+        """Candidates one step away on one knob."""
+        out = []
+        for name, values in self.knobs.items():
+            at = values.index(candidate[name])
+            for step in (-1, 1):
+                if 0 <= at + step < len(values):
+                    out.append({**candidate, name: values[at + step]})
+        return out
+
+
+def key(candidate: Mapping[str, Value]) -> str:
+    """A candidate as text: `max_batch=4 max_wait_ms=10`."""
+    return " ".join(f"{name}={_text(value)}" for name, value in candidate.items())
+
+
+def build_space(
+    kind: str,
+    config: PipelineConfig,
+    widen: Mapping[str, Sequence[Value]],
+    fix: Mapping[str, Value],
+) -> Space:
+    """The kind's default space, with `widen`'s knobs set to their values and `fix`'s
+    pinned; raises KnobError for a knob this pipeline does not have."""
+    knobs: dict[str, list[Value]] = {
+        name: list(values) for name, values in DEFAULT_SPACES.get(kind, GENERIC_SPACE).items()
+    }
+    if kind == "llm" and str(config.options.get("engine", "")) == "vllm":
+        knobs.update({name: list(values) for name, values in VLLM_SPACE.items()})
+    for name, values in widen.items():
+        check_knob(kind, config, name)
+        knobs[name] = sorted({_typed(name, v) for v in values})
+    for name, value in fix.items():
+        check_knob(kind, config, name)
+        knobs[name] = [_typed(name, value)]
+    base = {name: current_value(config, name) for name in knobs}
+    for name, value in base.items():
+        if value not in knobs[name]:  # the config's own value is always a candidate
+            knobs[name] = sorted({*knobs[name], value}) if name not in fix else knobs[name]
+    space = Space(knobs, base)
+    if "concurrency" not in knobs:
+        space.notes.append(
+            "concurrency follows max_batch x runners where the config's is lower "
+            "(a worker never holds fewer requests than one batch per runner)"
+        )
+    return space
+
+
+def check_knob(kind: str, config: PipelineConfig, name: str) -> None:
+    if name in ENGINE_KNOBS:
+        return
+    option = name.removeprefix("options.")
+    known = KNOWN_OPTIONS.get(kind, frozenset()) | set(config.options)
+    if name.startswith("options.") and option in known:
+        return
+    choices = [*ENGINE_KNOBS, *(f"options.{o}" for o in sorted(known))]
+    raise KnobError(f"unknown knob {name!r} for a {kind} pipeline; one of {', '.join(choices)}")
+
+
+def current_value(config: PipelineConfig, name: str) -> Value:
+    """The knob's value in `config` (an option it does not set reads as 0)."""
+    if name in ENGINE_KNOBS:
+        value = getattr(config, name)
+    else:
+        value = config.options.get(name.removeprefix("options."), 0)
+    return _typed(name, value)
+
+
+def apply(config: PipelineConfig, candidate: Mapping[str, Value], follow: bool) -> PipelineConfig:
+    """`config` with the candidate's knobs; with `follow`, concurrency rises to at least
+    max_batch x runners."""
+    fields: dict[str, Any] = {n: v for n, v in candidate.items() if n in ENGINE_KNOBS}
+    options = dict(config.options)
+    options.update({n.removeprefix("options."): v for n, v in candidate.items() if n not in fields})
+    updated = config.model_copy(update={**fields, "options": options})
+    if follow:
+        floor = updated.max_batch * updated.runners
+        if updated.concurrency < floor:
+            updated = updated.model_copy(update={"concurrency": floor})
+    return updated
+
+
+def parse_assignment(text: str, many: bool) -> tuple[str, list[Value]]:
+    """`NAME=V1,V2` (or `NAME=V` where not `many`)."""
+    name, sep, values = text.replace(" ", "").partition("=")
+    if not sep or not name or not values:
+        form = "NAME=V1,V2,..." if many else "NAME=VALUE"
+        raise KnobError(f"{text!r}: write {form}")
+    parts = values.split(",")
+    if not many and len(parts) > 1:
+        raise KnobError(f"{text!r}: --fix takes one value; use --knob for several")
+    return name, [_typed(name, p) for p in parts]
+
+
+def _typed(name: str, value: object) -> Value:
+    try:
+        number = float(str(value))
+    except ValueError:
+        raise KnobError(f"knob {name}: {value!r} is not a number") from None
+    if number < 0:
+        raise KnobError(f"knob {name}: {value!r} is negative")
+    if name in INTEGER_KNOBS:
+        if number != int(number):
+            raise KnobError(f"knob {name}: {value!r} is not a whole number")
+        return int(number)
+    return int(number) if number == int(number) else number
+
+
+def _text(value: Value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
