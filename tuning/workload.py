@@ -94,12 +94,13 @@ def schedule(level: Level, count: int, seed: int) -> tuple[list[int], list[float
 def from_file(path: Path, kind: str, settings: Settings) -> Workload:
     if not path.is_file():
         raise WorkloadError(f"workload file {path} does not exist")
-    inputs, errors = [], []
+    inputs: list[tuple[str, dict[str, Any]]] = []
+    errors: list[str] = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
-            inputs.append(_job_input(json.loads(line), kind, path.parent))
+            inputs.append((f"line {number}", _job_input(json.loads(line), kind, path.parent)))
         except json.JSONDecodeError as exc:
             errors.append(f"line {number}: not JSON ({exc.msg})")
         except WorkloadError as exc:
@@ -108,10 +109,11 @@ def from_file(path: Path, kind: str, settings: Settings) -> Workload:
 
 
 def from_inputs(texts: Sequence[str], kind: str, settings: Settings) -> Workload:
-    inputs, errors = [], []
+    inputs: list[tuple[str, dict[str, Any]]] = []
+    errors: list[str] = []
     for number, text in enumerate(texts, start=1):
         try:
-            inputs.append(_job_input(json.loads(text), kind, Path.cwd()))
+            inputs.append((f"--input {number}", _job_input(json.loads(text), kind, Path.cwd())))
         except json.JSONDecodeError as exc:
             errors.append(f"--input {number}: not JSON ({exc.msg})")
         except WorkloadError as exc:
@@ -152,7 +154,7 @@ def built_in(kind: str, settings: Settings, spec: BuiltIn, workdir: Path) -> Wor
             f"clip{i}": speech_clip(seconds, workdir) for i, seconds in enumerate(spec.asr_seconds)
         }
         inputs = [{"audio": f"{UPLOAD_PREFIX}{name}"} for name in uploads]
-        checked = _checked(kind, inputs, [], settings, "", None)
+        checked = _checked(kind, _numbered(inputs), [], settings, "", None)
         checked.uploads = uploads
         checked.describe = f"ASR clips of {_list(spec.asr_seconds)} s (Piper speech)"
         return checked
@@ -160,7 +162,7 @@ def built_in(kind: str, settings: Settings, spec: BuiltIn, workdir: Path) -> Wor
         raise WorkloadError(
             f"kind {kind!r} has no built-in workload: give --workload FILE or --input JSON"
         )
-    return _checked(kind, inputs, [], settings, describe, None)
+    return _checked(kind, _numbered(inputs), [], settings, describe, None)
 
 
 @dataclass
@@ -222,35 +224,38 @@ def _job_input(line: Any, kind: str, base: Path) -> dict[str, Any]:
 
 def _checked(
     kind: str,
-    inputs: list[dict[str, Any]],
+    inputs: list[tuple[str, dict[str, Any]]],
     errors: list[str],
     settings: Settings,
     describe: str,
     source: Path | None,
 ) -> Workload:
+    """The inputs (each with where it came from) validated with the kind's schema; raises
+    WorkloadError naming every bad one."""
     schema = schema_for(kind, settings)
-    for number, job in enumerate(inputs, start=1):
-        probe = {
-            k: ("x" if isinstance(v, str) and v.startswith(UPLOAD_PREFIX) else v)
-            for k, v in job.items()
-        }
+    for where, job in inputs:
+        probe = {k: ("x" if _is_upload(v) else v) for k, v in job.items()}
         try:
             schema.model_validate(probe)
         except ValidationError as exc:
             bad = validation_error_field(exc, "input")
-            errors.append(f"job {number}: {bad.field}: {bad.reason}")
+            errors.append(f"{where}: {bad.field}: {bad.reason}")
     if errors:
         where = f"{source}: " if source else ""
         raise WorkloadError(where + "invalid jobs:\n  " + "\n  ".join(errors))
     if not inputs:
         raise WorkloadError("the workload has no jobs")
-    uploads = {
-        v[1:]: Path(v[1:])
-        for job in inputs
-        for v in job.values()
-        if isinstance(v, str) and v.startswith(UPLOAD_PREFIX)
-    }
-    return Workload(kind, inputs, uploads, describe)
+    jobs = [job for _, job in inputs]
+    uploads = {v[1:]: Path(v[1:]) for job in jobs for v in job.values() if _is_upload(v)}
+    return Workload(kind, jobs, uploads, describe)
+
+
+def _is_upload(value: object) -> bool:
+    return isinstance(value, str) and value.startswith(UPLOAD_PREFIX)
+
+
+def _numbered(inputs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(f"built-in job {n}", job) for n, job in enumerate(inputs, start=1)]
 
 
 def _sentences(count: int, start: int) -> str:

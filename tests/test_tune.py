@@ -1,0 +1,204 @@
+"""`mmq tune`: its checks of SLOs, knobs and workloads, and real tunes (a private
+deployment, real workers): a pipeline whose batch cost is known gets the known answer
+written into its config; a candidate that cannot start is reported and skipped; an SLO
+nobody meets is said, with the closest candidate."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from host.launcher import mmq_command
+from jobs.settings import load_settings
+from tests.support.deploy import REPO
+from tuning.report import config_change
+from tuning.slo import Slo, SloError, check_kind, parse_slo
+from tuning.space import KnobError, build_space, parse_assignment
+from tuning.workload import WorkloadError, from_file
+
+BATCHCOST = """\
+# A deployment with one pipeline whose batch cost is known.
+[kinds.batchcost]
+schema = "tests.support.pipelines:BatchCostInput"
+
+[pipelines.batchcost]
+kind = "batchcost"
+impl = "tests.support.pipelines:BatchCostPipeline"
+max_batch = 1      # the knob to tune
+max_wait_ms = 200  # batches wait to fill
+concurrency = 8
+
+[pipelines.batchcost.options]
+fail_load = 0
+"""
+
+
+def test_slos_are_read_with_their_metric_percentile_and_limit() -> None:
+    assert parse_slo("p99=2s") == Slo("e2e", 99, 2000)
+    assert parse_slo("ttft_p99=500ms") == Slo("ttft", 99, 500)
+    assert parse_slo("first_audio_p95 = 0.3s") == Slo("first_audio", 95, 300)
+    assert parse_slo("tpot_p50=50ms").allowed_misses(10) == 5
+    assert str(parse_slo("first_segment_p90=1.5s")) == "first_segment_p90<=1.5s"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("p99", "write METRIC_pNN=DURATION"),
+        ("latency=2s", "write METRIC_pNN=DURATION"),
+        ("ttfb_p99=2s", "unknown metric 'ttfb'"),
+        ("p0=2s", "percentile must be in (0, 100]"),
+        ("p99=fast", "not a positive duration"),
+        ("p99=-1s", "not a positive duration"),
+    ],
+)
+def test_a_bad_slo_says_what_is_wrong(text: str, says: str) -> None:
+    with pytest.raises(SloError, match=None) as caught:
+        parse_slo(text)
+    assert says in str(caught.value)
+
+
+def test_an_slo_of_another_kind_is_refused() -> None:
+    check_kind([parse_slo("ttft_p99=1s"), parse_slo("p50=1s")], "llm")
+    with pytest.raises(SloError, match="ttft applies to llm pipelines, not to kind 'tts'"):
+        check_kind([parse_slo("ttft_p99=1s")], "tts")
+
+
+def test_the_space_has_defaults_per_kind_widened_and_fixed_by_the_user(tmp_path: Path) -> None:
+    config = tmp_path / "mmq.toml"
+    config.write_text(BATCHCOST)
+    settings = load_settings(config)
+    asr = (
+        build_space("asr", settings.pipelines["asr"], {}, {})
+        if "asr" in settings.pipelines
+        else None
+    )
+    assert asr is None  # only the test pipeline is in this config
+    pipeline = settings.pipelines["batchcost"]
+    space = build_space("batchcost", pipeline, {"max_batch": [8, 2]}, {"max_wait_ms": 200})
+    assert space.knobs == {"max_batch": [1, 2, 8], "max_wait_ms": [200]}  # 1: the config's
+    assert space.base == {"max_batch": 1, "max_wait_ms": 200}
+    assert space.size == 3
+    assert space.neighbours({"max_batch": 2, "max_wait_ms": 200}) == [
+        {"max_batch": 1, "max_wait_ms": 200},
+        {"max_batch": 8, "max_wait_ms": 200},
+    ]
+    with pytest.raises(KnobError, match=r"unknown knob 'batch_size'.*max_batch"):
+        build_space("batchcost", pipeline, {"batch_size": [1]}, {})
+    with pytest.raises(KnobError, match=r"unknown knob 'options\.beam'.*options\.fail_load"):
+        build_space("batchcost", pipeline, {}, {"options.beam": 1})
+    with pytest.raises(KnobError, match="not a whole number"):
+        parse_assignment("max_batch=1.5", many=True)
+    with pytest.raises(KnobError, match="--fix takes one value"):
+        parse_assignment("runners=1,2", many=False)
+
+
+def test_a_workload_file_with_bad_jobs_names_each_line(tmp_path: Path) -> None:
+    settings = load_settings(None)
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(
+        "\n".join(
+            [
+                '{"input": {"text": "Hello there."}}',
+                "# a comment",
+                '{"input": {"text": ""}}',
+                "not json",
+                '{"kind": "asr", "input": {"audio": "x"}}',
+                '{"text": "A bare input.", "speed": 9}',
+                '{"input": {"text": "Hi", "reference_audio": "@missing.wav"}}',
+            ]
+        )
+    )
+    with pytest.raises(WorkloadError) as caught:
+        from_file(jobs, "tts", settings)
+    message = str(caught.value)
+    assert "line 4: not JSON" in message
+    assert "line 5: kind 'asr', but the pipeline serves 'tts'" in message
+    assert "line 7: input.reference_audio: no file" in message
+    # Schema errors name the line and the field: the empty text, the speed out of range.
+    assert "line 3: input.text" in message and "line 6: input.speed" in message
+    assert "line 1" not in message
+
+
+def test_the_config_change_keeps_comments_and_other_tables() -> None:
+    changed = config_change(BATCHCOST, "batchcost", {"max_batch": 4, "options.fail_load": 0})
+    assert "max_batch = 4      # the knob to tune" in changed
+    assert "# A deployment with one pipeline" in changed
+    assert tomllib.loads(changed)["pipelines"]["batchcost"]["max_wait_ms"] == 200
+
+
+def _tune(tmp_path: Path, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MMQ_")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [*mmq_command("tune"), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=timeout_s, check=False,
+    )  # fmt: skip
+
+
+def test_bad_input_stops_the_tune_before_anything_starts(tmp_path: Path) -> None:
+    (tmp_path / "mmq.toml").write_text(BATCHCOST)
+    cases = [
+        (["nope", "--slo", "p99=1s"], "unknown pipeline 'nope'; the config has: batchcost"),
+        (["batchcost"], "give at least one --slo"),
+        (["batchcost", "--slo", "ttft_p99=1s"], "ttft applies to llm pipelines"),
+        (["batchcost", "--slo", "p99=1s", "--knob", "warp=1"], "unknown knob 'warp'"),
+        (["batchcost", "--slo", "p99=1s"], "has no built-in workload"),
+        (["batchcost", "--slo", "p99=1s", "--input", '{"text": 5}'], "--input 1: input.text"),
+    ]
+    for args, says in cases:
+        done = _tune(tmp_path, *args, "--config", "mmq.toml", timeout_s=60)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert says in " ".join(done.stdout.split()), (args, done.stdout)
+    assert not (tmp_path / "tune-results").exists()
+
+
+def test_a_tune_finds_the_known_best_batch_and_writes_it(tmp_path: Path) -> None:
+    """Batch time 100 ms up to 4 requests, +100 ms per request beyond; batches wait
+    200 ms to fill; 4 and then 8 clients; p95 <= 450 ms. max_batch 1 and 2 cannot keep
+    up with 8 clients, 8 waits to fill and then costs 500 ms: 4 serves the most. A
+    candidate whose workers cannot start is reported, and the tune goes on."""
+    config = tmp_path / "mmq.toml"
+    config.write_text(BATCHCOST)
+    done = _tune(
+        tmp_path, "batchcost", "--config", "mmq.toml", "--slo", "p95=450ms",
+        "--input", '{"text": "hi"}', "--concurrency", "4,8", "--requests", "16",
+        "--knob", "max_batch=1,2,4,8", "--fix", "max_wait_ms=200",
+        "--knob", "options.fail_load=0,1", "--out", "out", "--write",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "out" / "tune.json").read_text())
+    assert result["winner"] == {"max_batch": 4, "max_wait_ms": 200, "options.fail_load": 0}
+    by_knobs = {json.dumps(c["knobs"], sort_keys=True): c for c in result["candidates"]}
+    failing = [c for c in result["candidates"] if c["knobs"]["options.fail_load"] == 1]
+    assert failing and all("asked to fail by options.fail_load" in c["failed"] for c in failing)
+    best = by_knobs[json.dumps(result["winner"], sort_keys=True)]
+    current = by_knobs[json.dumps(result["current"], sort_keys=True)]
+    assert min(best["goodput_spread"]) > max(current["goodput_spread"])
+    assert len(best["runs"]) == 2  # repeats
+    assert "winner: max_batch=4" in done.stdout and "x, same run" in done.stdout
+    assert (tmp_path / "out" / "tune.png").stat().st_size > 10_000
+    written = config.read_text()
+    assert "max_batch = 4      # the knob to tune" in written
+    assert "# A deployment with one pipeline whose batch cost is known." in written
+    assert load_settings(config).pipelines["batchcost"].max_batch == 4
+
+
+def test_an_slo_nobody_meets_is_said_with_the_closest(tmp_path: Path) -> None:
+    (tmp_path / "mmq.toml").write_text(BATCHCOST)
+    done = _tune(
+        tmp_path, "batchcost", "--config", "mmq.toml", "--slo", "p50=20ms",
+        "--input", '{"text": "hi"}', "--concurrency", "2", "--requests", "4",
+        "--knob", "max_batch=1,2", "--fix", "max_wait_ms=0", "--repeats", "1",
+        "--warmup", "0", "--out", "out",
+    )  # fmt: skip
+    text = " ".join(done.stdout.split())
+    assert done.returncode == 1, text
+    assert "no candidate met the SLOs at any load level" in text
+    assert "closest: max_batch=" in text and "observed" in text
+    assert json.loads((tmp_path / "out" / "tune.json").read_text())["winner"] is None
