@@ -202,3 +202,46 @@ def test_an_slo_nobody_meets_is_said_with_the_closest(tmp_path: Path) -> None:
     assert "no candidate met the SLOs at any load level" in text
     assert "closest: max_batch=" in text and "observed" in text
     assert json.loads((tmp_path / "out" / "tune.json").read_text())["winner"] is None
+
+
+def _shipped_with(tmp_path: Path, pipeline: str, knobs: dict[str, float]) -> Path:
+    """The shipped mmq.toml in `tmp_path`, with `pipeline`'s knobs set (a poor start)."""
+    config = tmp_path / "mmq.toml"
+    config.write_text(config_change((REPO / "mmq.toml").read_text(), pipeline, knobs))
+    return config
+
+
+def _written(config: Path, pipeline: str, knob: str) -> object:
+    table = load_settings(config).pipelines[pipeline]
+    return table.options[knob.removeprefix("options.")] if "." in knob else getattr(table, knob)
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "args", "fixed", "knob"),
+    [
+        ("tts", ["--slo", "first_audio_p95=5s", "--tts-sentences", "1"], {"instances": 1},
+         "options.threads"),
+        ("asr", ["--slo", "p95=10s", "--slo", "first_segment_p95=10s", "--asr-seconds", "3"],
+         {"max_batch": 1, "max_wait_ms": 0, "runners": 1, "options.num_workers": 1},
+         "options.cpu_threads"),
+    ],
+)  # fmt: skip
+def test_a_short_real_tune_of_a_shipped_pipeline_writes_a_valid_config(
+    tmp_path: Path, pipeline: str, args: list[str], fixed: dict[str, int], knob: str
+) -> None:
+    """The real model, with a config that gives it one thread of this machine's cores:
+    the tune measures one thread against every core (0), calls the winner, writes it."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: one thread and every core are the same candidate")
+    config = _shipped_with(tmp_path, pipeline, {**fixed, knob: 1})
+    pins = [arg for name, value in fixed.items() for arg in ("--fix", f"{name}={value}")]
+    done = _tune(
+        tmp_path, pipeline, "--config", "mmq.toml", *args, *pins, "--knob", f"{knob}=0,1",
+        "--concurrency", "2", "--requests", "4", "--warmup", "1", "--repeats", "1",
+        "--budget", "4m", "--out", "out", "--write",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "out" / "tune.json").read_text())
+    assert result["current"][knob] == 1 and all(c["failed"] is None for c in result["candidates"])
+    assert result["winner"] is not None and result["winner"][knob] == 0, result["verdict"]
+    assert _written(config, pipeline, knob) == 0  # valid: the settings load it
