@@ -123,6 +123,8 @@ def test_batched_equals_alone(dep: Deployment, api: Api, pipeline: str) -> None:
         {"audio": _upload(api, spoken(LONG[3:9], "opus"), "mid.opus")},
         {"audio": _upload(api, spoken(SHORT[::-1], "m4a"), "rev.m4a"), "initial_prompt": "Fox."},
     ]
+    if pipeline == "asr_par":  # two at a time: two short clips show it
+        inputs = inputs[1::2]
     alone = [_transcribe(client, model=pipeline, **inp) for inp in inputs]
     with ThreadPoolExecutor(len(inputs)) as pool:
         together = list(pool.map(lambda inp: _transcribe(client, model=pipeline, **inp), inputs))
@@ -134,7 +136,7 @@ def test_batched_equals_alone(dep: Deployment, api: Api, pipeline: str) -> None:
     if pipeline == "asr":  # lockstep batches: they shared forward passes
         assert max(sizes) > 1, sizes
     else:  # parallel decoding: each alone, two at a time
-        assert sizes == [1, 1, 1, 1]
+        assert sizes == [1, 1]
         runs = [(j["started_at"], j["finished_at"]) for j in together]
         assert any(a[0] < b[1] and b[0] < a[1] for a in runs for b in runs if a is not b), runs
 

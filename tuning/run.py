@@ -165,7 +165,10 @@ def _search(
             leader = (
                 f"best so far {key(best.knobs)}: {best.median:.2f}/s" if best else "no result yet"
             )
-            status.update(f"{line} | {elapsed / 60:.1f} of {p.budget_s / 60:.0f} min | {leader}")
+            text = f"{line} | {elapsed / 60:.1f} of {p.budget_s / 60:.0f} min | {leader}"
+            status.update(text)
+            if not console.is_terminal and line.startswith("measured"):
+                console.print(text, highlight=False)  # a log gets a line per run
 
         tuner = Tuner(
             p.space, measure, repeats=p.args.repeats, budget_s=p.budget_s,

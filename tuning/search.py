@@ -135,8 +135,10 @@ class Tuner:
                     return
                 n = len(self.stats)
                 self.progress(f"candidate {n} ({key(candidate)}), run {repeat + 1}", self._best())
-                stats.runs.append(self.measure(candidate, repeat))
-                self.progress(f"measured {key(candidate)}", self._best())
+                run = self.measure(candidate, repeat)
+                stats.runs.append(run)
+                said = run.failed or f"goodput {run.goodput:.2f}/s"
+                self.progress(f"measured {key(candidate)}: {said}", self._best())
 
     def outcome(self, base: Stats) -> Outcome:
         ranked = sorted(self.stats.values(), key=lambda s: s.median, reverse=True)
