@@ -64,6 +64,15 @@ class Stream:
     """(receipt time.time_ns(), SSE data) of each progress event; parsed after the level."""
 
 
+def on_event(stream: Stream, tracker: Tracker, kind: str, data: str) -> None:
+    """One event of the stream: a progress event is a receipt (timed now)."""
+    if kind == "progress":
+        stream.received.append((time.time_ns(), data))
+        tracker.hit()
+    elif kind == "status":
+        on_status(stream, data)
+
+
 def on_status(stream: Stream, data: str) -> None:
     status = json.loads(data).get("data", {}).get("status")
     if status == "queued":
@@ -84,13 +93,8 @@ async def read_stream(client: httpx.AsyncClient, stream: Stream, tracker: Tracke
             parser = SseParser()
             async for line in response.aiter_lines():
                 message = parser.feed(line)
-                if message is None:
-                    continue
-                if message.event == "progress":
-                    stream.received.append((time.time_ns(), message.data))
-                    tracker.hit()
-                elif message.event == "status":
-                    on_status(stream, message.data)
+                if message is not None:
+                    on_event(stream, tracker, message.event, message.data)
         if not stream.ended:
             stream.error = "stream closed before the terminal status"
     except Exception as exc:
@@ -106,12 +110,8 @@ async def read_ws(api_url: str, stream: Stream, tracker: Tracker) -> None:
         async with ws_connect(url, max_queue=None, compression=None) as ws:
             async for message in ws:
                 text = message if isinstance(message, str) else message.decode()
-                kind = json.loads(text)["type"]  # what the SSE parser does for its stream
-                if kind == "progress":
-                    stream.received.append((time.time_ns(), text))
-                    tracker.hit()
-                elif kind == "status":
-                    on_status(stream, text)
+                # The type is in the JSON here; an SSE stream names it on its `event:` line.
+                on_event(stream, tracker, json.loads(text)["type"], text)
         if not stream.ended:
             stream.error = "websocket closed before the terminal status"
     except Exception as exc:
