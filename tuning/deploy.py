@@ -83,14 +83,18 @@ class TuneDeployment:
             self.redis = None
 
     def write_config(self, name: str, pipeline: PipelineConfig | None) -> Path:
-        """The user's config, with this deployment's Redis, port and data, every other
-        pipeline off, and `pipeline`'s knobs (where given) in `[pipelines.NAME]`."""
+        """The user's config, with this deployment's Redis (in memory), port, data and
+        files (local, in the work directory), no auth, every other pipeline off, and
+        `pipeline`'s knobs (where given) in `[pipelines.NAME]`."""
         assert self.redis is not None
         data = {k: v for k, v in self.raw.items() if k not in ("redis_url", "data_dir")}
         data["redis_url"] = self.redis.url
         data["data_dir"] = str(self.workdir / "data")
         data["api"] = {**data.get("api", {}), "host": "127.0.0.1", "port": self.port}
         data["auth"] = {**data.get("auth", {}), "required": False}
+        # Its own Redis keeps nothing on disk, its files stay in the work directory.
+        data["redis"] = {**data.get("redis", {}), "durability": "memory"}
+        data["storage"] = {**data.get("storage", {}), "backend": "local", "local_shared": False}
         data["queue"] = {**data.get("queue", {}), "max_queued": 100_000, "max_queued_by_kind": {}}
         data["webhooks"] = {k: v for k, v in data.get("webhooks", {}).items() if k != "secret"}
         pipes: dict[str, Any] = {}
