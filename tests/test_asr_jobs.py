@@ -120,11 +120,10 @@ def test_batched_equals_alone(dep: Deployment, api: Api, pipeline: str) -> None:
     inputs = [
         {"audio": _upload(api, spoken(LONG[:10], "mp3"), "long.mp3")},  # two windows
         {"audio": _upload(api, spoken(SHORT, "wav"), "short.wav")},
-        {"audio": _upload(api, spoken(LONG[3:9], "opus"), "mid.opus")},
         {"audio": _upload(api, spoken(SHORT[::-1], "m4a"), "rev.m4a"), "initial_prompt": "Fox."},
     ]
     if pipeline == "asr_par":  # two at a time: two short clips show it
-        inputs = inputs[1::2]
+        inputs = inputs[1:]
     alone = [_transcribe(client, model=pipeline, **inp) for inp in inputs]
     with ThreadPoolExecutor(len(inputs)) as pool:
         together = list(pool.map(lambda inp: _transcribe(client, model=pipeline, **inp), inputs))
