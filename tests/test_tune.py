@@ -249,13 +249,15 @@ def _written(config: Path, pipeline: str, knob: str) -> object:
          "options.cpu_threads"),
     ],
 )  # fmt: skip
+@pytest.mark.skipif(
+    (os.cpu_count() or 1) < 2,
+    reason="one core: one thread and every core are the same candidate, so no winner exists",
+)
 def test_a_short_real_tune_of_a_shipped_pipeline_writes_a_valid_config(
     tmp_path: Path, pipeline: str, args: list[str], fixed: dict[str, int], knob: str
 ) -> None:
     """The real model, with a config that gives it one thread of this machine's cores:
     the tune measures one thread against every core (0), calls the winner, writes it."""
-    if (os.cpu_count() or 1) < 2:
-        pytest.skip("one core: one thread and every core are the same candidate")
     config = _shipped_with(tmp_path, pipeline, {**fixed, knob: 1})
     pins = [arg for name, value in fixed.items() for arg in ("--fix", f"{name}={value}")]
     done = _tune(

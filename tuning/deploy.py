@@ -43,10 +43,7 @@ class Workers:
 
 
 class TuneDeployment:
-    def __init__(
-        self, config: Path | None, raw: dict[str, Any], pipeline: str, workdir: Path
-    ) -> None:
-        self.config = config
+    def __init__(self, raw: dict[str, Any], pipeline: str, workdir: Path) -> None:
         self.raw = raw
         """The user's config as TOML data (empty without a file)."""
         self.pipeline = pipeline

@@ -141,7 +141,7 @@ def run(args: TuneArgs, console: Console) -> int:
         for note in p.space.notes:
             console.print(f"note: {note}", highlight=False)
         raw = read_config(p.config_path)
-        with TuneDeployment(p.config_path, raw, args.pipeline, workdir) as deployment:
+        with TuneDeployment(raw, args.pipeline, workdir) as deployment:
             inputs = _uploaded(deployment, workload)
             outcome = _search(p, deployment, inputs, console)
     report.print_all(console, outcome, p.slos)

@@ -133,8 +133,8 @@ class Tuner:
                 if time.monotonic() - self.started > self.budget_s:
                     self.out_of_time = True
                     return
-                n = len(self.stats)
-                self.progress(f"candidate {n} ({key(candidate)}), run {repeat + 1}", self._best())
+                run_of = f"run {repeat + 1} of {self.repeats}"
+                self.progress(f"measuring {key(candidate)}, {run_of}", self._best())
                 run = self.measure(candidate, repeat)
                 stats.runs.append(run)
                 said = run.failed or f"goodput {run.goodput:.2f}/s"
