@@ -1,4 +1,4 @@
-"""The `mmq` command line: up, workers, devices, api, worker, reaper, keys."""
+"""The `mmq` command line: up, workers, devices, api, worker, reaper, keys, tune, record."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from jobs.settings import Settings, load_settings
-from mmq.tune import tune
+from mmq.tune import record, tune
 
 if TYPE_CHECKING:
     from host.placement import Plan
@@ -403,6 +403,7 @@ def keys_revoke(name: str, config: ConfigOpt = None) -> None:
 
 
 app.command()(tune)
+app.command()(record)
 
 if __name__ == "__main__":
     app()

@@ -1,4 +1,5 @@
-"""`mmq tune PIPELINE`: the command line of `tuning.run` (imported when it runs)."""
+"""`mmq tune PIPELINE` and `mmq record FILE`: the command lines of `tuning.run` and
+`tuning.record` (imported when they run)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ def tune(
     ] = None,
     concurrency: Annotated[str, typer.Option(help="Closed-loop levels")] = "1,2,4,8",
     rate: Annotated[str | None, typer.Option(help="Poisson levels, requests/s (instead)")] = None,
+    replay: Annotated[
+        str | None,
+        typer.Option(help="Replay a recorded --workload's arrivals at these speed-ups (1,2,4)"),
+    ] = None,
     requests: Annotated[int | None, typer.Option(min=1, help="Requests per level")] = None,
     knob: Annotated[list[str] | None, typer.Option(help="NAME=V1,V2,... values to try")] = None,
     fix: Annotated[list[str] | None, typer.Option(help="NAME=V: keep this knob at V")] = None,
@@ -69,9 +74,11 @@ def tune(
         args = TuneArgs(
             pipeline=pipeline, config=config, slos=slo or [], workload=workload,
             inputs=input or [], concurrency=[int(v) for v in _floats(concurrency, "--concurrency")],
-            rates=_floats(rate, "--rate") if rate else [], requests=requests, knobs=knob or [],
-            fix=fix or [], budget=budget, exhaustive=exhaustive, repeats=repeats, seed=seed,
-            warmup=warmup, out=out, write=write, start_timeout_s=start_timeout, builtin=built,
+            rates=_floats(rate, "--rate") if rate else [],
+            replay=_floats(replay, "--replay") if replay else [], requests=requests,
+            knobs=knob or [], fix=fix or [], budget=budget, exhaustive=exhaustive,
+            repeats=repeats, seed=seed, warmup=warmup, out=out, write=write,
+            start_timeout_s=start_timeout, builtin=built,
         )  # fmt: skip
         code = run(args, console)
     except TuneError as exc:
@@ -93,3 +100,45 @@ def _shape(text: str) -> tuple[int, int, int]:
     if not (sep and x and width.isdigit() and height.isdigit() and steps.isdigit()):
         raise typer.BadParameter(f"--image: {text!r} is not WxH@STEPS (e.g. 512x512@20)")
     return int(width), int(height), int(steps)
+
+
+def record(
+    out: Annotated[Path, typer.Argument(help="JSONL file to append the jobs to")],
+    kind: Annotated[str | None, typer.Option(help="Only jobs of this kind")] = None,
+    pipeline: Annotated[str | None, typer.Option(help="Only jobs of this pipeline")] = None,
+    duration: Annotated[
+        str | None, typer.Option(help="Stop after this long (10m, 90s; default: Ctrl-C)")
+    ] = None,
+    jobs: Annotated[int | None, typer.Option(min=1, help="Stop after this many jobs")] = None,
+    redis: Annotated[str | None, typer.Option("--redis", help="Redis URL")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML config")] = None,
+) -> None:
+    """Record the jobs a running deployment accepts, as a workload for `mmq tune
+    --workload FILE` (with `--replay` to send them at their recorded pace). Input files
+    are copied beside FILE. Job inputs are your users' data: FILE is written mode 0600."""
+    from rich.console import Console
+
+    from mmq.cli import _settings, _with_redis
+    from tuning.record import record as run_record
+    from tuning.slo import SloError, parse_duration_ms
+
+    console = Console(stderr=True)
+    try:
+        duration_s = parse_duration_ms(duration, "--duration") / 1000 if duration else None
+    except SloError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    settings = _with_redis(_settings(config, redis))
+    if kind is None and pipeline is not None and pipeline in settings.pipelines:
+        kind = settings.pipelines[pipeline].kind
+    console.print(f"recording accepted jobs to {out} (Ctrl-C stops)", highlight=False)
+
+    def said(line: dict[str, object]) -> None:
+        console.print(f"{line['at']:>8}s  {line['kind']}/{line['pipeline']}", highlight=False)
+
+    done = run_record(
+        settings, out, kind=kind, pipeline=pipeline, duration_s=duration_s,
+        max_jobs=jobs, on_line=said,
+    )  # fmt: skip
+    for job_id, why in done.skipped.items():
+        console.print(f"[yellow]not recorded[/] {job_id}: {why}", highlight=False)
+    console.print(f"{done.written} job(s) written to {out}", highlight=False)

@@ -8,18 +8,22 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import tomllib
 from pathlib import Path
 
 import pytest
+import redis
 
 from host.launcher import mmq_command
+from jobs import keys
 from jobs.settings import load_settings
-from tests.support.deploy import REPO
+from tests.conftest import Api
+from tests.support.deploy import REPO, Deployment
 from tuning.report import config_change
 from tuning.slo import Slo, SloError, check_kind, parse_slo
 from tuning.space import KnobError, build_space, parse_assignment
-from tuning.workload import WorkloadError, from_file
+from tuning.workload import WorkloadError, from_file, levels, schedule
 
 BATCHCOST = """\
 # A deployment with one pipeline whose batch cost is known.
@@ -150,6 +154,7 @@ def test_bad_input_stops_the_tune_before_anything_starts(tmp_path: Path) -> None
         (["batchcost", "--slo", "p99=1s", "--knob", "warp=1"], "unknown knob 'warp'"),
         (["batchcost", "--slo", "p99=1s"], "has no built-in workload"),
         (["batchcost", "--slo", "p99=1s", "--input", '{"text": 5}'], "--input 1: input.text"),
+        (["batchcost", "--slo", "p99=1s", "--replay", "1"], "--replay replays a --workload"),
     ]
     for args, says in cases:
         done = _tune(tmp_path, *args, "--config", "mmq.toml", timeout_s=60)
@@ -270,3 +275,59 @@ def test_a_short_real_tune_of_a_shipped_pipeline_writes_a_valid_config(
     assert result["current"][knob] == 1 and all(c["failed"] is None for c in result["candidates"])
     assert result["winner"] is not None and result["winner"][knob] == 0, result["verdict"]
     assert _written(config, pipeline, knob) == 0  # valid: the settings load it
+
+
+def test_record_writes_accepted_jobs_as_a_workload_that_replays(
+    deployment: Deployment, api: Api, rclient: redis.Redis, tmp_path: Path
+) -> None:
+    """`mmq record` against a running deployment: the jobs of the kind asked for, in
+    arrival order with their offsets, an input file copied beside the workload; the
+    file loads as a workload whose `--replay` levels keep the recorded pace."""
+    out = tmp_path / "traffic.jsonl"
+    listeners = _listeners(rclient)
+    env = {**deployment.env, "PYTHONPATH": str(REPO)}
+    recorder = subprocess.Popen(
+        [*mmq_command("record"), str(out), "--kind", "echo", "--jobs", "3", "--duration", "60s"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while _listeners(rclient) <= listeners and recorder.poll() is None:
+            assert time.monotonic() < deadline, "mmq record did not subscribe"
+            time.sleep(0.05)
+        upload = api.http.post("/v1/files", files={"file": ("a.bin", b"\x00audio\xff", "x/y")})
+        assert upload.status_code == 201, upload.text
+        api.submit("sleep", steps=1)  # another kind: not recorded
+        api.submit("echo", text="one")
+        time.sleep(0.3)
+        api.submit("echo", text="two", attachment=upload.json()["key"])
+        time.sleep(0.3)
+        api.submit("echo", text="three", priority="high")
+        said, _ = recorder.communicate(timeout=60)
+    finally:
+        recorder.kill()
+    assert recorder.returncode == 0, said
+    assert "3 job(s) written" in said, said
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["input"]["text"] for line in lines] == ["one", "two", "three"]
+    assert {line["kind"] for line in lines} == {"echo"}
+    assert [line["priority"] for line in lines] == ["normal", "normal", "high"]
+    at = [line["at"] for line in lines]
+    assert at[0] == 0 and 0.25 < at[1] < at[2] < 10, at
+    copied = lines[1]["input"]["attachment"]
+    assert copied.startswith("@traffic-files/"), copied
+    assert (tmp_path / copied[1:]).read_bytes() == b"\x00audio\xff"
+    assert out.stat().st_mode & 0o777 == 0o600
+
+    workload = from_file(out, "echo", load_settings(deployment.config_path))
+    assert workload.arrivals == at
+    assert Path(workload.inputs[1]["attachment"][1:]) == (tmp_path / copied[1:]).resolve()
+    replay = levels([], [], 5, speeds=[2], arrivals=workload.arrivals)[0]
+    order, offsets = schedule(replay, 3, seed=0)
+    assert str(replay) == "replay x2" and order == [0, 1, 2, 0, 1]
+    assert offsets[:3] == pytest.approx([a / 2 for a in at])
+    assert offsets[3] > offsets[2]  # the recording again, after its end
+
+
+def _listeners(client: redis.Redis) -> int:
+    return int(dict(client.pubsub_numsub(keys.EVENTS_CHANNEL))[keys.EVENTS_CHANNEL])

@@ -49,6 +49,8 @@ class TuneArgs:
     inputs: list[str] = field(default_factory=list)
     concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     rates: list[float] = field(default_factory=list)
+    replay: list[float] = field(default_factory=list)
+    """Speed-ups of a recorded workload's own arrivals (instead of the levels above)."""
     requests: int | None = None
     knobs: list[str] = field(default_factory=list)
     fix: list[str] = field(default_factory=list)
@@ -106,8 +108,10 @@ def plan(args: TuneArgs) -> Plan:
         raise TuneError(str(exc)) from None
     if args.repeats < 1:
         raise TuneError("--repeats must be at least 1")
-    if any(c < 1 for c in args.concurrency) or any(r <= 0 for r in args.rates):
-        raise TuneError("--concurrency levels must be >= 1 and --rate levels > 0")
+    if any(c < 1 for c in args.concurrency) or any(r <= 0 for r in args.rates + args.replay):
+        raise TuneError("--concurrency levels must be >= 1, --rate and --replay levels > 0")
+    if args.replay and (args.rates or args.workload is None):
+        raise TuneError("--replay replays a --workload file that mmq record wrote, not --rate")
     return Plan(
         args, config_path, settings, pipeline, slos, space,
         levels(args.concurrency, args.rates, args.requests), budget_s,
@@ -132,6 +136,13 @@ def run(args: TuneArgs, console: Console) -> int:
     with tempfile.TemporaryDirectory(prefix="mmq-tune-") as tmp:
         workdir = Path(tmp)
         workload = workload_of(p, workdir)
+        if args.replay:
+            if workload.arrivals is None:
+                raise TuneError(
+                    f'--replay: {args.workload} has no arrival times ("at" on every line, '
+                    "as mmq record writes)"
+                )
+            p.levels = levels([], [], args.requests, args.replay, workload.arrivals)
         console.print(
             f"tuning {args.pipeline} ({p.pipeline.kind}): {len(p.space.knobs)} knob(s), "
             f"{p.space.size} point(s) in the space; SLO {', '.join(map(str, p.slos))}; "

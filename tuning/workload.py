@@ -52,26 +52,47 @@ class Workload:
     uploads: dict[str, Path]
     """`@name` in an input -> the local file uploaded in its place."""
     describe: str
+    arrivals: list[float] | None = None
+    """Each job's recorded offset in seconds (`"at"`, as `mmq record` writes), where
+    every line of the file has one: what `--replay` sends them at."""
 
 
 @dataclass(frozen=True)
 class Level:
-    """One load level: `concurrency` clients in a closed loop, or Poisson at `rate`/s."""
+    """One load level: `concurrency` clients in a closed loop, Poisson at `rate`/s, or a
+    recorded workload's own arrivals replayed `speed` times as fast."""
 
     concurrency: int | None = None
     rate: float | None = None
     requests: int = 0
+    speed: float | None = None
+    arrivals: tuple[float, ...] = ()
+    """Replay: each recorded job's offset (s) from the first, in the workload's order."""
 
     def __str__(self) -> str:
+        if self.speed:
+            return f"replay x{self.speed:g}"
         return f"c={self.concurrency}" if self.concurrency else f"{self.rate:g}/s"
 
     @property
     def load(self) -> float:
-        return float(self.concurrency or self.rate or 0)
+        return float(self.concurrency or self.rate or self.speed or 0)
 
 
-def levels(concurrency: Sequence[int], rates: Sequence[float], requests: int | None) -> list[Level]:
-    """The load levels, lightest first; `requests` per level (default: enough to fill it)."""
+def levels(
+    concurrency: Sequence[int],
+    rates: Sequence[float],
+    requests: int | None,
+    speeds: Sequence[float] = (),
+    arrivals: Sequence[float] = (),
+) -> list[Level]:
+    """The load levels, lightest first; `requests` per level (default: enough to fill it,
+    or for a replay the whole recording)."""
+    if speeds:
+        return [
+            Level(speed=s, arrivals=tuple(arrivals), requests=requests or len(arrivals))
+            for s in sorted(speeds)
+        ]
     if rates:
         return [Level(rate=r, requests=requests or max(8, round(r * 10))) for r in sorted(rates)]
     return [Level(concurrency=c, requests=requests or max(8, 4 * c)) for c in sorted(concurrency)]
@@ -79,7 +100,18 @@ def levels(concurrency: Sequence[int], rates: Sequence[float], requests: int | N
 
 def schedule(level: Level, count: int, seed: int) -> tuple[list[int], list[float]]:
     """Which input each request of the level sends (indices into the workload), and for
-    a Poisson level each request's start offset in seconds; the same for every candidate."""
+    an open-loop level each request's start offset in seconds; the same for every
+    candidate. A replay sends the recorded jobs in order at their recorded offsets (sped
+    up), starting the recording again after its end where more requests are asked for."""
+    if level.speed:
+        last = level.arrivals[-1]
+        span = last + (last / (count - 1) if count > 1 and last > 0 else 1.0)
+        order = [i % count for i in range(level.requests)]
+        replayed = [
+            (level.arrivals[i % count] + i // count * span) / level.speed
+            for i in range(level.requests)
+        ]
+        return order, replayed
     rng = random.Random(f"{seed}:{level}")
     order = [rng.randrange(count) for _ in range(level.requests)]
     offsets: list[float] = []
@@ -96,16 +128,25 @@ def from_file(path: Path, kind: str, settings: Settings) -> Workload:
         raise WorkloadError(f"workload file {path} does not exist")
     inputs: list[tuple[str, dict[str, Any]]] = []
     errors: list[str] = []
+    arrivals: list[float] = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
-            inputs.append((f"line {number}", _job_input(json.loads(line), kind, path.parent)))
+            parsed = json.loads(line)
+            inputs.append((f"line {number}", _job_input(parsed, kind, path.parent)))
+            at = parsed.get("at")
+            if isinstance(at, int | float) and not isinstance(at, bool) and at >= 0:
+                arrivals.append(float(at))
         except json.JSONDecodeError as exc:
             errors.append(f"line {number}: not JSON ({exc.msg})")
         except WorkloadError as exc:
             errors.append(f"line {number}: {exc}")
-    return _checked(kind, inputs, errors, settings, f"{path.name} ({len(inputs)} jobs)", path)
+    workload = _checked(kind, inputs, errors, settings, f"{path.name} ({len(inputs)} jobs)", path)
+    if len(arrivals) == len(inputs):
+        start = min(arrivals)
+        workload.arrivals = [at - start for at in arrivals]
+    return workload
 
 
 def from_inputs(texts: Sequence[str], kind: str, settings: Settings) -> Workload:

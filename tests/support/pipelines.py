@@ -11,6 +11,7 @@ from collections.abc import Hashable, Sequence
 from pydantic import Field
 
 from jobs.errors import InputError
+from jobs.filerefs import FileRef
 from jobs.schemas.base import JobInput
 from pipelines.base import Request, SimplePipeline
 
@@ -29,6 +30,8 @@ class EchoInput(JobInput):
     """Kill the worker process in the middle of the batch."""
     tpot_ms: float | None = Field(default=None, ge=0)
     """Report this time per output token (as an LLM pipeline does) in the job's timings."""
+    attachment: FileRef | None = None
+    """A file (checked by the API at submit as any file input is; echo does not read it)."""
 
 
 class EchoPipeline(SimplePipeline[EchoInput]):
