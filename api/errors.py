@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jobs.errors import (
     Conflict,
+    Forbidden,
     InputError,
     MmqError,
     NotFound,
@@ -43,6 +44,7 @@ STATUS: list[tuple[type[MmqError], int]] = [
     (QueueFull, 429),
     (Conflict, 409),
     (Unauthorized, 401),
+    (Forbidden, 403),
     (Unavailable, 503),
 ]
 

@@ -1,4 +1,7 @@
-"""API keys: stored only as SHA-256 hashes; a key's name is the owner of its jobs."""
+"""API keys: stored only as SHA-256 hashes; a key's name is the owner of its jobs.
+
+An admin key (`create_key(..., admin=True)`) also reaches the `/v1/admin` routes: the
+overview of the deployment and every owner's jobs. Its own jobs stay its owner's."""
 
 from __future__ import annotations
 
@@ -22,12 +25,13 @@ def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
-def create_key(client: redis.Redis, owner: str) -> str:
-    """Store the hash of a new key for `owner` and return the key (shown once)."""
+def create_key(client: redis.Redis, owner: str, *, admin: bool = False) -> str:
+    """Store the hash of a new key for `owner` and return the key (shown once); an
+    `admin` key may also use the `/v1/admin` routes."""
     if not owner or len(owner) > 64 or not owner.replace("-", "").replace("_", "").isalnum():
         raise ValueError("a key name is 1-64 letters, digits, '-' or '_'")
     key = new_key()
-    record = json.dumps({"owner": owner, "created_at": time.time()})
+    record = json.dumps({"owner": owner, "created_at": time.time(), "admin": admin})
     client.hset(keys.API_KEYS, hash_key(key), record)
     return key
 

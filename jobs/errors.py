@@ -8,6 +8,7 @@ MmqError
  ├── QueueFull            admission control refused; carries retry_after_s    -> 429
  ├── Conflict             the request contradicts the job's state             -> 409
  ├── Unauthorized         missing or unknown API key                           -> 401
+ ├── Forbidden            a known key that may not do this (not an admin key)  -> 403
  └── Unavailable          a dependency is down (Redis, broker)                 -> 503
       └── NotDurable      written, but not confirmed at redis.durability       -> 503
 ```
@@ -60,6 +61,10 @@ class Conflict(MmqError):
 
 class Unauthorized(MmqError):
     code = "unauthorized"
+
+
+class Forbidden(MmqError):
+    code = "forbidden"
 
 
 class Unavailable(MmqError):
