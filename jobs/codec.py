@@ -8,7 +8,7 @@ from typing import Any, cast
 
 from jobs.models import Event, EventType, Job
 
-_JSON_FIELDS = ("input", "output", "error", "metadata", "extra_timings", "webhook")
+_JSON_FIELDS = ("input", "output", "error", "metadata", "extra_timings", "webhook", "batch")
 _FLOAT_FIELDS = ("created_at", "queued_at", "started_at", "first_output_at", "finished_at")
 
 
@@ -40,6 +40,8 @@ def job_from_fields(fields: dict[str, str]) -> Job:
             data[key] = value == "1"
         elif key == "attempts":
             data[key] = int(value)
+        elif key == "worker":
+            data[key] = value or None
         else:
             data[key] = value
     data["metadata"] = data.get("metadata") or {}

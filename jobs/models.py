@@ -81,6 +81,22 @@ class Timings(BaseModel):
     """Image: from the start of its batch's diffusers call to the end of the first step."""
 
 
+BATCH_IDS_MAX = 32
+"""Ids a job's `BatchInfo` keeps at most (each job of a batch carries them: a batch of
+256 must not write 256 x 256 ids)."""
+
+
+class BatchInfo(BaseModel):
+    """The batch a job ran in on its worker (the last run, where it ran more than once)."""
+
+    id: str
+    """Unique per batch: jobs with the same id ran together."""
+    size: int
+    """Jobs in the batch."""
+    job_ids: list[str]
+    """The batch's jobs, this one included (the first `BATCH_IDS_MAX` where larger)."""
+
+
 class WebhookSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -134,6 +150,10 @@ class Job(BaseModel):
     webhook: WebhookSpec | None = None
     extra_timings: dict[str, float] = Field(default_factory=dict)
     """Pipeline-specific timings (see `Timings`), merged into `timings`."""
+    worker: str | None = None
+    """The worker of its last run (`pipeline-instance@host.pid`)."""
+    batch: BatchInfo | None = None
+    """The batch its last run ended in, where a worker ran it."""
 
     @property
     def timings(self) -> Timings:

@@ -10,6 +10,8 @@ which wait and batch). While every runner is busy, groups keep growing, so batch
 up under load and stay small when idle.
 A runner prepares each request of its batch (`Pipeline.prepare`; a failure fails that
 request alone), runs the prepared ones, and finishes whatever the pipeline left open.
+Each batch has an id; its requests' outcomes carry it with their mates' ids (`BatchInfo`),
+which the job's end records.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import itertools
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.errors import InputError
-from jobs.models import EventType
+from jobs.models import BATCH_IDS_MAX, BatchInfo, EventType
 from jobs.schemas.base import JobInput
 from pipelines.base import BackendLost, Canceled, Files, Pipeline
 
@@ -44,6 +47,8 @@ class Outcome:
     error: BaseException | None = None
     timings: dict[str, float] = field(default_factory=dict)
     """The kind's own timings the pipeline recorded (`Request.record_timing`)."""
+    batch: BatchInfo | None = None
+    """The batch it ran in."""
 
 
 @dataclass(eq=False)
@@ -59,6 +64,8 @@ class WorkItem:
     submitted_at: float = field(default_factory=time.monotonic)
     eager: bool = False
     """It came more than `max_wait_ms` after the request before it: it waits for no mates."""
+    batch: BatchInfo | None = None
+    """The batch it runs in, once a runner took it."""
     outcome: Outcome | None = None
     timings: dict[str, float] = field(default_factory=dict)
     _finished: threading.Event = field(default_factory=threading.Event)
@@ -122,6 +129,7 @@ class WorkItem:
             if self.outcome is not None:
                 return
             outcome.timings = dict(self.timings)
+            outcome.batch = self.batch
             self.outcome = outcome
         self._finished.set()
 
@@ -151,10 +159,17 @@ class Engine:
         self._stopping = False
         self._solo = itertools.count()
         self._last_submit: float | None = None
+        self._running = 0
         self._threads = [
             threading.Thread(target=self._runner, name=f"engine-{name}-{i}", daemon=True)
             for i in range(runners)
         ]
+
+    @property
+    def running(self) -> int:
+        """Requests in the batches that runners run now (the current batch size, summed
+        over runners), for the worker's heartbeat."""
+        return self._running
 
     def start(self) -> None:
         for thread in self._threads:
@@ -199,7 +214,12 @@ class Engine:
                         return
                     self._cv.wait(self._next_wait_locked())
                     batch = self._take_batch_locked()
-            self.run_batch(batch)
+                self._running += len(batch)
+            try:
+                self.run_batch(batch)
+            finally:
+                with self._cv:
+                    self._running -= len(batch)
 
     def _take_batch_locked(self) -> list[WorkItem] | None:
         """The ready group whose oldest request has waited longest, at most max_batch."""
@@ -237,6 +257,13 @@ class Engine:
         """Prepare and run one batch on this thread, and finish what the pipeline left
         open (the runners call it; tests hand it exact batches)."""
         started = time.monotonic()
+        info = BatchInfo(
+            id=uuid.uuid4().hex[:16],
+            size=len(batch),
+            job_ids=[item.job_id for item in batch[:BATCH_IDS_MAX]],
+        )
+        for item in batch:
+            item.batch = info
         prepared = [ready for item in batch for ready in self._prepare(item)]
         error: BaseException | None = None
         try:

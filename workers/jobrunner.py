@@ -140,16 +140,18 @@ class JobRunner:
         if held.lost.is_set():
             log.warning("job %s: lease lost, its result here is dropped", job.id)
             return
+        # The batch it ran in, for the job's page (its mates): written with the end.
+        ran_in = {"batch": dumps(outcome.batch.model_dump())} if outcome.batch else {}
         if outcome.status == "succeeded":
             output = outcome.output or {}
-            fields = {"output": dumps(output)}
+            fields = {"output": dumps(output), **ran_in}
             if outcome.timings:  # the kind's own (`jobs.models.Timings`)
                 fields["extra_timings"] = dumps(outcome.timings)
             self._end(
                 job, JobStatus.SUCCEEDED, RUNNING, held.lease, fields, (EventType.OUTPUT, output)
             )
         elif outcome.status == "canceled":
-            self._end(job, JobStatus.CANCELED, RUNNING, held.lease)
+            self._end(job, JobStatus.CANCELED, RUNNING, held.lease, ran_in)
         elif outcome.status == "lost":
             log.warning(
                 "job %s: backend lost (%s); it goes back to the queue", job.id, outcome.error
@@ -157,7 +159,7 @@ class JobRunner:
             self.store.give_back_lease(job.id, held.lease)
         else:
             error = _error_info(outcome.error)
-            fields = {"error": dumps(error)}
+            fields = {"error": dumps(error), **ran_in}
             self._end(job, JobStatus.FAILED, RUNNING, held.lease, fields, (EventType.ERROR, error))
 
     def _end(
