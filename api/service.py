@@ -22,7 +22,8 @@ from api import streams
 from api.cache import ResponseCache
 from api.files import FileService
 from api.hub import EventHub
-from api.listing import list_jobs
+from api.listing import JobFilter, list_jobs
+from jobs import keys
 from jobs.broker import job_message
 from jobs.codec import dumps, job_from_fields
 from jobs.errors import Conflict, InputError, NotFound, QueueFull
@@ -220,19 +221,42 @@ class JobService:
             job = job_from_fields(fields) if fields else await self.get(owner, job_id)
         return job
 
+    async def list_all(
+        self, keep: JobFilter, *, limit: int, cursor: str | None
+    ) -> tuple[list[Job], str | None]:
+        """Every owner's jobs (for admins), newest first, filtered."""
+        return await list_jobs(self._store, keys.ALL_JOBS, keep, limit=limit, cursor=cursor)
+
+    async def get_any(self, job_id: str) -> Job:
+        """The job whoever owns it (for admins), or NotFound."""
+        job = await self._store.get(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id!r}")
+        return job
+
+    async def retry(self, owner: str, job_id: str) -> Job:
+        """A new job of `owner` with the ended job's kind, input, priority, metadata and
+        webhook (validated and routed again, as any submit). Conflict while it has not
+        ended; QueueFull as a submit."""
+        job = await self.get(owner, job_id)
+        if not job.status.terminal:
+            raise Conflict(f"job {job_id} has not ended ({job.status}); cancel it or wait")
+        body = JobCreate(
+            kind=job.kind,
+            input=job.input,
+            priority=job.priority,
+            metadata=job.metadata,
+            webhook=job.webhook,
+        )
+        new, _created = await self.submit(owner, body)
+        return new
+
     async def list(
-        self,
-        owner: str,
-        *,
-        status: JobStatus | None,
-        kind: str | None,
-        limit: int,
-        cursor: str | None,
+        self, owner: str, keep: JobFilter, *, limit: int, cursor: str | None
     ) -> tuple[list[Job], str | None]:
         """The owner's jobs, newest first, filtered; returns (page, next cursor)."""
-        return await list_jobs(
-            self._store, owner, status=status, kind=kind, limit=limit, cursor=cursor
-        )
+        index = keys.owner_jobs(owner)
+        return await list_jobs(self._store, index, keep, limit=limit, cursor=cursor)
 
     async def follow(
         self, owner: str, job_id: str, after: str | None, *, keepalive_s: float

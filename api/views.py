@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from jobs.models import Job, JobErrorInfo, Timings, iso
+from jobs.models import BatchInfo, Job, JobErrorInfo, Timings, iso
 from jobs.settings import Priority
 from jobs.states import JobStatus
 
@@ -15,6 +15,7 @@ from jobs.states import JobStatus
 class JobUrls(BaseModel):
     self: str
     cancel: str
+    retry: str
     events: str
     ws: str
 
@@ -29,8 +30,13 @@ class JobView(BaseModel):
     output: dict[str, Any] | None
     error: JobErrorInfo | None
     metadata: dict[str, str]
+    owner: str
     attempts: int
     timings: Timings
+    worker: str | None
+    """The worker of its last run (`pipeline-instance@host.pid`)."""
+    batch: BatchInfo | None
+    """The batch its last run ended in: the ids of its batch mates (itself included)."""
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -57,14 +63,18 @@ def job_view(job: Job, base_url: str) -> JobView:
         output=job.output,
         error=job.error,
         metadata=job.metadata,
+        owner=job.owner,
         attempts=job.attempts,
         timings=job.timings,
+        worker=job.worker,
+        batch=job.batch,
         created_at=created,
         started_at=iso(job.started_at),
         finished_at=iso(job.finished_at),
         urls=JobUrls(
             self=path,
             cancel=f"{path}/cancel",
+            retry=f"{path}/retry",
             events=f"{path}/events",
             ws=f"{ws_base}/v1/jobs/{job.id}/ws",
         ),

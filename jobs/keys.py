@@ -23,7 +23,7 @@ WORKERS = f"{PREFIX}:workers"
 """Sorted set: worker names scored by their last heartbeat (unix seconds)."""
 
 API_KEYS = f"{PREFIX}:apikeys"
-"""Hash: sha256 of an API key -> JSON {name, created_at}."""
+"""Hash: sha256 of an API key -> JSON {owner, created_at, admin}."""
 
 
 UPLOADS = f"{PREFIX}:uploads"
@@ -52,6 +52,11 @@ def lease(job_id: str) -> str:
 def owner_jobs(owner: str) -> str:
     """Sorted set: an owner's job ids scored by creation time."""
     return f"{PREFIX}:owner:{owner}:jobs"
+
+
+ALL_JOBS = f"{PREFIX}:jobs"
+"""Sorted set: every owner's job ids scored by creation time (the admin listing; ids of
+expired jobs leave it when a listing meets them, as they leave an owner's index)."""
 
 
 def queued(kind: str) -> str:
@@ -97,6 +102,12 @@ def metric(name: str) -> str:
     """Hash: one metric's samples from every process, field = JSON label values (and
     bucket); counters and histogram buckets grow with HINCRBY (see jobs/metrics.py)."""
     return f"{PREFIX}:metric:{name}"
+
+
+def recent(minute: int) -> str:
+    """Hash: counts of one minute (unix seconds // 60) for the admin overview's "last few
+    minutes" (see jobs/recent.py), with a TTL."""
+    return f"{PREFIX}:recent:{minute}"
 
 
 DEVICES = f"{PREFIX}:devices"

@@ -51,7 +51,8 @@ SUBMIT = (
     _PUBLISH
     + PUSH_MESSAGE_LUA
     + """
--- KEYS: job, owner index, queued set, idempotency key, events stream, task list, counter
+-- KEYS: job, owner index, queued set, idempotency key, events stream, task list, counter,
+--   index of every owner's jobs
 -- ARGV[1]: JSON {job_id, max_queued, score, idem_ttl_s, idem_value ('' for none), maxlen,
 --   channel, event (JSON text), ts, message ('' for none), counter_field ('' for none),
 --   fields: the job's fields as [name, value, ...]}
@@ -67,6 +68,7 @@ if redis.call('SCARD', KEYS[3]) >= a.max_queued then return {'full', ''} end
 if a.message ~= '' then push_message(KEYS[6], a.message) end
 redis.call('HSET', KEYS[1], unpack(a.fields))
 redis.call('ZADD', KEYS[2], a.score, a.job_id)
+redis.call('ZADD', KEYS[8], a.score, a.job_id)
 redis.call('SADD', KEYS[3], a.job_id)
 if a.idem_value ~= '' then redis.call('SET', KEYS[4], a.idem_value, 'EX', a.idem_ttl_s) end
 local id = announce(a.channel, KEYS[5], a.maxlen, a.job_id, 'status', a.event, a.ts, nil)

@@ -455,6 +455,7 @@ class AsyncJobStore:
             keys.job_events(job.id),
             message.list_key if message else unused,
             counter[0] if counter else unused,
+            keys.ALL_JOBS,
         ]
         submit = {
             "job_id": job.id,
@@ -529,10 +530,12 @@ class AsyncJobStore:
         await self.r.publish(keys.CANCEL_CHANNEL, job_id)
 
     async def list_ids(
-        self, owner: str, max_score: float | str, count: int
+        self, index: str, max_score: float | str, min_score: float | str, count: int
     ) -> list[tuple[str, float]]:
+        """(job id, created_at) of an index (`keys.owner_jobs`, `keys.ALL_JOBS`), newest
+        first, from `max_score` down to `min_score`."""
         rows = await self.r.zrevrangebyscore(
-            keys.owner_jobs(owner), max_score, "-inf", start=0, num=count, withscores=True
+            index, max_score, min_score, start=0, num=count, withscores=True
         )
         return [(str(row[0]), float(row[1])) for row in rows]
 
@@ -542,9 +545,10 @@ class AsyncJobStore:
             pipe.hgetall(keys.job(job_id))
         return [job_from_fields(f) if f else None for f in await pipe.execute()]
 
-    async def forget(self, owner: str, job_ids: list[str]) -> None:
+    async def forget(self, index: str, job_ids: list[str]) -> None:
+        """Drop ids (of expired jobs) from an index."""
         if job_ids:
-            await self.r.zrem(keys.owner_jobs(owner), *job_ids)
+            await self.r.zrem(index, *job_ids)
 
     async def events(self, job_id: str, after: str | None = None) -> list[Event]:
         return _events_from(job_id, await self.r.xrange(keys.job_events(job_id), _after(after)))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 
 from api.auth import Owner
 from api.deps import Service, SettingsDep
+from api.listing import JobFilter, unix_seconds
 from api.views import JobList, JobView, job_view
 from jobs.models import Job, JobCreate
 from jobs.settings import Settings
@@ -82,20 +84,38 @@ async def submit_job(
     return _answer(settings, job, waited, pending_202=True)
 
 
+async def job_filter(
+    status: JobStatus | None = None,
+    kind: str | None = None,
+    pipeline: Annotated[
+        str | None, Query(description="The pipeline (`model`) that ran it.")
+    ] = None,
+    since: Annotated[
+        datetime | None, Query(description="Created at or after (ISO 8601 or unix seconds).")
+    ] = None,
+    until: Annotated[
+        datetime | None, Query(description="Created at or before (ISO 8601 or unix seconds).")
+    ] = None,
+) -> JobFilter:
+    """The filters of a job listing (a time without a zone is UTC)."""
+    return JobFilter(status, kind, pipeline, unix_seconds(since), unix_seconds(until))
+
+
+Filter = Annotated[JobFilter, Depends(job_filter)]
+Limit = Annotated[int, Query(ge=1, le=200)]
+
+
 @router.get("", response_model=JobList)
 async def list_jobs(
     owner: Owner,
     service: Service,
     settings: SettingsDep,
-    status: JobStatus | None = None,
-    kind: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    keep: Filter,
+    limit: Limit = 50,
     cursor: str | None = None,
 ) -> JobList:
     """The caller's jobs, newest first; follow `next_cursor` for the next page."""
-    jobs, next_cursor = await service.list(
-        owner, status=status, kind=kind, limit=limit, cursor=cursor
-    )
+    jobs, next_cursor = await service.list(owner, keep, limit=limit, cursor=cursor)
     base = settings.public_url
     return JobList(data=[job_view(j, base) for j in jobs], next_cursor=next_cursor)
 
@@ -117,6 +137,20 @@ async def get_job(
 async def job_deliveries(owner: Owner, job_id: str, service: Service) -> dict[str, object]:
     """Every webhook delivery attempt of the job: status code or error, timing, retry."""
     return {"data": await service.deliveries(owner, job_id)}
+
+
+@router.post(
+    "/{job_id}/retry",
+    status_code=202,
+    response_model=JobView,
+    responses={404: {}, 409: {"description": "The job has not ended."}, 429: {}},
+)
+async def retry_job(owner: Owner, job_id: str, service: Service, settings: SettingsDep) -> Response:
+    """Run an ended job again: a new job of yours with its kind, input, priority, metadata
+    and webhook, validated and routed as a new submit (so the same pipeline, unless the
+    configuration changed). 202 with the new job; 409 while the job has not ended."""
+    job = await service.retry(owner, job_id)
+    return _answer(settings, job, None, pending_202=True)
 
 
 @router.post("/{job_id}/cancel", response_model=JobView)
