@@ -21,7 +21,8 @@ from api.openai import audio as openai_audio
 from api.openai import chat as openai_chat
 from api.openai import images as openai_images
 from api.openai import speech as openai_speech
-from api.routes import events, files, health, jobs, metrics
+from api.overview import OverviewReader
+from api.routes import admin, events, files, health, jobs, metrics
 from api.service import JobService
 from jobs import redis_client
 from jobs.broker import make_celery, webhook_sender
@@ -63,6 +64,7 @@ def create_app(settings: Settings) -> FastAPI:
             api_keys=ApiKeys(client, settings),
             health=Health(client, settings),
             metrics=MetricsReader(client, settings),
+            overview=OverviewReader(client, settings),
         )
         try:
             yield
@@ -86,6 +88,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(openai_chat.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
+    app.include_router(admin.router)
 
     def limit_for(path: str) -> int:
         if path.startswith(FILES_PATH):

@@ -12,6 +12,7 @@ from starlette.requests import HTTPConnection
 from api.files import FileService
 from api.health import Health
 from api.metrics import MetricsReader
+from api.overview import OverviewReader
 from api.service import JobService
 from jobs.settings import Settings
 
@@ -27,6 +28,7 @@ class AppState:
     api_keys: ApiKeys
     health: Health
     metrics: MetricsReader
+    overview: OverviewReader
 
 
 def get_state(conn: HTTPConnection) -> AppState:
@@ -56,6 +58,10 @@ async def get_health(conn: HTTPConnection) -> Health:
 
 async def get_metrics(conn: HTTPConnection) -> MetricsReader:
     return get_state(conn).metrics
+
+
+async def get_overview(conn: HTTPConnection) -> OverviewReader:
+    return get_state(conn).overview
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

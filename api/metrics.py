@@ -46,6 +46,8 @@ class Snapshot:
     running: int = 0
     workers: list[tuple[dict[str, str], float]] = field(default_factory=list)
     devices: list[dict[str, str]] = field(default_factory=list)
+    at: float = 0.0
+    """When it was read (Redis's clock, unix seconds)."""
 
 
 class MetricsReader:
@@ -68,6 +70,7 @@ async def read_snapshot(r: aredis.Redis, settings: Settings) -> Snapshot:
         for priority, key in priority_lists(queue_name(name)).items()
     ]
     now = time_seconds(await r.time())  # heartbeats and readings are in Redis's time
+    snap.at = now
     pipe = r.pipeline(transaction=False)
     for metric in RECORDED:
         pipe.hgetall(keys.metric(metric.name))

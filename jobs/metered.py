@@ -6,8 +6,10 @@ A transition to a terminal status succeeds once per job (the script checks the c
 status), so each end is counted once. The script that ends the job returns the fields its
 metrics need (`Transition.read_back`). In workers and the reaper the samples are added to
 the process's `MetricsTally` (written once per `metrics_flush_s`: no round trip per job);
-in the API they go to Redis in one pipelined round trip. Metrics never fail a job: a
-Redis error while counting is logged.
+in the API they go to Redis in one pipelined round trip. The same writes add to the
+overview's per-minute counts (`jobs/recent.py`). A submit refused with 429 is counted in
+the API (one round trip, on that path alone). Metrics never fail a job: a Redis error
+while counting is logged.
 """
 
 from __future__ import annotations
@@ -17,8 +19,17 @@ from dataclasses import replace
 
 import redis
 
-from jobs import keys
-from jobs.metrics import END_FIELDS, JOBS_SUBMITTED, Sample, end_samples, field_of, queue
+from jobs import keys, recent
+from jobs.kombu_redis import TaskMessage
+from jobs.metrics import (
+    END_FIELDS,
+    JOBS_REJECTED,
+    JOBS_SUBMITTED,
+    Sample,
+    end_samples,
+    field_of,
+    queue,
+)
 from jobs.models import Job
 from jobs.settings import Settings
 from jobs.store import (
@@ -26,6 +37,7 @@ from jobs.store import (
     AsyncJobStore,
     EventListener,
     JobStore,
+    SubmitResult,
     Transition,
     TransitionResult,
 )
@@ -45,7 +57,10 @@ class MeteredJobStore(JobStore):
 
     def apply(self, change: Transition) -> TransitionResult:
         result = super().apply(_reading_end_fields(change))
-        self.tally.add(_end_samples(change, result))
+        samples = _end_samples(change, result)
+        if samples:
+            self.tally.add(samples)
+            self.tally.count(recent.end_cells(result.read_back, samples), recent.KEEP_S)
         return result
 
 
@@ -56,17 +71,47 @@ class MeteredAsyncJobStore(AsyncJobStore):
         """Counted in the same script that stores the job."""
         return keys.metric(JOBS_SUBMITTED.name), field_of((job.kind,))
 
+    async def submit(
+        self,
+        job: Job,
+        *,
+        max_queued: int,
+        idempotency: tuple[str, str] | None,
+        message: TaskMessage | None = None,
+    ) -> SubmitResult:
+        """Also counts a submit refused with 429 (one round trip, on that path alone)."""
+        result = await super().submit(
+            job, max_queued=max_queued, idempotency=idempotency, message=message
+        )
+        if result.outcome == "full":
+            labels = (job.kind, job.pipeline)
+            await self._count(
+                [(JOBS_REJECTED, labels, 1)],
+                [recent.rejected_cell(*labels, now=job.created_at)],
+                job.id,
+            )
+        return result
+
     async def apply(self, change: Transition) -> TransitionResult:
         result = await super().apply(_reading_end_fields(change))
         samples = _end_samples(change, result)
         if samples:
-            try:
-                pipe = self.r.pipeline(transaction=False)
-                queue(pipe, samples)
-                await pipe.execute()
-            except redis.RedisError as exc:
-                log.warning("job %s: end not counted in metrics: %s", change.job_id, exc)
+            cells = recent.end_cells(result.read_back, samples)
+            await self._count(samples, cells, change.job_id)
         return result
+
+    async def _count(self, samples: list[Sample], cells: list[recent.Cell], job_id: str) -> None:
+        """The counters and the overview's per-minute counts, in one round trip."""
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            queue(pipe, samples)
+            for key, name, amount in cells:
+                pipe.hincrby(key, name, amount)
+            for key in {key for key, _, _ in cells}:
+                pipe.expire(key, recent.KEEP_S)
+            await pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("job %s: not counted in metrics: %s", job_id, exc)
 
 
 def _reading_end_fields(change: Transition) -> Transition:

@@ -77,6 +77,12 @@ BATCH_SECONDS = MetricDef(
     "mmq_batch_duration_seconds", "Time a pipeline took to run one batch.", ("pipeline",), SECONDS
 )
 
+JOBS_REJECTED = MetricDef(
+    "mmq_jobs_rejected",
+    "Submits refused with 429 because the kind's queue was full, by kind and pipeline.",
+    JOB_LABELS,
+)
+
 MESSAGES_RESENT = MetricDef(
     "mmq_messages_resent",
     "Task messages the reaper sent again for queued jobs: `stranded` (taken by a worker "
@@ -86,7 +92,7 @@ MESSAGES_RESENT = MetricDef(
 
 RECORDED = (
     JOBS_SUBMITTED, JOBS_FINISHED, QUEUE_WAIT, FIRST_OUTPUT, TPOT, END_TO_END, BATCH_SIZE,
-    BATCH_SECONDS, MESSAGES_RESENT,
+    BATCH_SECONDS, MESSAGES_RESENT, JOBS_REJECTED,
 )  # fmt: skip
 """Every metric kept in Redis (the API adds gauges it reads at scrape time)."""
 

@@ -35,6 +35,8 @@ class MetricsTally:
         self.interval_s = interval_s
         self._counts: Counter[Cell] = Counter()
         self._sums: dict[Cell, float] = {}
+        self._expiring: dict[str, int] = {}
+        """Keys of counts that expire (`count`), with their TTL, set again at each write."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -51,6 +53,14 @@ class MetricsTally:
                 else:
                     self._counts[(key, field_of(labels))] += int(value)
 
+    def count(self, cells: Iterable[tuple[str, str, int]], ttl_s: int) -> None:
+        """Add to (hash key, field) counts whose keys expire `ttl_s` after their last
+        write (the overview's per-minute counts, `jobs/recent.py`)."""
+        with self._lock:
+            for key, name, amount in cells:
+                self._counts[(key, name)] += amount
+                self._expiring[key] = ttl_s
+
     def pending(self) -> bool:
         with self._lock:
             return bool(self._counts or self._sums)
@@ -58,8 +68,8 @@ class MetricsTally:
     def flush(self) -> bool:
         """Write what was added since the last flush; False (and kept) if Redis failed."""
         with self._lock:
-            counts, sums = self._counts, self._sums
-            self._counts, self._sums = Counter(), {}
+            counts, sums, expiring = self._counts, self._sums, self._expiring
+            self._counts, self._sums, self._expiring = Counter(), {}, {}
         if not counts and not sums:
             return True
         try:
@@ -68,11 +78,14 @@ class MetricsTally:
                 pipe.hincrby(key, name, count)
             for (key, name), total in sums.items():
                 pipe.hincrbyfloat(key, name, total)
+            for key, ttl_s in expiring.items():
+                pipe.expire(key, ttl_s)
             pipe.execute()
         except redis.RedisError as exc:
             log.warning("metrics not written (kept for the next try): %s", exc)
             with self._lock:
                 self._counts.update(counts)
+                self._expiring.update(expiring)
                 for cell, total in sums.items():
                     self._sums[cell] = self._sums.get(cell, 0.0) + total
             return False

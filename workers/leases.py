@@ -2,7 +2,8 @@
 
 One heartbeat thread renews every lease this process holds (a lease that could not be
 renewed is lost: the job stops here and the reaper gives it to another worker), marks the
-worker alive, and re-reads cancel flags in case a pub/sub notice was missed. One listener
+worker alive (with its jobs in flight and the size of the batch it runs now, in the same
+write), and re-reads cancel flags in case a pub/sub notice was missed. One listener
 thread turns cancel notices into the held job's cancel event at once.
 """
 
@@ -13,6 +14,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -36,11 +38,20 @@ class Held:
 
 
 class LeaseKeeper:
-    def __init__(self, store: JobStore, settings: Settings, name: str, info: dict[str, str]):
+    def __init__(
+        self,
+        store: JobStore,
+        settings: Settings,
+        name: str,
+        info: dict[str, str],
+        batch_size: Callable[[], int] | None = None,
+    ):
         self.store = store
         self.settings = settings
         self.name = name
         self.info = {**info, "pid": str(os.getpid()), "host": settings.host_name}
+        self.batch_size = batch_size
+        """Requests in the batches running now (the engine's), for the heartbeat."""
         self._held: dict[str, Held] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -129,9 +140,16 @@ class LeaseKeeper:
 
     def _mark_alive(self) -> None:
         now = self.store.server_time()  # Redis's clock: readers compare with it too
+        with self._lock:
+            in_flight = len(self._held)
+        # What it does now rides on the beat it makes anyway (the admin overview reads it).
+        live = {
+            "in_flight": str(in_flight),
+            "batch_size": str(self.batch_size() if self.batch_size else 0),
+        }
         pipe = self.store.r.pipeline()
         pipe.zadd(keys.WORKERS, {self.name: now})
-        pipe.hset(keys.worker(self.name), items=flat_pairs(self.info))
+        pipe.hset(keys.worker(self.name), items=flat_pairs({**self.info, **live}))
         pipe.expire(keys.worker(self.name), int(self.settings.lease.heartbeat_s * 5) + 1)
         pipe.execute()
 

@@ -164,12 +164,6 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
     app = make_celery(settings)
     store = MeteredJobStore.connect(settings, on_event=webhook_sender(app))
     metrics = WorkerMetrics(store.r, config.device, host=settings.host_name)
-    keeper = LeaseKeeper(
-        store,
-        settings,
-        name,
-        {"kind": config.kind, "pipeline": pipeline_name, "device": config.device},
-    )
     engine = Engine(
         pipeline,
         name=pipeline_name,
@@ -178,6 +172,13 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
         runners=knobs.runners,
         observer=lambda name, size, seconds: store.tally.add(batch_samples(name, size, seconds)),
     )
+    info = {
+        "kind": config.kind,
+        "pipeline": pipeline_name,
+        "device": config.device,
+        "instance": str(instance),
+    }
+    keeper = LeaseKeeper(store, settings, name, info, batch_size=lambda: engine.running)
     storage = make_storage(settings)
     index = RetentionIndex(store.r)
 

@@ -1,0 +1,58 @@
+"""The last few minutes, per minute, for the admin overview (`api/overview.py`).
+
+The counters of `jobs/metrics.py` add up everything since the start, which is what a
+Prometheus scrape wants; a console wants "now": jobs/s, p50 and p95 of the last minutes,
+429s. So the same end and reject samples are also counted into one small hash per minute
+(unix seconds // 60), `keys.recent(minute)`, that lives `KEEP_S`. Its fields are
+`jobs.metrics.field_of` of:
+
+- `["ended", kind, pipeline, status]`: jobs that ended
+- `["queue_wait", kind, pipeline, bucket]`: jobs that started, by queue wait (the buckets
+  of `QUEUE_WAIT`, seconds; the bucket is its upper bound or `+Inf`)
+- `["end_to_end", kind, pipeline, bucket]`: jobs that succeeded, by submit-to-end time
+- `["rejected", kind, pipeline]`: submits refused with 429
+
+They ride on the writes the counters make anyway: the worker's tally flush
+(`jobs/tally.py`), the API's pipelined end and reject writes (`jobs/metered.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from jobs import keys
+from jobs.metrics import END_TO_END, QUEUE_WAIT, MetricDef, Sample, bucket_of, field_of
+
+KEEP_S = 900
+"""A minute's hash lives this long: the overview's window is at most `KEEP_S - 60`."""
+
+HISTOGRAMS: dict[str, MetricDef] = {"queue_wait": QUEUE_WAIT, "end_to_end": END_TO_END}
+"""The series kept as histograms, with the metric whose buckets they use."""
+
+Cell = tuple[str, str, int]
+"""(hash key, field, count to add)."""
+
+
+def minute_of(ts: float) -> int:
+    return int(ts // 60)
+
+
+def end_cells(fields: Mapping[str, str | None], samples: Iterable[Sample]) -> list[Cell]:
+    """The cells of a job that has just ended: its END_FIELDS and its end `samples`
+    (`jobs.metrics.end_samples`), counted in the minute it finished."""
+    kind, pipeline = fields.get("kind") or "", fields.get("pipeline") or ""
+    finished = fields.get("finished_at")
+    if not finished:
+        return []
+    key = keys.recent(minute_of(float(finished)))
+    cells = [(key, field_of(("ended", kind, pipeline, fields.get("status") or "")), 1)]
+    for series, metric in HISTOGRAMS.items():
+        for sample_metric, _labels, value in samples:
+            if sample_metric is metric:
+                bucket = bucket_of(metric, value)
+                cells.append((key, field_of((series, kind, pipeline, bucket)), 1))
+    return cells
+
+
+def rejected_cell(kind: str, pipeline: str, now: float) -> Cell:
+    return keys.recent(minute_of(now)), field_of(("rejected", kind, pipeline)), 1
