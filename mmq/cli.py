@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -15,7 +15,10 @@ from jobs.settings import Settings, load_settings
 from mmq.tune import record, tune
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from host.placement import Plan
+    from mmq.client import Client
 
 app = typer.Typer(help="mmq: multimodal inference jobs on Redis and Celery workers.")
 keys_app = typer.Typer(help="API keys.")
@@ -322,37 +325,101 @@ def submit(
     ] = None,
     priority: Annotated[str, typer.Option(help="high, normal or low")] = "normal",
     follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Print events until it ends")
+        bool, typer.Option("--follow", "-f", help="Print its events, readably, until it ends")
+    ] = False,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Wait for the job and write its result (audio, image, "
+            "text; the output as JSON if FILE ends in .json) to FILE",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print JSON only: the job, or with --follow each raw event, one object a line",
+        ),
     ] = False,
     url: Annotated[str | None, typer.Option(help="API base URL (default: from settings)")] = None,
     key: Annotated[str | None, typer.Option(envvar="MMQ_API_KEY", help="API key")] = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Submit a job; with --follow, print its events and exit non-zero unless it succeeds."""
+    """Submit a job; with --follow or --output, wait for it and exit non-zero unless it
+    succeeds (1: failed or canceled; 2: the API refused a request)."""
     from rich.console import Console
 
     from mmq.client import Client, MmqAPIError
-    from mmq.follow import follow_job
 
-    settings = load_settings(config)
-    console = Console()
+    console = Console(stderr=as_json)  # with --json, stdout carries JSON alone
     payload = _parse_input(input, set_ or [])
-    with Client(url or settings.public_url, key) as client:
+    with Client(url or load_settings(config).public_url, key) as client:
         try:
             job = client.submit(kind, payload, priority=priority)
-            console.print(f"[bold]job[/] {job['id']}")
-            if not follow:
-                console.print_json(data=job)
+            waits = follow or output is not None
+            _show_submitted(job, console, as_json, waits)
+            if not waits:
                 return
-            job = follow_job(client, job["id"], console)
+            job = _wait_for(client, job, console, follow, as_json)
+            if output is not None and job["status"] == "succeeded":
+                _write_output(client, job, output, console)
         except MmqAPIError as exc:
             console.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from None
-    console.print_json(
-        data={"status": job["status"], "output": job["output"], "error": job["error"]}
-    )
-    if job["status"] != "succeeded":
-        raise typer.Exit(1)
+    _exit_for(job, console, shown=follow and not as_json)
+
+
+def _show_submitted(job: dict[str, Any], console: Console, as_json: bool, waits: bool) -> None:
+    import json
+
+    if as_json:
+        if not waits:
+            typer.echo(json.dumps(job))
+        return
+    console.print(f"[bold]job[/] {job['id']}")
+    if not waits:
+        console.print_json(data=job)
+
+
+def _wait_for(
+    client: Client, job: dict[str, Any], console: Console, follow: bool, as_json: bool
+) -> dict[str, Any]:
+    from mmq.follow import follow_job, follow_json
+
+    if not follow:
+        return client.wait(job["id"])
+    if as_json:
+        return follow_json(client, job, typer.echo)
+    return follow_job(client, job, console)
+
+
+def _write_output(client: Client, job: dict[str, Any], path: Path, console: Console) -> None:
+    from rich.markup import escape
+
+    from mmq.results import write_result
+
+    try:
+        written = write_result(client, job, path)
+    except OSError as exc:
+        console.print(f"[red]cannot write {escape(str(path))}: {escape(str(exc))}[/]")
+        raise typer.Exit(2) from None
+    console.print(f"[bold]wrote[/] {escape(str(path))} ({written} bytes)", soft_wrap=True)
+
+
+def _exit_for(job: dict[str, Any], console: Console, shown: bool) -> None:
+    """Exit 1 unless the job succeeded, saying why unless its events said so already."""
+    if job["status"] == "succeeded":
+        return
+    from rich.markup import escape
+
+    error = job.get("error") or {}
+    if not shown:
+        why = f"{error.get('type')}: {error.get('message')}" if error else "no error given"
+        console.print(f"[bold red]job {job['status']}[/]: {escape(why)}", soft_wrap=True)
+    raise typer.Exit(1)
 
 
 def _parse_input(raw: str, fields: list[str]) -> dict[str, object]:

@@ -18,6 +18,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -86,6 +87,16 @@ def _waited_enough(job: JobDict, deadline: float | None) -> bool:
     return ended or (deadline is not None and time.monotonic() >= deadline)
 
 
+def _file_path(key: str) -> str:
+    return f"/v1/files/{quote(key, safe='/')}"
+
+
+def _content(response: httpx.Response) -> bytes:
+    if response.status_code >= 400:
+        _check(response)
+    return response.content
+
+
 def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
@@ -125,6 +136,10 @@ class Client:
 
     def cancel(self, job_id: str) -> JobDict:
         return _check(self.http.post(f"/v1/jobs/{job_id}/cancel"))
+
+    def download(self, key: str) -> bytes:
+        """A stored file's bytes (an output's `key`), through the API with this client's key."""
+        return _content(self.http.get(_file_path(key)))
 
     def events(
         self, job_id: str, after: str | None = None, *, retries: int = 5
@@ -192,6 +207,9 @@ class AsyncClient:
 
     async def cancel(self, job_id: str) -> JobDict:
         return _check(await self.http.post(f"/v1/jobs/{job_id}/cancel"))
+
+    async def download(self, key: str) -> bytes:
+        return _content(await self.http.get(_file_path(key)))
 
     async def events(
         self, job_id: str, after: str | None = None, *, retries: int = 5

@@ -1,19 +1,160 @@
-"""`mmq submit --follow`: print a job's events as they arrive, progress as a bar."""
+"""`mmq submit --follow`: a job's events as a person reads them, or as JSON lines.
+
+Each kind has a `Renderer` (`RENDERERS`): how its partial events read, what its progress
+bar counts, and what its output event adds at the end; kinds without one show partials
+and output as JSON. Status changes and errors read alike for every kind.
+"""
 
 from __future__ import annotations
 
+import base64
 import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
-from mmq.client import Client
+from mmq.client import Client, JobDict
+
+Data = dict[str, Any]
+PCM16_BYTES = 2
+"""Bytes per sample of a TTS partial's `audio` (base64 little-endian PCM16 mono)."""
 
 
-def follow_job(client: Client, job_id: str, console: Console) -> dict[str, Any]:
-    """Print every event of the job until it ends; returns the ended job."""
-    progress = Progress(
+def _line(console: Console, *parts: str | tuple[str, str]) -> None:
+    """One line of plain text (no markup read from job data), never hard-wrapped."""
+    console.print(Text.assemble(*parts), soft_wrap=True)
+
+
+def _json_partial(console: Console, data: Data, streamed: int) -> None:
+    _line(console, ("partial ", "cyan"), json.dumps(data)[:200])
+
+
+def _json_output(console: Console, output: Data, streamed: int) -> None:
+    console.print_json(data=output)
+
+
+def _asr_segment(console: Console, data: Data, streamed: int) -> None:
+    segment = data.get("segment") or {}
+    times = f"[{segment.get('start', 0):7.2f} → {segment.get('end', 0):7.2f}] "
+    _line(console, (times, "dim"), str(segment.get("text", "")).strip())
+
+
+def _asr_output(console: Console, output: Data, streamed: int) -> None:
+    if not streamed:
+        _line(console, str(output.get("text", "")))
+
+
+def _llm_token(console: Console, data: Data, streamed: int) -> None:
+    console.out(str(data.get("text", "")), end="", highlight=False)
+
+
+def _llm_output(console: Console, output: Data, streamed: int) -> None:
+    # A cached answer comes whole, without partials.
+    console.out("" if streamed else str(output.get("text", "")), highlight=False)
+
+
+def audio_seconds(data: Data) -> float:
+    """How long a TTS partial's audio plays."""
+    pcm = base64.b64decode(data.get("audio") or "")
+    return len(pcm) / PCM16_BYTES / max(1, int(data.get("sample_rate") or 1))
+
+
+def _tts_chunk(console: Console, data: Data, streamed: int) -> None:
+    seconds_of_audio = audio_seconds(data)
+    if not seconds_of_audio:
+        return  # the closing bytes of a streamed format, no samples
+    number = int(data.get("sentence", 0)) + 1
+    text = str(data.get("text") or "…")
+    seconds = f"({seconds_of_audio:.1f} s of audio)"
+    _line(console, f"sentence {number}: {text} ", (seconds, "dim"))
+
+
+def _tts_output(console: Console, output: Data, streamed: int) -> None:
+    what = f"{output.get('duration_s')} s of {output.get('format')} audio"
+    _line(console, (f"{what}, {output.get('sentences')} sentence(s)", "bold"))
+
+
+def _image_output(console: Console, output: Data, streamed: int) -> None:
+    images = output.get("images") or []
+    size = f"{output.get('width')}x{output.get('height')}"
+    _line(console, (f"{len(images)} image(s) {size}, seeds {output.get('seeds')}", "bold"))
+
+
+Hook = Callable[[Console, Data, int], None]
+"""(console, event data or output, partials shown so far) -> None."""
+
+
+@dataclass(frozen=True)
+class Renderer:
+    partial: Hook = _json_partial
+    output: Hook = _json_output
+    unit: str = "progress"
+    """What the progress bar counts."""
+
+
+RENDERERS: dict[str, Renderer] = {
+    "asr": Renderer(_asr_segment, _asr_output),
+    "llm": Renderer(_llm_token, _llm_output),
+    "tts": Renderer(_tts_chunk, _tts_output, "sentences"),
+    "image": Renderer(output=_image_output, unit="steps"),
+}
+
+
+@dataclass
+class _Follower:
+    console: Console
+    renderer: Renderer
+    streamed: int = 0
+    progress: Progress | None = None
+    bar: TaskID | None = None
+    handlers: dict[str, Callable[[Data], None]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.handlers = {
+            "status": self.status,
+            "partial": self.partial,
+            "progress": self.step,
+            "output": self.output,
+            "error": self.error,
+        }
+
+    def status(self, data: Data) -> None:
+        _line(self.console, ("status ", "bold"), str(data.get("status")))
+
+    def partial(self, data: Data) -> None:
+        self.renderer.partial(self.console, data, self.streamed)
+        self.streamed += 1
+
+    def output(self, data: Data) -> None:
+        self.stop_bar()
+        self.renderer.output(self.console, data, self.streamed)
+
+    def error(self, data: Data) -> None:
+        self.stop_bar()
+        where = f" (field {data['field']})" if data.get("field") else ""
+        message = f"error {data.get('type', 'error')}: {data.get('message', data)}{where}"
+        _line(self.console, (message, "bold red"))
+
+    def step(self, data: Data) -> None:
+        if self.progress is None:
+            self.progress = _progress(self.console)
+            self.progress.start()
+            self.bar = self.progress.add_task(self.renderer.unit, total=data.get("total"))
+        assert self.bar is not None
+        self.progress.update(self.bar, completed=data.get("step", 0), total=data.get("total"))
+
+    def stop_bar(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         TextColumn("{task.completed}/{task.total}"),
@@ -21,18 +162,23 @@ def follow_job(client: Client, job_id: str, console: Console) -> dict[str, Any]:
         console=console,
         transient=True,
     )
-    bar: TaskID | None = None
-    with progress:
-        for event in client.events(job_id):
-            etype, data = event["type"], event["data"]
-            if etype == "progress":
-                if bar is None:
-                    bar = progress.add_task("progress", total=data.get("total"))
-                progress.update(bar, completed=data.get("step", 0), total=data.get("total"))
-            elif etype == "status":
-                console.print(f"[bold]status[/] {data['status']}")
-            elif etype == "partial":
-                console.print(f"[cyan]partial[/] {json.dumps(data)[:200]}")
-            elif etype == "error":
-                console.print(f"[red]error[/] {data.get('message', data)}")
-    return client.get(job_id)
+
+
+def follow_job(client: Client, job: JobDict, console: Console) -> JobDict:
+    """Print the job's events, readably for its kind, until it ends; returns the ended job."""
+    follower = _Follower(console, RENDERERS.get(str(job.get("kind")), Renderer()))
+    try:
+        for event in client.events(job["id"]):
+            handler = follower.handlers.get(str(event["type"]))
+            if handler is not None:
+                handler(event["data"])
+    finally:
+        follower.stop_bar()
+    return client.get(job["id"])
+
+
+def follow_json(client: Client, job: JobDict, write: Callable[[str], None]) -> JobDict:
+    """Write each of the job's events as one JSON line until it ends; returns the ended job."""
+    for event in client.events(job["id"]):
+        write(json.dumps(event))
+    return client.get(job["id"])

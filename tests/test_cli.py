@@ -1,17 +1,95 @@
-"""The `mmq keys` commands against a real Redis, and a created key used on the API."""
+"""The `mmq` commands against a real Redis: `keys`, and a created key used on the API;
+`submit` with `--follow`, `--output` and `--json` against workers of every built-in kind
+(tiny models)."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import wave
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 import redis
+from PIL import Image
+from rich.control import strip_control_codes
 
 from jobs import keys
-from tests.support.deploy import REPO, Deployment, wait_until
+from jobs.apikeys import create_key
+from tests.conftest import WEBHOOK_SECRET
+from tests.support.audio import spoken
+from tests.support.deploy import REPO, Deployment, flush, serving, wait_until
+from tests.support.models.llm import cached_tiny_llm
+from tests.support.models.sd import TINY_SIZE, cached_tiny_sd
+
+KIND_PIPELINES = """
+[pipelines.tts]
+kind = "tts"
+impl = "pipelines.tts:TtsPipeline"
+
+[pipelines.tts.options]
+default_voice = "joe"
+
+[pipelines.tts.options.voices.joe]
+engine = "piper"
+
+[pipelines.asr]
+kind = "asr"
+impl = "pipelines.asr:AsrPipeline"
+
+[pipelines.llm]
+kind = "llm"
+impl = "pipelines.llm:LlmPipeline"
+model = {llm}
+
+[pipelines.llm.options]
+engine = "transformers"
+startup_timeout_s = 180
+
+[pipelines.image]
+kind = "image"
+impl = "pipelines.image:ImagePipeline"
+model = {sd}
+"""
+
+
+@pytest.fixture(scope="module")
+def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """conftest's deployment (API, reaper, echo and sleep workers) and a worker of each
+    built-in kind on its tiny model, started together."""
+    models = {"llm": cached_tiny_llm(tmp_path_factory), "sd": cached_tiny_sd(tmp_path_factory)}
+    flush(redis_url)
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "MMQ_API__KEEPALIVE_S": "1",
+        "MMQ_WEBHOOKS__SECRET": WEBHOOK_SECRET,
+    }
+    dep = Deployment(redis_url, tmp_path_factory.mktemp("deploy"), env_overrides=env)
+    extra = KIND_PIPELINES.format(**{k: json.dumps(str(v)) for k, v in models.items()})
+    dep.config_path.write_text(dep.config_path.read_text() + extra)
+    with serving(dep):
+        workers = [
+            dep.spawn(f"worker-{n}", "worker", "--pipeline", n)
+            for n in ("llm", "image", "asr", "tts")
+        ]
+        dep.start_api()
+        dep.start_reaper()
+        dep.start_worker("echo")
+        dep.start_worker("sleep")
+        for worker in workers:
+            wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=240)  # type: ignore[misc]
+        try:
+            yield dep
+        finally:
+            for worker in workers:  # all at once: each takes seconds to unload
+                worker.kill(signal.SIGTERM)
 
 
 def _mmq(*args: str, redis_url: str) -> subprocess.CompletedProcess[str]:
@@ -78,7 +156,10 @@ def test_submit_follow_prints_events_and_exit_code_tells_the_end(
         "--url", env["url"], "--key", env["key"], redis_url=deployment.redis_url,
     )  # fmt: skip
     assert failed.returncode == 1
-    assert "status failed" in failed.stdout and "boom" in failed.stdout
+    assert (
+        "status failed" in failed.stdout
+        and "error pipeline_error: RuntimeError: boom" in failed.stdout
+    )
 
     bad = _mmq(
         "submit", "echo", "--set", "colour=red", "--url", env["url"], "--key", env["key"],
@@ -113,3 +194,95 @@ def test_a_worker_joins_with_redis_and_host_name_options(deployment: Deployment)
         assert r.hget(keys.worker(name), "host") == "box-7"
     finally:
         worker.stop()
+
+
+def _submit(dep: Deployment, key: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`mmq submit ARGS` against the deployment's API, as owner `key`."""
+    done = _mmq("submit", *args, "--url", dep.base_url, "--key", key, redis_url=dep.redis_url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def _job(dep: Deployment, key: str, stdout: str) -> dict[str, object]:
+    """The job whose id `mmq submit` printed first."""
+    job_id = stdout.split()[1]
+    r = httpx.get(f"{dep.base_url}/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {key}"})
+    return dict(r.json())
+
+
+@pytest.fixture
+def key(rclient: redis.Redis, request: pytest.FixtureRequest) -> str:
+    return create_key(rclient, re.sub(r"[^a-z]", "", request.node.name)[-40:])
+
+
+def test_follow_reads_tts_sentences_with_their_length_and_output_writes_the_wav(
+    deployment: Deployment, key: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "speech.wav"
+    text = "Hello there. How are you today?"
+    done = _submit(deployment, key, "tts", "--set", f"text={text}", "--follow", "-o", str(out))
+    lines = re.findall(r"^sentence (\d+): (.*) \((\d+\.\d) s of audio\)$", done.stdout, re.M)
+    assert [(n, t) for n, t, _ in lines if t != "…"] == [
+        ("1", "Hello there."),
+        ("2", "How are you today?"),
+    ]
+    assert max(len(line) for line in done.stdout.splitlines()) < 200  # no base64 audio
+    with wave.open(str(out)) as audio:
+        seconds = audio.getnframes() / audio.getframerate()
+    assert seconds > 1.0 and abs(seconds - sum(float(s) for *_, s in lines)) < 0.1 * len(lines)
+    assert f"wrote {out}" in done.stdout
+
+
+def test_follow_reads_asr_segments_with_their_times_and_output_writes_the_text(
+    deployment: Deployment, key: str, tmp_path: Path
+) -> None:
+    auth = {"Authorization": f"Bearer {key}"}
+    files = {"file": ("speech.wav", spoken(), "audio/wav")}
+    audio = httpx.post(f"{deployment.base_url}/v1/files", files=files, headers=auth).json()["key"]
+    out = tmp_path / "transcript.txt"
+    done = _submit(deployment, key, "asr", "--set", f"audio={audio}", "--follow", "-o", str(out))
+    output = _job(deployment, key, done.stdout)["output"]
+    assert isinstance(output, dict) and "quick brown fox" in output["text"].lower()
+    for segment in output["segments"]:
+        times = f"[{segment['start']:7.2f} → {segment['end']:7.2f}] {segment['text'].strip()}"
+        assert times in done.stdout.splitlines()
+    assert out.read_text() == output["text"] + "\n"
+
+
+def test_follow_prints_llm_tokens_inline_and_output_writes_the_text(
+    deployment: Deployment, key: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "answer.txt"
+    inp = {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0, "cache": False}
+    done = _submit(deployment, key, "llm", "-i", json.dumps(inp), "--follow", "-o", str(out))
+    output = _job(deployment, key, done.stdout)["output"]
+    assert isinstance(output, dict) and output["text"]
+    assert "partial" not in done.stdout
+    assert f"\n{strip_control_codes(output['text'])}\n" in done.stdout
+    assert out.read_text() == output["text"].rstrip("\n") + "\n"
+
+
+def test_output_waits_for_an_image_and_writes_the_png(
+    deployment: Deployment, key: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "image.png"
+    inp = {"prompt": "a red box", "width": TINY_SIZE, "height": TINY_SIZE, "steps": 2}
+    done = _submit(deployment, key, "image", "-i", json.dumps(inp), "--output", str(out))
+    assert f"wrote {out}" in done.stdout
+    with Image.open(io.BytesIO(out.read_bytes())) as image:
+        assert image.format == "PNG" and image.size == (TINY_SIZE, TINY_SIZE)
+
+
+def test_json_prints_the_raw_events_one_object_a_line(
+    deployment: Deployment, key: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "output.json"
+    done = _submit(
+        deployment, key, "echo", "--set", "text=hi", "--follow", "--json", "-o", str(out)
+    )
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [e["type"] for e in events][-3:] == ["partial", "output", "status"]
+    partial = next(e for e in events if e["type"] == "partial")
+    assert partial["data"] == {"text": "h"} and events[-1]["data"]["status"] == "succeeded"
+    assert json.loads(out.read_text())["text"] == "hi"
+    assert f"wrote {out}" in done.stderr

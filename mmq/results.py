@@ -1,0 +1,68 @@
+"""`mmq submit --output FILE`: a succeeded job's result as the bytes of a file.
+
+Per kind (`RESULTS`): TTS writes its stored audio (in the format the job asked for), image
+its first image (inline `b64_json`, else the stored file), ASR and LLM their text; any
+kind writes its whole output as JSON when FILE ends in `.json`, and a kind without an
+entry writes its `text`, else its output as JSON. Stored files come through the API
+(`GET /v1/files/KEY`) with the client's API key, whichever storage backend keeps them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mmq.client import Client, JobDict
+
+Output = dict[str, Any]
+
+
+def _stored(client: Client, ref: Output) -> bytes:
+    """A stored output's bytes: inline when the job carries them, else downloaded."""
+    if ref.get("b64_json"):
+        return base64.b64decode(ref["b64_json"])
+    return client.download(str(ref["key"]))
+
+
+def _json(output: Output) -> bytes:
+    return (json.dumps(output, indent=2, ensure_ascii=False) + "\n").encode()
+
+
+def _text(client: Client, output: Output) -> bytes:
+    if "text" not in output:
+        return _json(output)
+    return (str(output["text"]).rstrip("\n") + "\n").encode()
+
+
+def _audio(client: Client, output: Output) -> bytes:
+    return _stored(client, output["audio"])
+
+
+def _first_image(client: Client, output: Output) -> bytes:
+    return _stored(client, output["images"][0])
+
+
+RESULTS: dict[str, Callable[[Client, Output], bytes]] = {
+    "tts": _audio,
+    "image": _first_image,
+    "asr": _text,
+    "llm": _text,
+}
+
+
+def result_bytes(client: Client, job: JobDict, path: Path) -> bytes:
+    """What `--output path` holds for the succeeded `job`."""
+    output: Output = job.get("output") or {}
+    if path.suffix.lower() == ".json":
+        return _json(output)
+    return RESULTS.get(str(job.get("kind")), _text)(client, output)
+
+
+def write_result(client: Client, job: JobDict, path: Path) -> int:
+    """Write the job's result to `path`; returns the bytes written."""
+    data = result_bytes(client, job, path)
+    path.write_bytes(data)
+    return len(data)
