@@ -22,7 +22,7 @@ from api.openai import chat as openai_chat
 from api.openai import images as openai_images
 from api.openai import speech as openai_speech
 from api.overview import OverviewReader
-from api.routes import admin, events, files, health, jobs, metrics
+from api.routes import admin, console, events, files, health, jobs, metrics, whoami
 from api.service import JobService
 from jobs import redis_client
 from jobs.broker import make_celery, webhook_sender
@@ -89,6 +89,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(admin.router)
+    app.include_router(whoami.router)
+    console.mount(app)
 
     def limit_for(path: str) -> int:
         if path.startswith(FILES_PATH):

@@ -87,6 +87,19 @@ async def current_admin(caller: Annotated[Caller, Depends(current_caller)]) -> C
     return caller
 
 
+async def job_owner(request: Request, job_id: str) -> str:
+    """FastAPI dependency of the routes of one job (`{job_id}` in the path): the owner
+    the job is looked up as. The caller's own; for an admin, the job's (an admin may
+    follow, cancel and retry any owner's job, as the console does)."""
+    caller = await current_caller(request)
+    if caller.admin:
+        owner = await get_state(request).service.owner_of(job_id)
+        if owner is not None:
+            return owner
+    return caller.owner
+
+
 Keys = Annotated[ApiKeys, Depends(get_api_keys)]
 Owner = Annotated[str, Depends(current_owner)]
 Admin = Annotated[Caller, Depends(current_admin)]
+JobOwner = Annotated[str, Depends(job_owner)]

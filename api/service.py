@@ -160,6 +160,11 @@ class JobService:
         await self.get(owner, job_id)
         return await self._store.deliveries(job_id)
 
+    async def owner_of(self, job_id: str) -> str | None:
+        """Whose job `job_id` is (None: no such job)."""
+        job = await self._store.get(job_id)
+        return None if job is None else job.owner
+
     async def get(self, owner: str, job_id: str) -> Job:
         """The job, or NotFound when it does not exist or belongs to another owner."""
         job = await self._store.get(job_id)

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from api.auth import Keys, Owner
+from api.auth import JobOwner, Keys
 from api.deps import Service
 from api.errors import error_body
 from api.service import JobService
@@ -39,7 +39,7 @@ def _json(event: Event) -> tuple[str]:
     responses={200: {"content": {"text/event-stream": {}}}},
 )
 async def job_events(
-    owner: Owner,
+    owner: JobOwner,
     job_id: str,
     service: Service,
     after: Annotated[str | None, Query(pattern=EVENT_ID)] = None,

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Response
 
-from api.auth import Owner
+from api.auth import JobOwner, Owner
 from api.deps import Service, SettingsDep
 from api.listing import JobFilter, unix_seconds
 from api.views import JobList, JobView, job_view
@@ -122,7 +122,7 @@ async def list_jobs(
 
 @router.get("/{job_id}", response_model=JobView, responses={202: {"model": JobView}})
 async def get_job(
-    owner: Owner, job_id: str, service: Service, settings: SettingsDep, prefer: Prefer = None
+    owner: JobOwner, job_id: str, service: Service, settings: SettingsDep, prefer: Prefer = None
 ) -> Response:
     """A job. With `Prefer: wait=N`: 200 once it has ended, 202 if N seconds pass first."""
     waited = prefer_wait(prefer)
@@ -134,7 +134,7 @@ async def get_job(
 
 
 @router.get("/{job_id}/deliveries")
-async def job_deliveries(owner: Owner, job_id: str, service: Service) -> dict[str, object]:
+async def job_deliveries(owner: JobOwner, job_id: str, service: Service) -> dict[str, object]:
     """Every webhook delivery attempt of the job: status code or error, timing, retry."""
     return {"data": await service.deliveries(owner, job_id)}
 
@@ -145,7 +145,9 @@ async def job_deliveries(owner: Owner, job_id: str, service: Service) -> dict[st
     response_model=JobView,
     responses={404: {}, 409: {"description": "The job has not ended."}, 429: {}},
 )
-async def retry_job(owner: Owner, job_id: str, service: Service, settings: SettingsDep) -> Response:
+async def retry_job(
+    owner: JobOwner, job_id: str, service: Service, settings: SettingsDep
+) -> Response:
     """Run an ended job again: a new job of yours with its kind, input, priority, metadata
     and webhook, validated and routed as a new submit (so the same pipeline, unless the
     configuration changed). 202 with the new job; 409 while the job has not ended."""
@@ -155,7 +157,7 @@ async def retry_job(owner: Owner, job_id: str, service: Service, settings: Setti
 
 @router.post("/{job_id}/cancel", response_model=JobView)
 async def cancel_job(
-    owner: Owner, job_id: str, service: Service, settings: SettingsDep
+    owner: JobOwner, job_id: str, service: Service, settings: SettingsDep
 ) -> Response:
     """Cancel a job: a queued job never runs; a running one stops at its next step."""
     job = await service.cancel(owner, job_id)

@@ -1,0 +1,262 @@
+"""The web console at /ui, in a real browser (Playwright driving Debian's Chromium) against
+a real deployment: ASR (tiny.en), TTS (Piper), image (a tiny diffusers model) and LLM (a
+tiny model on the transformers engine) workers behind an API that requires keys.
+
+Each test writes a screenshot of its page to `test-results/console/` (not committed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from jobs.apikeys import create_key
+from tests.conftest import Api
+from tests.support.audio import ASR_CONFIG, LONG, encode, speech
+from tests.support.deploy import REPO, Deployment, flush, serving, wait_until
+from tests.support.models.llm import cached_tiny_llm
+from tests.support.models.sd import TINY_SIZE, cached_tiny_sd
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no Chromium on PATH (apt-get install chromium): the console's browser tests "
+    "drive a real browser",
+)
+SHOTS = Path(os.environ.get("MMQ_SCREENSHOTS", REPO / "test-results" / "console"))
+WAIT_MS = 60_000
+
+PIPELINES = """
+[pipelines.tts]
+kind = "tts"
+impl = "pipelines.tts:TtsPipeline"
+max_batch = 1
+concurrency = 1
+
+[pipelines.tts.options]
+default_voice = "joe"
+threads = 1
+
+[pipelines.tts.options.voices.joe]
+engine = "piper"
+
+[pipelines.tiny-sd]
+kind = "image"
+impl = "pipelines.image:ImagePipeline"
+model = {sd}
+max_batch = 2
+max_wait_ms = 50
+
+[pipelines.tiny-sd.options]
+preview_every_steps = 1
+
+[pipelines.llm]
+kind = "llm"
+impl = "pipelines.llm:LlmPipeline"
+model = {llm}
+
+[pipelines.llm.options]
+engine = "transformers"
+max_inflight = 2
+startup_timeout_s = 180
+"""
+SENTENCES = " ".join(LONG[:8])
+
+
+@pytest.fixture(scope="module")
+def console_dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    sd, llm = cached_tiny_sd(tmp_path_factory), cached_tiny_llm(tmp_path_factory)
+    flush(redis_url)
+    env = {"HF_HUB_OFFLINE": "1", "MMQ_API__KEEPALIVE_S": "1"}
+    dep = Deployment(redis_url, tmp_path_factory.mktemp("console"), env_overrides=env)
+    extra = PIPELINES.format(sd=json.dumps(str(sd)), llm=json.dumps(str(llm)))
+    dep.config_path.write_text(dep.config_path.read_text() + ASR_CONFIG + extra)
+    with serving(dep):
+        dep.start_api()
+        dep.start_reaper()
+        workers = [dep.start_worker(name) for name in ("asr", "tts", "tiny-sd", "llm")]
+        for worker in workers:
+            wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=240)
+        yield dep
+
+
+@pytest.fixture(scope="module")
+def keys(console_dep: Deployment) -> dict[str, str]:
+    client = redis.Redis.from_url(console_dep.redis_url, decode_responses=True)
+    return {
+        "admin": create_key(client, "console-admin", admin=True),
+        "alice": create_key(client, "console-alice"),
+        "bob": create_key(client, "console-bob"),
+    }
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",  # root in CI
+                "--autoplay-policy=no-user-gesture-required",
+                "--use-fake-ui-for-media-stream",
+                "--use-fake-device-for-media-stream",
+            ],
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(
+    browser: Browser, console_dep: Deployment, request: pytest.FixtureRequest
+) -> Iterator[Page]:
+    context = browser.new_context(
+        base_url=console_dep.base_url, viewport={"width": 1366, "height": 860}
+    )
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    yield page
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{request.node.name}.png"), full_page=True)
+    context.close()
+    assert not errors, errors  # no uncaught JavaScript error on any page
+
+
+def _sign_in(page: Page, key: str, where: str = "#/jobs") -> None:
+    page.goto(f"/ui{where}")
+    page.get_by_label("API key").fill(key)
+    page.get_by_role("button", name="Open").click()
+    page.get_by_text("forget key").wait_for()
+
+
+def test_an_invalid_key_shows_an_error_and_a_good_one_opens_the_console(
+    page: Page, keys: dict[str, str]
+) -> None:
+    page.goto("/ui")
+    page.get_by_label("API key").fill("mmq_not-a-key")
+    page.get_by_role("button", name="Open").click()
+    alert = page.get_by_role("alert")
+    alert.wait_for()
+    assert "unknown API key" in alert.inner_text()
+    page.get_by_label("API key").fill(keys["admin"])
+    page.get_by_role("button", name="Open").click()
+    page.get_by_role("heading", name="Overview").wait_for()
+    html = page.content()
+    assert keys["admin"] not in html  # the console never shows a secret
+
+
+def test_a_key_sees_its_own_jobs_only_and_no_overview(
+    page: Page, console_dep: Deployment, keys: dict[str, str]
+) -> None:
+    alice, bob = Api(console_dep.base_url, keys["alice"]), Api(console_dep.base_url, keys["bob"])
+    mine = alice.submit("tts", text="Mine.", format="pcm")["id"]
+    theirs = bob.submit("tts", text="Theirs.", format="pcm")["id"]
+    _sign_in(page, keys["alice"])
+    page.get_by_role("link", name=mine).wait_for()
+    assert page.get_by_role("link", name=theirs).count() == 0
+    assert page.get_by_role("link", name="Overview").count() == 0
+    page.goto("/ui#/overview")
+    page.get_by_role("heading", name="Jobs").wait_for()
+
+
+def test_the_overview_shows_the_workers_and_updates_when_a_job_runs(
+    page: Page, console_dep: Deployment, keys: dict[str, str]
+) -> None:
+    _sign_in(page, keys["admin"], "#/overview")
+    workers = page.locator("table.workers tbody tr")
+    workers.first.wait_for()
+    rows = workers.all_inner_texts()
+    assert any("tts" in row for row in rows) and any("asr" in row for row in rows), rows
+    card = page.locator('article[data-pipeline="tts"]')
+    before = card.locator("dd.ended").inner_text()
+    api = Api(console_dep.base_url, keys["admin"])
+    job = api.submit("tts", text="The overview counts this job.", format="pcm")
+    assert api.wait(job["id"])["status"] == "succeeded"
+    page.wait_for_function(
+        """([before]) => {
+            const ended = document.querySelector('article[data-pipeline="tts"] dd.ended');
+            return ended && ended.textContent !== before && ended.textContent.includes('succeeded');
+        }""",
+        arg=[before],
+    )
+
+
+def test_the_tts_playground_plays_audio_before_the_job_ends(
+    page: Page, keys: dict[str, str]
+) -> None:
+    _sign_in(page, keys["admin"], "#/play/tts")
+    page.get_by_label("Text").fill(SENTENCES)
+    page.get_by_role("button", name="Speak").click()
+    page.wait_for_function(
+        "() => { const a = document.querySelector('audio.sentence'); return a && a.duration > 0 }"
+    )
+    status = page.locator(".run .badge").inner_text()
+    assert status == "running", status  # audio before the end
+    page.locator(".run .badge.succeeded").wait_for()
+    assert page.locator("audio.sentence").count() >= 7
+    page.locator("audio.whole").wait_for()
+
+
+def test_the_asr_playground_shows_segments_before_the_transcript(
+    page: Page, keys: dict[str, str], tmp_path: Path
+) -> None:
+    samples, rate = speech(LONG)
+    clip = tmp_path / "meeting.wav"
+    clip.write_bytes(encode(samples, rate, "wav"))
+    _sign_in(page, keys["admin"], "#/play/asr")
+    page.get_by_label("Audio file").set_input_files(str(clip))
+    page.get_by_role("button", name="Transcribe").click()
+    page.locator(".transcript p time").first.wait_for()
+    assert page.locator(".transcript p.final").count() == 0
+    final = page.locator(".transcript p.final")
+    final.wait_for()
+    assert "budget" in final.inner_text().lower()
+
+
+def test_the_image_playground_shows_steps_then_the_image(page: Page, keys: dict[str, str]) -> None:
+    _sign_in(page, keys["admin"], "#/play/image")
+    for name, value in (("steps", "12"), ("width", str(TINY_SIZE)), ("height", str(TINY_SIZE))):
+        page.locator(f'input[name="{name}"]').fill(value)
+    page.get_by_role("button", name="Draw").click()
+    page.locator("progress.steps").wait_for()
+    page.wait_for_function(
+        "() => { const i = document.querySelector('img.result'); return i && i.naturalWidth > 0 }"
+    )
+    assert page.locator("img.result").evaluate("i => i.naturalWidth") == TINY_SIZE
+
+
+def test_the_chat_streams_tokens(page: Page, keys: dict[str, str]) -> None:
+    _sign_in(page, keys["admin"], "#/play/llm")
+    page.get_by_label("Message").fill("Tell me a long story.")
+    page.get_by_label("Max tokens").fill("200")
+    page.get_by_role("button", name="Send").click()
+    page.wait_for_function(
+        "() => { const t = document.querySelector('.streaming .llm-text');"
+        " return t && t.textContent.length > 1 }"
+    )
+    page.locator(".msg.assistant:not(.streaming)").wait_for()
+    assert page.locator(".msg.assistant").inner_text().strip() != "assistant"
+
+
+def test_cancel_works_from_the_job_page(
+    page: Page, console_dep: Deployment, keys: dict[str, str]
+) -> None:
+    api = Api(console_dep.base_url, keys["admin"])
+    job = api.submit("tts", text=" ".join(LONG * 3), format="pcm")
+    _sign_in(page, keys["admin"], f"#/jobs/{job['id']}")
+    page.get_by_role("heading", name=job["id"]).wait_for()
+    page.locator("ol.timeline li.partial").first.wait_for()
+    page.get_by_role("button", name="Cancel").click()
+    page.locator("h1 .badge.canceled").wait_for()
+    assert api.get(job["id"])["status"] == "canceled"
+    facts = page.locator(".facts").first.inner_text()
+    assert "worker tts-" in facts, facts
