@@ -38,6 +38,20 @@ def rclient(redis_url: str) -> redis.Redis:
     return redis.Redis.from_url(redis_url, decode_responses=True)
 
 
+@pytest.fixture(scope="session")
+def kinds_dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """A worker of every built-in kind on its tiny model, with echo and sleep, on a Redis
+    of its own (no test's flush touches it): see tests/support/kinds.py."""
+    from tests.support.kinds import kinds_deployment
+    from tests.support.models.llm import cached_tiny_llm
+    from tests.support.models.sd import cached_tiny_sd
+
+    models = {"llm": cached_tiny_llm(tmp_path_factory), "sd": cached_tiny_sd(tmp_path_factory)}
+    env = {"MMQ_API__KEEPALIVE_S": "1", "MMQ_WEBHOOKS__SECRET": WEBHOOK_SECRET}
+    with kinds_deployment(tmp_path_factory.mktemp("kinds"), models, env) as dep:
+        yield dep
+
+
 @pytest.fixture(scope="module")
 def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     """API + reaper + echo worker + sleep worker, fresh Redis database, for a test module."""

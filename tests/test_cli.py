@@ -8,11 +8,9 @@ import io
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import wave
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,73 +21,21 @@ from rich.control import strip_control_codes
 
 from jobs import keys
 from jobs.apikeys import create_key
-from tests.conftest import WEBHOOK_SECRET
 from tests.support.audio import spoken
-from tests.support.deploy import REPO, Deployment, flush, serving, wait_until
-from tests.support.models.llm import cached_tiny_llm
-from tests.support.models.sd import TINY_SIZE, cached_tiny_sd
-
-KIND_PIPELINES = """
-[pipelines.tts]
-kind = "tts"
-impl = "pipelines.tts:TtsPipeline"
-
-[pipelines.tts.options]
-default_voice = "joe"
-
-[pipelines.tts.options.voices.joe]
-engine = "piper"
-
-[pipelines.asr]
-kind = "asr"
-impl = "pipelines.asr:AsrPipeline"
-
-[pipelines.llm]
-kind = "llm"
-impl = "pipelines.llm:LlmPipeline"
-model = {llm}
-
-[pipelines.llm.options]
-engine = "transformers"
-startup_timeout_s = 180
-
-[pipelines.image]
-kind = "image"
-impl = "pipelines.image:ImagePipeline"
-model = {sd}
-"""
+from tests.support.deploy import REPO, Deployment, wait_until
+from tests.support.models.sd import TINY_SIZE
 
 
 @pytest.fixture(scope="module")
-def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    """conftest's deployment (API, reaper, echo and sleep workers) and a worker of each
-    built-in kind on its tiny model, started together."""
-    models = {"llm": cached_tiny_llm(tmp_path_factory), "sd": cached_tiny_sd(tmp_path_factory)}
-    flush(redis_url)
-    env = {
-        "HF_HUB_OFFLINE": "1",
-        "MMQ_API__KEEPALIVE_S": "1",
-        "MMQ_WEBHOOKS__SECRET": WEBHOOK_SECRET,
-    }
-    dep = Deployment(redis_url, tmp_path_factory.mktemp("deploy"), env_overrides=env)
-    extra = KIND_PIPELINES.format(**{k: json.dumps(str(v)) for k, v in models.items()})
-    dep.config_path.write_text(dep.config_path.read_text() + extra)
-    with serving(dep):
-        workers = [
-            dep.spawn(f"worker-{n}", "worker", "--pipeline", n)
-            for n in ("llm", "image", "asr", "tts")
-        ]
-        dep.start_api()
-        dep.start_reaper()
-        dep.start_worker("echo")
-        dep.start_worker("sleep")
-        for worker in workers:
-            wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=240)  # type: ignore[misc]
-        try:
-            yield dep
-        finally:
-            for worker in workers:  # all at once: each takes seconds to unload
-                worker.kill(signal.SIGTERM)
+def deployment(kinds_dep: Deployment) -> Deployment:
+    """conftest's deployment (API, reaper, echo and sleep workers) with a worker of each
+    built-in kind on its tiny model: the session's `kinds_dep`, on its own Redis."""
+    return kinds_dep
+
+
+@pytest.fixture
+def rclient(kinds_dep: Deployment) -> redis.Redis:
+    return redis.Redis.from_url(kinds_dep.redis_url, decode_responses=True)
 
 
 def _mmq(*args: str, redis_url: str) -> subprocess.CompletedProcess[str]:

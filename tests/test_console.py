@@ -1,13 +1,13 @@
 """The web console at /ui, in a real browser (Playwright driving Debian's Chromium) against
-a real deployment: ASR (tiny.en), TTS (Piper), image (a tiny diffusers model) and LLM (a
-tiny model on the transformers engine) workers behind an API that requires keys.
+a real deployment (`kinds_dep`): ASR (tiny.en), TTS (Piper), image (a tiny diffusers
+model) and LLM (a tiny model on the transformers engine) workers behind an API that
+requires keys.
 
 Each test writes a screenshot of its page to `test-results/console/` (not committed).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -19,10 +19,9 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from jobs.apikeys import create_key
 from tests.conftest import Api
-from tests.support.audio import ASR_CONFIG, LONG, encode, speech
-from tests.support.deploy import REPO, Deployment, flush, serving, wait_until
-from tests.support.models.llm import cached_tiny_llm
-from tests.support.models.sd import TINY_SIZE, cached_tiny_sd
+from tests.support.audio import LONG, encode, speech
+from tests.support.deploy import REPO, Deployment
+from tests.support.models.sd import TINY_SIZE
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
@@ -33,58 +32,12 @@ pytestmark = pytest.mark.skipif(
 SHOTS = Path(os.environ.get("MMQ_SCREENSHOTS", REPO / "test-results" / "console"))
 WAIT_MS = 60_000
 
-PIPELINES = """
-[pipelines.tts]
-kind = "tts"
-impl = "pipelines.tts:TtsPipeline"
-max_batch = 1
-concurrency = 1
-
-[pipelines.tts.options]
-default_voice = "joe"
-threads = 1
-
-[pipelines.tts.options.voices.joe]
-engine = "piper"
-
-[pipelines.tiny-sd]
-kind = "image"
-impl = "pipelines.image:ImagePipeline"
-model = {sd}
-max_batch = 2
-max_wait_ms = 50
-
-[pipelines.tiny-sd.options]
-preview_every_steps = 1
-
-[pipelines.llm]
-kind = "llm"
-impl = "pipelines.llm:LlmPipeline"
-model = {llm}
-
-[pipelines.llm.options]
-engine = "transformers"
-max_inflight = 2
-startup_timeout_s = 180
-"""
 SENTENCES = " ".join(LONG[:8])
 
 
 @pytest.fixture(scope="module")
-def console_dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    sd, llm = cached_tiny_sd(tmp_path_factory), cached_tiny_llm(tmp_path_factory)
-    flush(redis_url)
-    env = {"HF_HUB_OFFLINE": "1", "MMQ_API__KEEPALIVE_S": "1"}
-    dep = Deployment(redis_url, tmp_path_factory.mktemp("console"), env_overrides=env)
-    extra = PIPELINES.format(sd=json.dumps(str(sd)), llm=json.dumps(str(llm)))
-    dep.config_path.write_text(dep.config_path.read_text() + ASR_CONFIG + extra)
-    with serving(dep):
-        dep.start_api()
-        dep.start_reaper()
-        workers = [dep.start_worker(name) for name in ("asr", "tts", "tiny-sd", "llm")]
-        for worker in workers:
-            wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=240)
-        yield dep
+def console_dep(kinds_dep: Deployment) -> Deployment:
+    return kinds_dep
 
 
 @pytest.fixture(scope="module")

@@ -113,10 +113,13 @@ function Tts() {
 function Image() {
   const [state, run] = useJobRun();
   const [form, setForm] = useState({ prompt: "a lighthouse on a cliff at dusk", steps: 20, width: 512, height: 512, seed: 7, guidance_scale: 7.5 });
-  const field = (name, type = "number") => html`<label>${name.replace("_", " ")} <input name=${name} type=${type}
-    value=${form[name]} onInput=${(e) => setForm({ ...form, [name]: type === "number" ? Number(e.target.value) : e.target.value })} /></label>`;
+  const field = (name, type = "number", extra = {}) => html`<label>${name.replace("_", " ")} <input name=${name} type=${type}
+    value=${form[name]} ...${extra}
+    onInput=${(e) => setForm({ ...form, [name]: type === "number" ? Number(e.target.value) : e.target.value })} /></label>`;
   return html`<form onSubmit=${(e) => { e.preventDefault(); run("image", form); }}>
-      ${field("prompt", "text")} ${field("steps")} ${field("width")} ${field("height")} ${field("seed")} ${field("guidance_scale")}
+      ${field("prompt", "text", { size: 50 })} ${field("steps", "number", { min: 1 })}
+      ${field("width", "number", { min: 8, step: 8 })} ${field("height", "number", { min: 8, step: 8 })}
+      ${field("seed", "number", { min: 0 })} ${field("guidance_scale", "number", { min: 0, step: "any" })}
       <button type="submit">Draw</button>
     </form>
     <${RunView} kind="image" state=${state} />`;

@@ -1,0 +1,79 @@
+"""One deployment with a worker of every built-in kind on its tiny model (Piper voice,
+tiny.en, a tiny Llama on the transformers engine, a tiny Stable Diffusion), plus the
+echo and sleep test pipelines, on a Redis server of its own: the session's tests of the
+command line and of the web console share it (starting it takes about half a minute)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+from host.redis_server import RedisServer
+from tests.support.deploy import Deployment, serving, wait_until
+
+KIND_PIPELINES = """
+[pipelines.tts]
+kind = "tts"
+impl = "pipelines.tts:TtsPipeline"
+
+[pipelines.tts.options]
+default_voice = "joe"
+
+[pipelines.tts.options.voices.joe]
+engine = "piper"
+
+[pipelines.asr]
+kind = "asr"
+impl = "pipelines.asr:AsrPipeline"
+
+[pipelines.llm]
+kind = "llm"
+impl = "pipelines.llm:LlmPipeline"
+model = {llm}
+
+[pipelines.llm.options]
+engine = "transformers"
+startup_timeout_s = 180
+
+[pipelines.image]
+kind = "image"
+impl = "pipelines.image:ImagePipeline"
+model = {sd}
+
+[pipelines.image.options]
+preview_every_steps = 1
+"""
+KIND_NAMES = ("llm", "image", "asr", "tts")
+
+
+@contextlib.contextmanager
+def kinds_deployment(
+    tmp: Path, models: dict[str, Path], env: dict[str, str]
+) -> Iterator[Deployment]:
+    """Its own Redis, the API, the reaper, echo and sleep workers, and a worker of each
+    built-in kind (`models`: `llm` and `sd` directories), all started before it yields."""
+    server = RedisServer(tmp / "redis", persist=False)
+    server.start()
+    try:
+        (tmp / "deploy").mkdir()
+        dep = Deployment(server.url, tmp / "deploy", env_overrides={"HF_HUB_OFFLINE": "1", **env})
+        extra = KIND_PIPELINES.format(**{k: json.dumps(str(v)) for k, v in models.items()})
+        dep.config_path.write_text(dep.config_path.read_text() + extra)
+        with serving(dep):
+            workers = [dep.spawn(f"worker-{n}", "worker", "--pipeline", n) for n in KIND_NAMES]
+            dep.start_api()
+            dep.start_reaper()
+            dep.start_worker("echo")
+            dep.start_worker("sleep")
+            for worker in workers:
+                wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=240)  # type: ignore[misc]
+            try:
+                yield dep
+            finally:
+                for worker in workers:  # all at once: each takes seconds to unload
+                    worker.kill(signal.SIGTERM)
+    finally:
+        server.stop()
