@@ -444,7 +444,18 @@ def _parse_input(raw: str, fields: list[str]) -> dict[str, object]:
 
 
 @keys_app.command("create")
-def keys_create(name: str, config: ConfigOpt = None) -> None:
+def keys_create(
+    name: str,
+    config: ConfigOpt = None,
+    admin: Annotated[
+        bool,
+        typer.Option(
+            "--admin",
+            help="May also use /v1/admin (the overview, every owner's jobs) and act on any "
+            "owner's job, as the web console's admin view does",
+        ),
+    ] = False,
+) -> None:
     """Create an API key for owner NAME and print it (it is stored only as a hash)."""
     from jobs import redis_client
     from jobs.apikeys import create_key
@@ -452,7 +463,7 @@ def keys_create(name: str, config: ConfigOpt = None) -> None:
     settings = _settings(config)
     client = redis_client.connect(str(_with_redis(settings).redis_url))
     try:
-        typer.echo(create_key(client, name))
+        typer.echo(create_key(client, name, admin=admin))
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None

@@ -61,6 +61,13 @@ def test_keys_create_prints_a_key_that_is_stored_only_as_a_hash(
     assert key not in stored and all(key not in v for v in stored.values())
     r = httpx.get(f"{deployment.base_url}/v1/jobs", headers={"Authorization": f"Bearer {key}"})
     assert r.status_code == 200
+    overview = f"{deployment.base_url}/v1/admin/overview"
+    r = httpx.get(overview, headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 403, r.text  # not an admin key
+    made = _mmq("keys", "create", "root", "--admin", redis_url=deployment.redis_url)
+    admin = made.stdout.strip().splitlines()[-1]
+    r = httpx.get(overview, headers={"Authorization": f"Bearer {admin}"})
+    assert r.status_code == 200, r.text
 
     revoked = _mmq("keys", "revoke", "carol", redis_url=deployment.redis_url)
     assert revoked.returncode == 0 and "revoked 1" in revoked.stdout

@@ -230,6 +230,8 @@ def test_poisson_arrivals_find_where_one_at_a_time_falls_behind(tmp_path: Path) 
         for c in result["candidates"]
     }
     assert levels == {4: [("5/s", True), ("30/s", True)], 1: [("5/s", True), ("30/s", False)]}
+    # The change as a diff, its TOML shown as it is (a table header is not console markup).
+    assert "+max_batch = 4" in done.stdout and " [pipelines.batchcost]" in done.stdout
 
 
 def _shipped_with(tmp_path: Path, pipeline: str, knobs: dict[str, float]) -> Path:

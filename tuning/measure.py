@@ -36,6 +36,8 @@ class Sample:
     ok: bool
     metrics: dict[str, float | None]
     error: str | None = None
+    tokens: int = 0
+    """Output tokens (LLM: the answer's `usage.completion_tokens`)."""
 
 
 @dataclass
@@ -57,6 +59,8 @@ class LevelResult:
     """Each SLO (as text) -> the percentile it names, in ms, over the level's requests."""
     stopped_early: bool = False
     errors: dict[str, int] = field(default_factory=dict)
+    good_tokens_per_s: float = 0.0
+    """Output tokens per second of the requests that met every SLO (LLM)."""
 
 
 @dataclass
@@ -107,7 +111,8 @@ def sample_of(job: Mapping[str, Any], e2e_ms: float) -> Sample:
     if job.get("status") != "succeeded":
         error = job.get("error") or {}
         return Sample(False, metrics, f"{job.get('status')}: {error.get('type', '?')}")
-    return Sample(True, metrics)
+    usage = (job.get("output") or {}).get("usage") or {}
+    return Sample(True, metrics, tokens=int(usage.get("completion_tokens") or 0))
 
 
 class _Tally:
@@ -199,7 +204,8 @@ def summarize(
     level: Level, samples: Sequence[Sample], slos: Sequence[Slo], duration_s: float, early: bool
 ) -> LevelResult:
     succeeded = [s for s in samples if s.ok]
-    good = sum(1 for s in succeeded if meets_all(slos, s.metrics))
+    good_samples = [s for s in succeeded if meets_all(slos, s.metrics)]
+    good = len(good_samples)
     table: dict[str, dict[str, float]] = {}
     for metric in REPORTED:
         values = [v for s in succeeded if (v := s.metrics.get(metric)) is not None]
@@ -232,6 +238,7 @@ def summarize(
         observed=observed,
         stopped_early=early,
         errors=dict(errors),
+        good_tokens_per_s=sum(s.tokens for s in good_samples) / duration_s,
     )
 
 

@@ -24,18 +24,29 @@ TOP_PLOTTED = 4
 def table(outcome: Outcome, slos: Sequence[Slo]) -> Table:
     t = Table(title="mmq tune: every candidate (goodput = requests/s that met every SLO)")
     gpu = any(m.usage.gpu_util_pct is not None for s in outcome.stats for m in s.runs)
-    columns = ["knobs", "goodput/s (runs)", "at load", "e2e p50/p95/p99 ms"]
+    tokens = _has_tokens(outcome)
+    columns = ["knobs", "goodput/s (runs)", *(["good tok/s"] if tokens else [])]
+    columns += ["at load", "e2e p50/p95/p99 ms"]
     columns += [*(str(s) for s in slos), "CPU %", "RSS MiB", *(["GPU %"] if gpu else [])]
     for column in [*columns, "start s", "met SLO"]:
         t.add_column(column, justify="left" if column == "knobs" else "right")
     for stats in outcome.stats:
-        t.add_row(*row(stats, slos, outcome, gpu), style=_style(stats, outcome))
+        t.add_row(*row(stats, slos, outcome, gpu, tokens), style=_style(stats, outcome))
     return t
 
 
-def row(stats: Stats, slos: Sequence[Slo], outcome: Outcome, gpu: bool) -> list[str]:
+def _has_tokens(outcome: Outcome) -> bool:
+    """Whether the requests had output tokens (an LLM): then the table shows them."""
+    return any(lv.good_tokens_per_s > 0 for s in outcome.stats for m in s.runs for lv in m.levels)
+
+
+def row(
+    stats: Stats, slos: Sequence[Slo], outcome: Outcome, gpu: bool, tokens: bool = False
+) -> list[str]:
+    """A candidate's cells: its median goodput and each run's, then its best run's level
+    (`good tok/s` there where `tokens`), percentiles, usage and start time."""
     name = key(stats.knobs) + (" (current)" if stats is outcome.base else "")
-    blanks = len(slos) + 4 + int(gpu)
+    blanks = len(slos) + 4 + int(gpu) + int(tokens)
     if stats.failed:
         return [name, "failed", stats.failed[:80], *["-"] * blanks]
     runs = stats.measured
@@ -46,6 +57,7 @@ def row(stats: Stats, slos: Sequence[Slo], outcome: Outcome, gpu: bool) -> list[
     return [
         name,
         f"{stats.median:.2f} ({', '.join(f'{g:.2f}' for g in stats.goodputs)})",
+        *([_num(best.best_level.good_tokens_per_s if best.best_level else 0.0)] if tokens else []),
         level.level if level and best.best_level else "none",
         "/".join(f"{e2e.get(p, float('nan')):.0f}" for p in ("p50", "p95", "p99")),
         *(f"{level.observed.get(str(s), float('nan')):.0f}" if level else "-" for s in slos),
@@ -180,7 +192,7 @@ def diff(old: str, new: str, path: Path) -> str:
 def print_all(console: Console, outcome: Outcome, slos: Sequence[Slo]) -> None:
     console.print(table(outcome, slos))
     for line in summary_lines(outcome):
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, markup=False)
 
 
 def _limit(slo_text: str) -> float:

@@ -281,7 +281,9 @@ def _save(p: Plan, outcome: Outcome, out: Path, console: Console) -> None:
         path.write_text(new)
         console.print(f"wrote the winner's knobs to {path}", highlight=False)
     else:
-        console.print(report.diff(old, new, path) or "no change to the config", highlight=False)
+        console.print(
+            report.diff(old, new, path) or "no change to the config", highlight=False, markup=False
+        )
         console.print("(--write applies it)")
 
 

@@ -2,7 +2,10 @@
 
 By default a hill-climb: measure the config as it is (the candidate to beat) and its
 nearest point in the space, then the neighbours of the best so far (one step on one
-knob), moving while a neighbour does better; `exhaustive` measures the whole grid. Each
+knob), moving while a neighbour does better; `exhaustive` measures the whole grid, and so
+does a space of at most `SMALL_GRID` points (a climb costs about as much there, and one
+noisy step can stop it short of a winner two steps away, as a TTS climb once stopped
+short of `instances = 2, threads = 1`). Each
 candidate is measured `repeats` times, the repeats of a round taking turns with the
 other candidates of that round (so that a slow spell on a shared machine spreads over
 all of them). A winner is called only when its worst repeat beats the current config's
@@ -19,6 +22,8 @@ from dataclasses import dataclass, field
 from tuning.measure import Measurement
 from tuning.space import Candidate, Space, key
 
+SMALL_GRID = 6
+"""A space this small is measured whole."""
 SINGLE_RUN_MARGIN = 1.10
 """With one repeat (spread unknown), a winner must beat the current config by this."""
 
@@ -94,7 +99,7 @@ class Tuner:
     def run(self) -> Outcome:
         self.started = time.monotonic()
         base = self.space.base
-        if self.exhaustive:
+        if self.exhaustive or self.space.size <= SMALL_GRID:
             self.evaluate([base, *self.space.grid()])
         else:
             self.climb(base)

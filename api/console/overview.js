@@ -25,7 +25,7 @@ function PipelineCard({ p, history }) {
   return html`<article class="card pipeline" data-pipeline=${p.pipeline} aria-label=${`pipeline ${p.pipeline}`}>
     <h3>${p.pipeline} <span class="muted">(${p.kind})</span></h3>
     <dl>
-      <dt>queued</dt><dd class="queued">${p.queued_total}
+      <dt>queued</dt><dd class="queued">${p.queued_total}${" "}
         <span class="muted">(high ${p.queued.high || 0}, normal ${p.queued.normal || 0}, low ${p.queued.low || 0})</span></dd>
       <dt>running</dt><dd class="running">${p.running}</dd>
       <dt>workers</dt><dd>${p.workers}</dd>
