@@ -20,10 +20,11 @@ from jobs import keys
 from jobs.settings import load_settings
 from tests.conftest import Api
 from tests.support.deploy import REPO, Deployment
+from tuning.measure import sample_of, summarize
 from tuning.report import config_change
 from tuning.slo import Slo, SloError, check_kind, parse_slo
 from tuning.space import KnobError, build_space, parse_assignment
-from tuning.workload import WorkloadError, from_file, levels, schedule
+from tuning.workload import Level, WorkloadError, from_file, levels, schedule
 
 BATCHCOST = """\
 # A deployment with one pipeline whose batch cost is known.
@@ -127,6 +128,15 @@ def test_a_workload_file_with_bad_jobs_names_each_line(tmp_path: Path) -> None:
     # Schema errors name the line and the field: the empty text, the speed out of range.
     assert "line 3: input.text" in message and "line 6: input.speed" in message
     assert "line 1" not in message
+
+
+def test_llm_goodput_counts_the_output_tokens_of_the_requests_that_met_the_slos() -> None:
+    job = {"status": "succeeded", "timings": {}, "output": {"usage": {"completion_tokens": 64}}}
+    fast, slow = sample_of(job, e2e_ms=100.0), sample_of(job, e2e_ms=5000.0)
+    assert fast.tokens == 64
+    slo = parse_slo("p50=1s")
+    level = summarize(Level(concurrency=2, requests=4), [fast, fast, fast, slow], [slo], 2.0, False)
+    assert level.goodput == 1.5 and level.good_tokens_per_s == 96.0  # 3 x 64 tokens in 2 s
 
 
 def test_the_config_change_keeps_comments_and_other_tables() -> None:
