@@ -210,6 +210,29 @@ def test_retry_runs_an_ended_job_again(deployment: Deployment, api: Api) -> None
     api.http.post(f"/v1/jobs/{running['id']}/cancel")
 
 
+def test_an_admin_follows_cancels_and_retries_any_owners_job(
+    deployment: Deployment, admin: Api, api: Api
+) -> None:
+    """The job routes take an admin key for any owner's job (the console's job page);
+    another plain key still gets 404."""
+    running = api.submit("sleep", steps=200, step_ms=25)
+    wait_until(lambda: admin.get(running["id"])["status"] == "running", timeout_s=10)
+    assert admin.get(running["id"])["owner"] == api.get(running["id"])["owner"]
+    other = new_owner(deployment.redis_url, deployment.base_url, f"o{time.monotonic_ns()}")
+    assert other.http.get(f"/v1/jobs/{running['id']}").status_code == 404
+    assert other.http.post(f"/v1/jobs/{running['id']}/cancel").status_code == 404
+    assert admin.http.post(f"/v1/jobs/{running['id']}/cancel").status_code == 200
+    ended = admin.wait(running["id"])
+    assert ended["status"] == "canceled"
+    with admin.http.stream("GET", f"/v1/jobs/{running['id']}/events") as events:
+        assert events.status_code == 200
+        assert '"canceled"' in events.read().decode()
+    again = admin.http.post(f"/v1/jobs/{running['id']}/retry")
+    assert again.status_code == 202, again.text
+    assert again.json()["owner"] == ended["owner"]  # the job's owner's, not the admin's
+    api.http.post(f"/v1/jobs/{again.json()['id']}/cancel")
+
+
 @pytest.mark.anyio
 async def test_auth_off_caller_is_admin_and_429s_are_counted(
     redis_url: str, tmp_path: Path
