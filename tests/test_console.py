@@ -19,7 +19,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from jobs.apikeys import create_key
 from tests.conftest import Api
-from tests.support.audio import LONG, encode, speech
+from tests.support.audio import LONG, SHORT, encode, speech
 from tests.support.deploy import REPO, Deployment
 from tests.support.models.sd import TINY_SIZE
 
@@ -51,15 +51,18 @@ def keys(console_dep: Deployment) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    microphone = tmp_path_factory.mktemp("microphone") / "speech.wav"
+    microphone.write_bytes(encode(*speech(SHORT), "wav"))
     with sync_playwright() as p:
         chromium = p.chromium.launch(
             executable_path=CHROMIUM,
             args=[
                 "--no-sandbox",  # root in CI
                 "--autoplay-policy=no-user-gesture-required",
-                "--use-fake-ui-for-media-stream",
+                "--use-fake-ui-for-media-stream",  # the microphone is allowed
                 "--use-fake-device-for-media-stream",
+                f"--use-file-for-fake-audio-capture={microphone}",  # and says SHORT
             ],
         )
         yield chromium
@@ -173,6 +176,19 @@ def test_the_asr_playground_shows_segments_before_the_transcript(
     final = page.locator(".transcript p.final")
     final.wait_for()
     assert "budget" in final.inner_text().lower()
+
+
+def test_the_asr_playground_transcribes_the_microphone(page: Page, keys: dict[str, str]) -> None:
+    """Chromium's fake microphone plays a clip of speech; the page records it (WebM/Opus,
+    MediaRecorder), uploads it and transcribes it."""
+    _sign_in(page, keys["admin"], "#/play/asr")
+    page.get_by_role("button", name="Record from the microphone").click()
+    page.get_by_role("button", name="Stop and transcribe").wait_for()
+    page.wait_for_timeout(6000)  # the clip is about five seconds
+    page.get_by_role("button", name="Stop and transcribe").click()
+    final = page.locator(".transcript p.final")
+    final.wait_for()
+    assert "fox" in final.inner_text().lower(), final.inner_text()
 
 
 def test_the_image_playground_shows_steps_then_the_image(page: Page, keys: dict[str, str]) -> None:
