@@ -162,8 +162,7 @@ class JobService:
 
     async def owner_of(self, job_id: str) -> str | None:
         """Whose job `job_id` is (None: no such job)."""
-        job = await self._store.get(job_id)
-        return None if job is None else job.owner
+        return await self._store.owner_of(job_id)
 
     async def get(self, owner: str, job_id: str) -> Job:
         """The job, or NotFound when it does not exist or belongs to another owner."""

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 import socket
+import subprocess
+import time
+from collections.abc import Sequence
 
 PR_SET_PDEATHSIG = 1
 
@@ -21,3 +25,24 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """`sig` to the process group that `proc` leads (started with `start_new_session`)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def stop_groups(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 10.0) -> None:
+    """SIGTERM every process group at once, then SIGKILL those still running after
+    `timeout_s` in all; returns once every process has exited."""
+    running = [p for p in procs if p.poll() is None]
+    for proc in running:
+        signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for proc in running:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            signal_group(proc, signal.SIGKILL)
+            proc.wait()

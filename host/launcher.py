@@ -6,10 +6,8 @@ Linux), so Ctrl-C or a killed launcher leaves no orphan behind.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -17,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from common.procs import die_with_parent
+from common.procs import die_with_parent, stop_groups
 
 log = logging.getLogger(__name__)
 
@@ -128,20 +126,6 @@ class Supervisor:
         self._stop.set()
 
     def terminate(self, timeout_s: float = 10.0) -> None:
-        procs = [c.process for c in self.children if c.process is not None]
-        for proc in procs:
-            _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for proc in procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
+        stop_groups([c.process for c in self.children if c.process is not None], timeout_s)
         for child in self.children:
             child.process = None
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)

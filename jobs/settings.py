@@ -340,11 +340,18 @@ class _ConfigFileLocator(BaseSettings):
     """TOML file with pipelines and workers."""
 
 
-def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
-    """Build the settings: `overrides` > environment > TOML file > defaults."""
+def config_file_path(config_file: Path | None = None) -> Path | None:
+    """The TOML file settings come from: `config_file`, else `MMQ_CONFIG_FILE`, else
+    `mmq.toml` where it exists (None: defaults and the environment only)."""
     path = config_file or _ConfigFileLocator().config_file
     if path is None and DEFAULT_CONFIG_FILE.exists():
         path = DEFAULT_CONFIG_FILE
+    return path
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings: `overrides` > environment > TOML file > defaults."""
+    path = config_file_path(config_file)
     if path is not None and not Path(path).exists():
         raise FileNotFoundError(f"config file {path} does not exist")
 

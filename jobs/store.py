@@ -492,6 +492,11 @@ class AsyncJobStore:
         fields = text_map(await self.r.hgetall(keys.job(job_id)))
         return job_from_fields(fields) if fields else None
 
+    async def owner_of(self, job_id: str) -> str | None:
+        """Whose job `job_id` is (None: no such job), without reading the whole job."""
+        owner = await self.r.hget(keys.job(job_id), "owner")
+        return None if owner is None else str(owner)
+
     async def _publish(self, notices: list[tuple[str, str]]) -> None:
         """The notices a script held back (`Transition.hold`), in one round trip."""
         if notices:

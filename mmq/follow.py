@@ -7,7 +7,6 @@ and output as JSON. Status changes and errors read alike for every kind.
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,8 +19,6 @@ from rich.text import Text
 from mmq.client import Client, JobDict
 
 Data = dict[str, Any]
-PCM16_BYTES = 2
-"""Bytes per sample of a TTS partial's `audio` (base64 little-endian PCM16 mono)."""
 
 
 def _line(console: Console, *parts: str | tuple[str, str]) -> None:
@@ -58,9 +55,8 @@ def _llm_output(console: Console, output: Data, streamed: int) -> None:
 
 
 def audio_seconds(data: Data) -> float:
-    """How long a TTS partial's audio plays."""
-    pcm = base64.b64decode(data.get("audio") or "")
-    return len(pcm) / PCM16_BYTES / max(1, int(data.get("sample_rate") or 1))
+    """How long a TTS partial's audio plays (its `samples` at its `sample_rate`)."""
+    return int(data.get("samples") or 0) / max(1, int(data.get("sample_rate") or 1))
 
 
 def _tts_chunk(console: Console, data: Data, streamed: int) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ import httpx
 import redis
 import tomlkit
 
-from common.procs import die_with_parent, free_port
+from common.procs import die_with_parent, free_port, stop_groups
 from host.launcher import mmq_command
 from host.redis_server import RedisServer
 from jobs import keys
@@ -29,6 +28,8 @@ from jobs.codec import text_map
 from jobs.settings import PipelineConfig
 
 LOG_TAIL_CHARS = 1500
+STOP_TIMEOUT_S = 15.0
+"""How long stopped processes get to exit before SIGKILL."""
 
 
 class CandidateFailed(Exception):
@@ -73,7 +74,7 @@ class TuneDeployment:
     def close(self) -> None:
         self.stop_workers()
         if self.api is not None:
-            _stop(self.api)
+            stop_groups([self.api], STOP_TIMEOUT_S)
             self.api = None
         if self.redis is not None:
             self.redis.stop()
@@ -125,8 +126,7 @@ class TuneDeployment:
         return Workers([w.pid for w in self.workers], time.monotonic() - started)
 
     def stop_workers(self) -> None:
-        for proc in self.workers:
-            _stop(proc)
+        stop_groups(self.workers, STOP_TIMEOUT_S)
         self.workers = []
 
     def upload(self, client: httpx.Client, path: Path) -> str:
@@ -193,16 +193,3 @@ def read_config(path: Path | None) -> dict[str, Any]:
         return {}
     with path.open("rb") as handle:
         return tomllib.load(handle)
-
-
-def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()

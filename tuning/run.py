@@ -16,7 +16,13 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from jobs.settings import DEFAULT_CONFIG_FILE, PipelineConfig, Settings, load_settings
+from jobs.settings import (
+    DEFAULT_CONFIG_FILE,
+    PipelineConfig,
+    Settings,
+    config_file_path,
+    load_settings,
+)
 from tuning import report
 from tuning.deploy import CandidateFailed, TuneDeployment, read_config
 from tuning.measure import Measurement, UsageProbe, run_level
@@ -80,11 +86,7 @@ class Plan:
 
 def plan(args: TuneArgs) -> Plan:
     """Every check that needs no process: raises TuneError with what is wrong."""
-    config_path = (
-        args.config
-        or _env_config()
-        or (DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.exists() else None)
-    )
+    config_path = config_file_path(args.config)
     try:
         settings = load_settings(config_path)
     except (FileNotFoundError, ValueError) as exc:
@@ -285,11 +287,6 @@ def _save(p: Plan, outcome: Outcome, out: Path, console: Console) -> None:
             report.diff(old, new, path) or "no change to the config", highlight=False, markup=False
         )
         console.print("(--write applies it)")
-
-
-def _env_config() -> Path | None:
-    value = os.environ.get("MMQ_CONFIG_FILE")
-    return Path(value) if value else None
 
 
 def _stamp() -> str:
