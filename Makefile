@@ -1,23 +1,25 @@
 # make run: create .venv, install, start everything (`mmq up`).
 # make test: create .venv, install, run the whole suite.
 # make lint: ruff (check, format) and mypy.
+# make lock: the lock (requirements/*.txt) at the newest versions pyproject's ranges allow,
+#   installed, and the suite run on it: an upgrade is a commit of the lock.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean install
+.PHONY: run test lint bench clean install lock
 
 install: $(STAMP)
 
-# torch first, from its CPU wheel: later installs then never pull a CUDA build.
-$(STAMP): pyproject.toml
-	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[dev,asr,image,llm,tune]"
-	bash scripts/install_tts.sh $(BIN)
+# Every version from the lock; torch is the CPU wheel (scripts/install.sh says how).
+$(STAMP): pyproject.toml requirements/*.txt scripts/install.sh
+	PYTHON=$(PYTHON) bash scripts/install.sh --dev $(VENV)
 	touch $(STAMP)
+
+lock: install
+	bash scripts/lock.sh --upgrade
+	$(MAKE) test
 
 run: install
 	$(BIN)/mmq up

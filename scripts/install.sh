@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Install mmq into a virtual environment, every version from the lock (requirements/*.txt).
+#
+#   scripts/install.sh [--dev] VENV [STEP ...]
+#
+# `make install` runs `scripts/install.sh --dev .venv`; the Docker images run the steps
+# as layers of their own (torch, deps, then `COPY . .` and project), so that a change
+# to the code reinstalls mmq alone, in seconds. The steps, in order (all by default):
+#
+#   uv        the installer, from requirements/uv.txt (pip checks its hash).
+#   deps      everything else exactly as locked: requirements/runtime.txt (and dev.txt with
+#             --dev), with uv, every file's hash checked, nothing resolved (--no-deps).
+#   torch     the device's torch, which the lock leaves out (requirements/exclude.txt):
+#             torch==$TORCH_VERSION (default 2.13.0), from pip's own index (this machine
+#             keeps the CPU wheel on disk) or from $TORCH_INDEX (PyTorch's CPU or CUDA
+#             index), with the packages in $TORCH_ALSO (e.g. "torchaudio==2.11.0" on a GPU
+#             host). Skipped where that torch is installed already;
+#             its own requirements are in the lock (requirements/torch.in).
+#   torchaudio  where torchaudio does not import yet (a CPU torch): torchaudio and torchcodec
+#             from requirements/torch-cpu.txt, without their dependencies, which would pull
+#             another torch. PyPI's torchaudio links its native extension against CUDA
+#             (libc10_cuda.so); beside a CPU torch the extension is removed and torchaudio
+#             imports as pure Python (_IS_TORCHAUDIO_EXT_AVAILABLE = False, a state it
+#             supports): the VITS and XTTS paths use only its pure-PyTorch transforms and
+#             resampling, and mmq decodes clips with PyAV, never torchaudio.load.
+#   project   mmq itself, editable, no deps, without build isolation (setuptools is locked).
+#   check     every requirement met (`uv pip check`), every engine of the extras imports.
+#
+# Behind a mirror or a TLS-intercepting proxy, set PIP_INDEX_URL, PIP_TRUSTED_HOST and
+# PIP_CERT (a CA bundle file): pip reads them itself, and they are passed on to uv
+# (UV_DEFAULT_INDEX, UV_INSECURE_HOST, SSL_CERT_FILE) where those are not set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+dev=0
+if [ "${1:-}" = "--dev" ]; then dev=1; shift; fi
+if [ $# -lt 1 ]; then
+    echo "usage: $0 [--dev] VENV [uv|torch|deps|torchaudio|project|check ...]" >&2
+    exit 2
+fi
+VENV="$1"; shift
+steps=("$@")
+if [ ${#steps[@]} -eq 0 ]; then steps=(uv deps torch torchaudio project check); fi
+
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+PY="$VENV/bin/python"
+UV="$VENV/bin/uv"
+if [ -n "${PIP_INDEX_URL:-}" ]; then export UV_DEFAULT_INDEX="${UV_DEFAULT_INDEX:-$PIP_INDEX_URL}"; fi
+if [ -n "${PIP_TRUSTED_HOST:-}" ]; then export UV_INSECURE_HOST="${UV_INSECURE_HOST:-$PIP_TRUSTED_HOST}"; fi
+if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="${SSL_CERT_FILE:-$PIP_CERT}"; fi
+pip_install=("$PY" -m pip install -q --disable-pip-version-check)
+uv_install=("$UV" pip install -q --python "$PY")
+
+step_uv() {
+    test -x "$PY" || "${PYTHON:-python3}" -m venv "$VENV"
+    "${pip_install[@]}" --require-hashes --no-deps -r requirements/uv.txt
+}
+
+step_torch() {
+    local have
+    have="$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)"
+    if [ "$have" = "$TORCH_VERSION" ]; then return; fi
+    local index=()
+    if [ -n "${TORCH_INDEX:-}" ]; then index=(--index-url "$TORCH_INDEX"); fi
+    # shellcheck disable=SC2086  # TORCH_ALSO is a list of requirements
+    "${pip_install[@]}" "${index[@]}" "torch==$TORCH_VERSION" ${TORCH_ALSO:-}
+}
+
+step_deps() {
+    local locks=(-r requirements/runtime.txt)
+    if [ "$dev" = 1 ]; then locks+=(-r requirements/dev.txt); fi
+    "${uv_install[@]}" --require-hashes --no-deps "${locks[@]}"
+}
+
+step_torchaudio() {
+    if "$PY" -c "import torchaudio" 2>/dev/null; then return; fi
+    "${uv_install[@]}" --require-hashes --no-deps -r requirements/torch-cpu.txt
+    if "$PY" -c "import torchaudio" 2>/dev/null; then return; fi
+    if [ "$("$PY" -c 'import torch; print(torch.version.cuda is None)')" != "True" ]; then
+        echo "torchaudio does not load beside this CUDA torch: install the torchaudio built" \
+            "for it (TORCH_ALSO, see the top of $0)" >&2
+        exit 1
+    fi
+    local lib
+    lib="$("$PY" -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("torchaudio").origin).parent / "lib")')"
+    echo "torchaudio: CUDA-linked native extension on a CPU torch; using it as pure Python"
+    rm -f "$lib"/*.so
+}
+
+step_project() {
+    "${uv_install[@]}" --no-deps --no-build-isolation -e .
+}
+
+step_check() {
+    "$UV" pip check -q --python "$PY"
+    "$PY" -c "import TTS.api, piper, torchaudio, faster_whisper, diffusers, transformers, mmq.cli
+print('mmq ready: torch', __import__('torch').__version__, '/ transformers', transformers.__version__,
+      '/ coqui-tts', TTS.__version__, '/ torchaudio', torchaudio.__version__)"
+}
+
+for step in "${steps[@]}"; do
+    case "$step" in
+        uv|torch|deps|torchaudio|project|check) "step_$step" ;;
+        *) echo "unknown step: $step" >&2; exit 2 ;;
+    esac
+done
