@@ -1,21 +1,37 @@
 """Test hosts on one machine: Linux network namespaces joined by a bridge.
 
-`Network` (as root) makes a bridge in the root namespace with the first address of a
-private /24 (10.77.N.0/24, the first N no address of this machine is in), and per host a
-namespace whose `eth0` is one end of a veth pair; the other end is a port of the bridge.
-Hosts reach each other and the root namespace (the tests' client) over the bridge, and
-nothing else: no route leaves the /24. `lo` is up inside each, so a host's own loopback
-works too. A process runs inside with `ip netns exec NAME ...` (`NetHost.wrap`).
+`Network` (as root) makes a switch: a namespace of its own (`mmqh<pid>-sw`) that holds a
+bridge. Per host a namespace whose `eth0` is one end of a veth pair; the other end is a
+port of the bridge. The root namespace (the tests' client) joins the bridge the same way,
+through a veth pair whose root end (`mmqh<pid>`) has the first address of a private /24
+(10.77.N.0/24, the first N no address of this machine is in); the hosts get .10, .11...
+Hosts reach each other and the root namespace over the bridge, and nothing else: no route
+leaves the /24. `lo` is up inside each, so a host's own loopback works too. A process runs
+inside with `ip netns exec NAME ...` (`NetHost.wrap`).
 
-`cut(host)` sets the host's bridge port down: the cable pulled, so its packets vanish both
-ways and nothing refuses a connection (a peer sees only silence, as on a real partition;
-`tc netem` is not available here, so no latency or loss short of that). `restore(host)`
-sets it up again; TCP connections that were open carry on.
+Why the bridge has a namespace of its own: with `br_netfilter` loaded, the frames a bridge
+forwards go through the iptables FORWARD chain of the bridge's namespace
+(`net.bridge.bridge-nf-call-iptables`, which is 1 in each new namespace). A Docker daemon
+loads it and sets the root namespace's FORWARD policy to DROP, so a bridge in the root
+namespace silently dropped all traffic between hosts and every test errored at setup.
+Rules, policies and those sysctls are per namespace, and the switch's starts with none:
+its bridge forwards whatever the root namespace's firewall holds, and the tests change no
+firewall. The root namespace's own traffic to a host is not forwarded there: it leaves and
+enters through its veth end (OUTPUT and INPUT), as any local traffic does.
 
-Clean-up always happens (`close`, also on a failed setup): every process still in one of
-the namespaces is killed, the namespaces (with their veth pairs) and the bridge deleted.
-Names carry the pid of the test process (`mmqh<pid>`), so a run removes what earlier runs
-that died left behind (their pid is gone) and never touches a live run's hosts.
+`cut(host)` sets the host's port on the bridge down (in the switch): the cable pulled, so
+its packets vanish both ways and nothing refuses a connection (a peer sees only silence,
+as on a real partition; `tc netem` is not available here, so no latency or loss short of
+that). `restore(host)` sets it up again; TCP connections that were open carry on.
+
+Every `ip` command is bounded (`CMD_TIMEOUT_S`). Clean-up always happens (`close`, also on
+a failed setup): every process still in one of the namespaces is killed, the root
+namespace's veth end deleted, and the namespaces (with the veth pairs that have an end in
+them). Names carry the pid of the test process (`mmqh<pid>`), so a run removes what earlier
+runs that died left behind (their pid is gone) and never touches a live run's hosts.
+
+`unavailable()` builds a small such network and sends it a packet, so that where this
+cannot work the tests skip, saying why, instead of erroring.
 """
 
 from __future__ import annotations
@@ -26,6 +42,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,6 +50,11 @@ from dataclasses import dataclass, field
 PREFIX = "mmqh"
 SUPERNET = "10.77"
 CMD_TIMEOUT_S = 10.0
+PROBE_TIMEOUT_S = 3.0
+BRIDGE = "br0"
+"""The bridge's name in a switch namespace (names there are the switch's own)."""
+UPLINK = "uplink"
+"""The switch's end of the root namespace's veth pair: a port of the bridge."""
 _OURS = re.compile(rf"^{PREFIX}(\d+)")
 
 
@@ -46,7 +68,7 @@ class NetHost:
     """The test's name for it: "redis", "api", "w1"..."""
     netns: str
     port_dev: str
-    """Its veth end in the root namespace (a bridge port): what `cut` sets down."""
+    """Its veth end in the switch namespace (a bridge port): what `cut` sets down."""
     address: str
 
     def wrap(self) -> list[str]:
@@ -66,22 +88,35 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 @dataclass
 class Network:
-    """A bridge and the hosts on it; `close()` (or the context manager) removes them all."""
+    """A switch (a bridge in a namespace of its own), the root namespace and the hosts on
+    it; `close()` (or the context manager) removes them all."""
 
     tag: str = field(default_factory=lambda: f"{PREFIX}{os.getpid()}")
     hosts: dict[str, NetHost] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         remove_stale()
-        self.bridge = self.tag
+        self.switch = f"{self.tag}-sw"
+        self.uplink = self.tag  # the root namespace's veth end, with the /24's first address
         self.subnet = free_subnet()
         try:
-            ip("link", "add", self.bridge, "type", "bridge")
-            ip("addr", "add", f"{self.address_of(1)}/24", "dev", self.bridge)
-            ip("link", "set", self.bridge, "up")
+            ip("netns", "add", self.switch)
+            ip("-n", self.switch, "link", "add", BRIDGE, "type", "bridge")
+            ip("-n", self.switch, "link", "set", BRIDGE, "up")
+            ip("link", "add", self.uplink, "type", "veth", "peer", "name", UPLINK,
+               "netns", self.switch)  # fmt: skip
+            ip("-n", self.switch, "link", "set", UPLINK, "master", BRIDGE, "up")
+            ip("addr", "add", f"{self.address_of(1)}/24", "dev", self.uplink)
+            ip("link", "set", self.uplink, "up")
         except BaseException:
             self.close()
             raise
+
+    def __enter__(self) -> Network:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def address_of(self, n: int) -> str:
         return str(self.subnet.network_address + n)
@@ -91,19 +126,19 @@ class Network:
         host = NetHost(name, f"{self.tag}-{n}", f"{self.tag}p{n}", self.address_of(10 + n))
         self.hosts[name] = host
         ip("netns", "add", host.netns)
-        ip("link", "add", host.port_dev, "type", "veth", "peer", "name", "eth0",
-           "netns", host.netns)  # fmt: skip
-        ip("link", "set", host.port_dev, "master", self.bridge, "up")
+        ip("-n", self.switch, "link", "add", host.port_dev, "type", "veth", "peer",
+           "name", "eth0", "netns", host.netns)  # fmt: skip
+        ip("-n", self.switch, "link", "set", host.port_dev, "master", BRIDGE, "up")
         ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
         ip("-n", host.netns, "link", "set", "eth0", "up")
         ip("-n", host.netns, "link", "set", "lo", "up")
         return host
 
     def cut(self, host: NetHost) -> None:
-        ip("link", "set", host.port_dev, "down")
+        ip("-n", self.switch, "link", "set", host.port_dev, "down")
 
     def restore(self, host: NetHost) -> None:
-        ip("link", "set", host.port_dev, "up")
+        ip("-n", self.switch, "link", "set", host.port_dev, "up")
 
     @contextlib.contextmanager
     def partitioned(self, host: NetHost) -> Iterator[None]:
@@ -117,11 +152,12 @@ class Network:
     def close(self) -> None:
         for host in self.hosts.values():
             kill_inside(host.netns)
-            # At once: a namespace's own links go only when the kernel gets round to it.
-            ip("link", "del", host.port_dev, check=False)
             remove_netns(host.netns)
         self.hosts.clear()
-        ip("link", "del", self.bridge, check=False)
+        # At once: a namespace's links go only when the kernel gets round to it, and this
+        # one holds the /24's first address in the root namespace.
+        ip("link", "del", self.uplink, check=False)
+        remove_netns(self.switch)
 
 
 def pids_inside(netns: str) -> list[int]:
@@ -179,30 +215,34 @@ def free_subnet() -> ipaddress.IPv4Network:
 
 
 def unavailable() -> str | None:
-    """Why namespaces cannot be made here (None if they can): a real attempt, as a
-    namespace can be refused for reasons no check predicts (no CAP_SYS_ADMIN in a
-    container, a kernel without them)."""
+    """Why test hosts cannot be made here (None if they can): a real attempt, a `Network`
+    with one host that must answer the root namespace, as a namespace can be refused, or
+    traffic between namespaces dropped, for reasons no check predicts (no CAP_SYS_ADMIN
+    in a container, a kernel without them, a firewall)."""
     if shutil.which("ip") is None:
         return "no `ip` binary (iproute2) on PATH"
     if os.geteuid() != 0:
         return "making network namespaces needs root"
-    tag = f"{PREFIX}{os.getpid()}"
-    probe, veth_end, bridge = f"{tag}-probe", f"{tag}v", f"{tag}b"
-    attempts = (
-        ("netns", "add", probe),
-        ("link", "add", veth_end, "type", "veth", "peer", "name", "eth0", "netns", probe),
-        ("link", "add", bridge, "type", "bridge"),
-    )
     try:
-        for args in attempts:
-            done = ip(*args, check=False)
-            if done.returncode != 0:
-                return f"`ip {' '.join(args[:2])}` failed: {done.stderr.strip()}"
+        with Network(tag=f"{PREFIX}{os.getpid()}q") as probe:
+            return _no_answer(probe.add_host("probe").address)
+    except RuntimeError as exc:  # NetnsUnavailable, or `ip ARGS: its stderr`
+        return str(exc)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"`ip` failed: {exc}"
-    finally:
-        for link in (veth_end, bridge):
-            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                ip("link", "del", link, check=False)
-        remove_netns(probe)
-    return None
+
+
+def _no_answer(address: str) -> str | None:
+    """None if a host at `address` answers a TCP connection from the root namespace (a
+    refusal: nothing listens there); else what happened instead."""
+    try:
+        with socket.create_connection((address, 9), timeout=PROBE_TIMEOUT_S):
+            return None
+    except ConnectionRefusedError:
+        return None
+    except OSError as exc:
+        return (
+            f"a test host at {address} does not answer the root namespace over the switch "
+            f"(a TCP connection to it: {exc or type(exc).__name__}): something drops the "
+            "traffic between them (the root namespace's INPUT or OUTPUT firewall?)"
+        )
