@@ -1,0 +1,399 @@
+"""The LLM token path's ceiling: mmq in front of a near-free synthetic engine, beside the
+same engine called directly, in one run; and the CPU mmq spends per token and per request.
+
+    python -m bench.llm_ceiling [--loads 16x128@20,64x128@20,256x128@20,100x384@14,64x8@20]
+                                [--rounds 2] [--api-workers 1] [--out FILE.json]
+
+A load `SxT@M` is S streams in a closed loop (each sends its next request as soon as its
+last one ended), T output tokens each, an engine step of M ms (`bench.synthetic_engine`:
+one token per running sequence per step, about 10 µs of CPU per token). Each stream sends
+`--rounds` requests. Per load, direct (`POST /v1/chat/completions`, `stream: true`, to the
+engine) and then through mmq (the same request to mmq's API, whose LLM pipeline has
+`engine = "url"` on that engine and `max_inflight = 512`), after a short warm-up of each.
+
+Reported per load and target: output tokens/s, TTFT p50/p99, TPOT p50, requests/s; and for
+mmq the CPU time of each of its processes (API, LLM worker, Redis, reaper) over the level,
+per token and per request. Across the loads, CPU = a x tokens + b x requests is fitted by
+least squares: `a` is the CPU per streamed token and `b` per request, summed over every
+mmq process. Goals (issue 31): a <= 40 µs, b <= 2 ms; tokens/s >= 0.97x direct, TTFT p50 <=
+direct + 10 ms and p99 <= direct + 50 ms at 256x128@20 and 100x384@14; TTFT p50 <= direct +
+5 ms at 16 streams.
+
+The client is lean (aiohttp, lines not parsed as JSON except the usage chunk) and runs on
+the same cores: its CPU is not counted, but it competes, as the engine does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import aiohttp
+import psutil
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import child_env, percentile_ms, run_meta
+from common.procs import free_port
+from host.launcher import ProcSpec, Supervisor, mmq_command
+from host.redis_server import RedisServer
+
+console = Console(width=160)
+DEFAULT_OUT = Path("bench/results/llm_ceiling.json")
+DEFAULT_LOADS = "16x128@20,64x128@20,256x128@20,100x384@14,64x8@20"
+MAX_INFLIGHT = 512
+GOALS = {
+    "cpu_per_token_us_max": 40.0,
+    "cpu_per_request_ms_max": 2.0,
+    "tokens_ratio_min": 0.97,
+    "ttft_p50_extra_ms_max": 10.0,
+    "ttft_p99_extra_ms_max": 50.0,
+    "ttft_p50_extra_ms_max_16": 5.0,
+}
+
+
+@dataclass(frozen=True)
+class Load:
+    streams: int
+    tokens: int
+    step_ms: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.streams}x{self.tokens}@{self.step_ms}"
+
+    @classmethod
+    def parse(cls, text: str) -> Load:
+        shape, _, step = text.partition("@")
+        streams, _, tokens = shape.partition("x")
+        return cls(int(streams), int(tokens), int(step or 20))
+
+
+@dataclass
+class Shot:
+    ok: bool = False
+    error: str = ""
+    start: float = 0.0
+    first: float = 0.0
+    end: float = 0.0
+    tokens: int = 0
+
+
+@dataclass
+class Level:
+    load: str
+    target: str
+    requests: int
+    failures: int
+    wall_s: float
+    tokens_per_s: float
+    requests_per_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds each mmq process spent over the level (mmq only)."""
+    tokens: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+async def one_stream(http: aiohttp.ClientSession, url: str, model: str, tokens: int) -> Shot:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Count."}],
+        "max_tokens": tokens,
+        "temperature": 1.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    shot = Shot(start=time.perf_counter())
+    try:
+        async with http.post(f"{url}/v1/chat/completions", json=body) as response:
+            if response.status != 200:
+                shot.error = f"{response.status}: {(await response.text())[:200]}"
+                return shot
+            async for line in response.content:
+                if not line.startswith(b"data: "):
+                    continue
+                if not shot.first and b'"content"' in line and _has_text(line):
+                    shot.first = time.perf_counter()
+                elif b'"usage"' in line:
+                    usage = json.loads(line[6:]).get("usage") or {}
+                    shot.tokens = int(usage.get("completion_tokens") or 0)
+                elif line.startswith(b"data: [DONE]"):
+                    shot.ok = shot.tokens > 0 and shot.first > 0
+                    if not shot.ok:
+                        shot.error = "no usage or no content before [DONE]"
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        shot.error = f"{type(exc).__name__}: {exc}"[:200]
+    shot.end = time.perf_counter()
+    return shot
+
+
+def _has_text(line: bytes) -> bool:
+    """Whether an SSE chunk carries text (parsed only until a stream's first one)."""
+    choices = json.loads(line[6:]).get("choices") or [{}]
+    return bool((choices[0].get("delta") or {}).get("content"))
+
+
+async def closed_loop(url: str, model: str, load: Load, rounds: int) -> tuple[list[Shot], float]:
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+
+        async def lane() -> list[Shot]:
+            return [await one_stream(http, url, model, load.tokens) for _ in range(rounds)]
+
+        start = time.perf_counter()
+        lanes = await asyncio.gather(*(lane() for _ in range(load.streams)))
+        return [s for shots in lanes for s in shots], time.perf_counter() - start
+
+
+def summarize(load: Load, target: str, shots: list[Shot], wall_s: float) -> Level:
+    good = [s for s in shots if s.ok]
+    tokens = sum(s.tokens for s in good)
+    ttfts = [s.first - s.start for s in good]
+    tpots = [(s.end - s.first) / (s.tokens - 1) for s in good if s.tokens > 1]
+    return Level(
+        load=load.name,
+        target=target,
+        requests=len(shots),
+        failures=len(shots) - len(good),
+        wall_s=round(wall_s, 3),
+        tokens_per_s=round(tokens / wall_s, 1),
+        requests_per_s=round(len(good) / wall_s, 2),
+        ttft_p50_ms=round(percentile_ms(ttfts, 50), 2),
+        ttft_p99_ms=round(percentile_ms(ttfts, 99), 2),
+        tpot_p50_ms=round(percentile_ms(tpots, 50), 3),
+        tokens=tokens,
+        errors=sorted({s.error for s in shots if s.error})[:5],
+    )
+
+
+class CpuMeter:
+    """CPU seconds (user + system) of each named process and its children."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+
+    def read(self) -> dict[str, float]:
+        out = {}
+        for name, proc in self.procs.items():
+            total = 0.0
+            for p in [proc, *proc.children(recursive=True)]:
+                try:
+                    t = p.cpu_times()
+                    total += t.user + t.system
+                except psutil.NoSuchProcess:
+                    continue
+            out[name] = total
+        return out
+
+
+@dataclass
+class Deployment:
+    api: str
+    engines: dict[int, str]
+    """step ms -> the synthetic engine's URL."""
+    meter: CpuMeter
+
+    def model(self, step_ms: int) -> str:
+        return f"llm{step_ms}"
+
+
+def pipeline_toml(step_ms: int, engine_url: str) -> str:
+    name = f"llm{step_ms}"
+    return (
+        f'[pipelines.{name}]\nkind = "llm"\nimpl = "pipelines.llm:LlmPipeline"\n'
+        f'model = "synthetic"\n[pipelines.{name}.options]\nengine = "url"\n'
+        f'engine_url = "{engine_url}"\nmax_inflight = {MAX_INFLIGHT}\n'
+    )
+
+
+def deploy(loads: list[Load], api_workers: int, stack: ExitStack) -> Deployment:
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-ceiling-")))
+    steps = sorted({load.step_ms for load in loads})
+    engines = {step: free_port() for step in steps}
+    config = tmp / "mmq.toml"
+    config.write_text(
+        "".join(pipeline_toml(step, f"http://127.0.0.1:{port}") for step, port in engines.items())
+    )
+    redis = RedisServer(tmp / "redis", port=free_port(), persist=False)
+    redis.start()
+    stack.callback(redis.stop)
+    api_port = free_port()
+    env = child_env(config, redis.url, tmp / "data") | {"MMQ_API__PORT": str(api_port)}
+    if api_workers > 1:
+        env["MMQ_API__WORKERS"] = str(api_workers)
+    engine = [sys.executable, "-m", "bench.synthetic_engine"]
+    engine_specs = [
+        ProcSpec(f"engine{step}", [*engine, "--port", str(port), "--step-ms", str(step)])
+        for step, port in engines.items()
+    ]
+    mmq_specs = [ProcSpec("api", mmq_command("api")), ProcSpec("reaper", mmq_command("reaper"))]
+    mmq_specs += [
+        ProcSpec(f"worker{step}", mmq_command("worker", "--pipeline", f"llm{step}"))
+        for step in steps
+    ]
+    supervisor = Supervisor(engine_specs + mmq_specs, base_env=env)
+    stack.callback(supervisor.terminate)
+    supervisor.start()
+    pids = {c.spec.name: c.process.pid for c in supervisor.children if c.process is not None}
+    pids = {name: pid for name, pid in pids.items() if not name.startswith("engine")}
+    assert redis.process is not None
+    pids["redis"] = redis.process.pid
+    return Deployment(
+        api=f"http://127.0.0.1:{api_port}",
+        engines={step: f"http://127.0.0.1:{port}" for step, port in engines.items()},
+        meter=CpuMeter(pids),
+    )
+
+
+async def wait_ready(url: str, path: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            try:
+                async with http.get(f"{url}{path}") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.5)
+    raise RuntimeError(f"{url}{path} did not answer 200 in {timeout_s:.0f} s")
+
+
+async def run(args: argparse.Namespace, dep: Deployment, loads: list[Load]) -> list[Level]:
+    for url in dep.engines.values():
+        await wait_ready(url, "/health")
+    await wait_ready(dep.api, "/readyz")
+    levels = []
+    for load in loads:
+        engine, model = dep.engines[load.step_ms], dep.model(load.step_ms)
+        warm = Load(min(load.streams, 16), 4, load.step_ms)
+        await closed_loop(engine, "synthetic", warm, 1)
+        shots, wall = await closed_loop(engine, "synthetic", load, args.rounds)
+        levels.append(summarize(load, "direct", shots, wall))
+        progress(levels[-1])
+        await closed_loop(dep.api, model, warm, 1)
+        before = dep.meter.read()
+        shots, wall = await closed_loop(dep.api, model, load, args.rounds)
+        after = dep.meter.read()
+        level = summarize(load, "mmq", shots, wall)
+        level.cpu_s = {name: round(after[name] - before[name], 4) for name in after}
+        levels.append(level)
+        progress(level)
+    return levels
+
+
+def progress(level: Level) -> None:
+    cpu = f", mmq CPU {sum(level.cpu_s.values()):.2f} s" if level.cpu_s else ""
+    console.print(
+        f"{level.load} {level.target}: {level.tokens_per_s:,.0f} tokens/s, TTFT p50 "
+        f"{level.ttft_p50_ms:.1f} ms, p99 {level.ttft_p99_ms:.1f} ms, {level.failures} failed{cpu}"
+    )
+
+
+def fit(levels: list[Level]) -> dict[str, float]:
+    """CPU = a x tokens + b x requests over the mmq levels (least squares): a in µs per
+    token, b in ms per request, for the whole of mmq and each process."""
+    import numpy as np
+
+    rows = [lv for lv in levels if lv.target == "mmq" and lv.tokens]
+    if len(rows) < 2:
+        return {}
+    x = np.array([[lv.tokens, lv.requests - lv.failures] for lv in rows], dtype=float)
+    out = {}
+    for name in ["total", *rows[0].cpu_s]:
+        y = np.array([sum(lv.cpu_s.values()) if name == "total" else lv.cpu_s[name] for lv in rows])
+        (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
+        out[f"{name}_us_per_token"] = round(float(a) * 1e6, 2)
+        out[f"{name}_ms_per_request"] = round(float(b) * 1e3, 3)
+    return out
+
+
+def report(levels: list[Level], fitted: dict[str, float]) -> None:
+    table = Table(title="LLM token path: direct -> mmq (one run)")
+    for col in ("load", "tokens/s", "ratio", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
+                "req/s", "mmq CPU µs/token", "failures"):  # fmt: skip
+        table.add_column(col, justify="right")
+    by = {(lv.load, lv.target): lv for lv in levels}
+    for load in dict.fromkeys(lv.load for lv in levels):
+        d, m = by.get((load, "direct")), by.get((load, "mmq"))
+        if d is None or m is None:
+            continue
+        cpu = sum(m.cpu_s.values())
+        table.add_row(
+            load,
+            f"{d.tokens_per_s:,.0f} -> {m.tokens_per_s:,.0f}",
+            f"{m.tokens_per_s / d.tokens_per_s:.2f}x" if d.tokens_per_s else "-",
+            f"{d.ttft_p50_ms:.1f} -> {m.ttft_p50_ms:.1f}",
+            f"{d.ttft_p99_ms:.1f} -> {m.ttft_p99_ms:.1f}",
+            f"{d.tpot_p50_ms:.2f} -> {m.tpot_p50_ms:.2f}",
+            f"{d.requests_per_s:.0f} -> {m.requests_per_s:.0f}",
+            f"{cpu / m.tokens * 1e6:.0f}" if m.tokens else "-",
+            f"{d.failures} / {m.failures}",
+        )
+    console.print(table)
+    split = Table(title="mmq CPU by process, per level (µs per token)")
+    names = list(next((lv.cpu_s for lv in levels if lv.cpu_s), {}))
+    split.add_column("load")
+    for name in names:
+        split.add_column(name, justify="right")
+    for lv in levels:
+        if lv.target == "mmq" and lv.tokens:
+            split.add_row(lv.load, *(f"{lv.cpu_s[n] / lv.tokens * 1e6:.1f}" for n in names))
+    console.print(split)
+    if fitted:
+        console.print(
+            f"fit over the loads: {fitted['total_us_per_token']:.1f} µs per token + "
+            f"{fitted['total_ms_per_request']:.2f} ms per request (goals: <= "
+            f"{GOALS['cpu_per_token_us_max']:.0f} µs, <= {GOALS['cpu_per_request_ms_max']:.0f} ms)"
+        )
+        console.print(
+            "  by process: "
+            + ", ".join(
+                f"{n} {fitted[f'{n}_us_per_token']:.1f} µs + {fitted[f'{n}_ms_per_request']:.2f} ms"
+                for n in names
+            )
+        )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.llm_ceiling", description=__doc__)
+    parser.add_argument("--loads", default=DEFAULT_LOADS)
+    parser.add_argument("--rounds", type=int, default=2, help="requests per stream per level")
+    parser.add_argument("--api-workers", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    loads = [Load.parse(t) for t in args.loads.split(",")]
+    with ExitStack() as stack:
+        dep = deploy(loads, args.api_workers, stack)
+        levels = asyncio.run(run(args, dep, loads))
+    fitted = fit(levels)
+    report(levels, fitted)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = {
+        "meta": run_meta(loads=args.loads, rounds=args.rounds, api_workers=args.api_workers),
+        "goals": GOALS,
+        "levels": [asdict(lv) for lv in levels],
+        "fit": fitted,
+    }
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""A synthetic OpenAI-compatible engine that costs almost nothing per token, for measuring
+what sits in front of an engine (mmq's token path), not the engine.
+
+    python -m bench.synthetic_engine --port 8100 --step-ms 20
+
+It behaves like a continuous-batching server: one step every `--step-ms`, and each
+running sequence gets one token per step, written at once as one SSE chunk in a chunked
+HTTP response, the way vLLM writes them. A request joins at the next step and runs for
+`max_tokens` steps (its prompt is not read), then gets a chunk with its finish reason,
+a usage chunk (with `stream_options.include_usage`), `data: [DONE]` and the end of the
+response. A client that closes its connection aborts its sequence. Non-streamed requests
+get the whole answer after the same steps. `GET /health` and `GET /v1/models` answer too.
+
+Raw asyncio (a Protocol per connection, pre-encoded frames: each sequence's token chunk is
+encoded once and written again each step), so a token costs about 10 µs of CPU here: a
+load that mmq cannot carry shows up as mmq's, not the engine's. `--cpu-report` prints the
+engine's own CPU per token at exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import resource
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import cast
+
+TOKEN_TEXT = " tok"
+MODEL = "synthetic"
+
+
+@dataclass(eq=False)
+class Sequence:
+    conn: EngineConnection
+    frame: bytes
+    """One token's SSE chunk, encoded once (chunked transfer framing included)."""
+    remaining: int
+    tail: bytes
+    """What follows the last token: finish chunk, usage chunk, [DONE], the response's end."""
+    stream: bool
+    body_done: bytes = b""
+    """A non-streamed request's whole response."""
+
+
+@dataclass
+class Engine:
+    step_s: float
+    running: list[Sequence] = field(default_factory=list)
+    joining: list[Sequence] = field(default_factory=list)
+    tokens: int = 0
+    requests: int = 0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            next_at += self.step_s
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            self.step()
+
+    def step(self) -> None:
+        if self.joining:
+            self.running.extend(self.joining)
+            self.joining.clear()
+        still = []
+        for seq in self.running:
+            if seq.conn.closed:
+                continue
+            seq.remaining -= 1
+            self.tokens += 1
+            if seq.stream:
+                seq.conn.write(seq.frame)
+            if seq.remaining > 0:
+                still.append(seq)
+            else:
+                seq.conn.write(seq.tail if seq.stream else seq.body_done)
+                self.requests += 1
+        self.running = still
+
+
+def _chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def _sse(obj: object) -> bytes:
+    return _chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+
+
+def _response(status: str, content_type: str, body: bytes) -> bytes:
+    head = (
+        f"HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+    b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+
+
+def new_sequence(conn: EngineConnection, path: str, body: dict[str, object], n: int) -> Sequence:
+    chat = path.endswith("/chat/completions")
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{n}"
+    created = int(time.time())
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    raw_max = body.get("max_tokens") or body.get("max_completion_tokens") or 16
+    max_tokens = max(1, int(raw_max)) if isinstance(raw_max, int | str) else 16
+    usage = {"prompt_tokens": 8, "completion_tokens": max_tokens, "total_tokens": 8 + max_tokens}
+
+    def choice(text: str | None, finish: str | None) -> dict[str, object]:
+        if chat:
+            delta = {"content": text} if text is not None else {}
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+    def event(choices: list[dict[str, object]], with_usage: bool = False) -> dict[str, object]:
+        out: dict[str, object] = {
+            "id": rid, "object": obj, "created": created, "model": MODEL, "choices": choices,
+        }  # fmt: skip
+        if with_usage:
+            out["usage"] = usage
+        return out
+
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    tail = _sse(event([choice(None if chat else "", "length")]))
+    if include_usage:
+        tail += _sse(event([], with_usage=True))
+    tail += _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+    text = TOKEN_TEXT * max_tokens
+    whole_choice = (
+        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+        if chat
+        else {"index": 0, "text": text, "finish_reason": "length"}
+    )
+    whole = {
+        "id": rid, "object": "chat.completion" if chat else "text_completion",
+        "created": created, "model": MODEL, "choices": [whole_choice], "usage": usage,
+    }  # fmt: skip
+    return Sequence(
+        conn=conn,
+        frame=_sse(event([choice(TOKEN_TEXT, None)])),
+        remaining=max_tokens,
+        tail=tail,
+        stream=bool(body.get("stream")),
+        body_done=_response("200 OK", "application/json", json.dumps(whole).encode()),
+    )
+
+
+class EngineConnection(asyncio.Protocol):
+    def __init__(self, engine: Engine, counter: list[int]) -> None:
+        self.engine = engine
+        self.counter = counter
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buffer[:end].decode("latin-1")
+            lines = head.split("\r\n")
+            method, path, _ = lines[0].split(" ", 2)
+            length = 0
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value.strip())
+            if len(self.buffer) < end + 4 + length:
+                return
+            body = self.buffer[end + 4 : end + 4 + length]
+            self.buffer = self.buffer[end + 4 + length :]
+            self.handle(method, path, body)
+
+    def handle(self, method: str, path: str, raw: bytes) -> None:
+        if method == "GET" and path in ("/health", "/ping"):
+            self.write(_response("200 OK", "text/plain", b""))
+        elif method == "GET" and path == "/v1/models":
+            models = {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
+            self.write(_response("200 OK", "application/json", json.dumps(models).encode()))
+        elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
+            self.counter[0] += 1
+            seq = new_sequence(self, path, json.loads(raw or b"{}"), self.counter[0])
+            if seq.stream:
+                self.write(STREAM_HEAD)
+            self.engine.joining.append(seq)
+        else:
+            self.write(_response("404 Not Found", "application/json", b'{"error":"not found"}'))
+
+
+async def serve(host: str, port: int, step_ms: float, cpu_report: bool) -> None:
+    engine = Engine(step_s=step_ms / 1000.0)
+    counter = [0]
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: EngineConnection(engine, counter), host, port)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    stepper = asyncio.create_task(engine.run())
+    print(f"synthetic engine on http://{host}:{port} (a step every {step_ms} ms)", flush=True)
+    await stop.wait()
+    stepper.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await stepper
+    server.close()
+    if cpu_report and engine.tokens:
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        used = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+        print(f"{engine.tokens} tokens, {engine.requests} requests, "
+              f"{used / engine.tokens * 1e6:.1f} µs CPU per token", flush=True)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.synthetic_engine", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--step-ms", type=float, default=20.0)
+    parser.add_argument("--cpu-report", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(args.host, args.port, args.step_ms, args.cpu_report))
+    else:
+        uvloop.run(serve(args.host, args.port, args.step_ms, args.cpu_report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
