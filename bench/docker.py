@@ -571,6 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = Report(meta={"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     commit = run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], check=False)
     report.meta["commit"] = commit.stdout.strip()
+    changes = run(["git", "-C", str(REPO), "status", "--porcelain"], check=False).stdout
+    report.meta["uncommitted_changes"] = bool(changes.strip())  # the snapshot has them
 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt  # the finally blocks take everything down
@@ -585,7 +587,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench.docker cannot run here: {exc}", file=sys.stderr)
         return 2
     except (Failed, subprocess.TimeoutExpired, httpx.HTTPError, KeyError) as exc:
-        report.add("failed", None, str(exc).splitlines()[0][:200], ok=False)
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [repr(exc)]
+        why = lines[0][:160] + ("" if len(lines) == 1 else f" ... {lines[-1][:160]}")
+        report.add("failed", None, why, ok=False)
         print(f"bench.docker: FAILED: {exc}", file=sys.stderr)
         status = 1
     except KeyboardInterrupt:
