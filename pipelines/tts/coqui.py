@@ -8,7 +8,7 @@ checkpoint with its `config.json`; both load through `TTS.api.TTS`, as users loa
   voice is a reference clip (`reference_audio`, a stored file) or one of the model's
   built-in speakers (`speaker`). The clip is decoded with PyAV, not `torchaudio.load`,
   which needs torchcodec's native libraries (absent on CPU installs: see
-  scripts/install_tts.sh).
+  the torchaudio step of scripts/install.sh).
 """
 
 from __future__ import annotations
