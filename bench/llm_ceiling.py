@@ -203,6 +203,7 @@ class Deployment:
     engines: dict[int, str]
     """step ms -> the synthetic engine's URL."""
     meter: CpuMeter
+    redis_url: str
 
     def model(self, step_ms: int) -> str:
         return f"llm{step_ms}"
@@ -253,6 +254,7 @@ def deploy(loads: list[Load], api_workers: int, stack: ExitStack) -> Deployment:
         api=f"http://127.0.0.1:{api_port}",
         engines={step: f"http://127.0.0.1:{port}" for step, port in engines.items()},
         meter=CpuMeter(pids),
+        redis_url=redis.url,
     )
 
 

@@ -20,6 +20,19 @@ class SseParser:
         self._id: str | None = None
         self._event = "message"
         self._data: list[str] = []
+        self._rest = b""
+
+    def feed_bytes(self, data: bytes) -> list[SseMessage]:
+        """Feed a piece of the stream as it came off the wire (lines may be cut anywhere);
+        get the messages it completed."""
+        lines = (self._rest + data).split(b"\n")
+        self._rest = lines.pop()
+        out = []
+        for line in lines:
+            message = self.feed(line.decode())
+            if message is not None:
+                out.append(message)
+        return out
 
     def feed(self, line: str) -> SseMessage | None:
         line = line.rstrip("\r\n")

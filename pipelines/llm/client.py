@@ -1,21 +1,27 @@
-"""The adapter over an OpenAI-compatible engine server: one streamed request at a time.
+"""The adapter over an OpenAI-compatible engine server.
 
-`stream` posts a chat or completion request with `stream: true` and yields the text of
-each chunk as it arrives, then the finish reason and usage. Closing the iterator closes
-the HTTP stream, which vLLM (and `transformers serve`) take as an abort: a canceled job
-stops taking a slot in the engine's batch.
+`EngineClient.stream` posts a chat or completion request with `stream: true` and hands the
+text of each chunk to a callback as it arrives, then returns the finish reason and usage.
+Every stream of a worker runs on one asyncio loop, on a thread of its own, over one
+connection pool: a token costs a parse and a callback, where a thread per stream (and a
+synchronous HTTP client in each) cost a switch between threads for every token, and a
+worker feeds hundreds of streams at once. Closing a stream early closes its connection,
+which vLLM (and `transformers serve`) take as an abort: a canceled job stops taking a
+slot in the engine's batch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Generator
+import threading
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-import httpx
+import aiohttp
 
-from common.sse import parse_lines
+from common.sse import SseParser
 from jobs.errors import InputError
 from jobs.schemas.llm import LlmInput
 
@@ -26,11 +32,6 @@ class EngineLost(RuntimeError):
 
 class EngineRefused(RuntimeError):
     """The engine answered the request with an error that is not the request's fault."""
-
-
-@dataclass
-class Delta:
-    text: str
 
 
 @dataclass
@@ -64,41 +65,82 @@ def request_body(inp: LlmInput, model: str) -> tuple[str, dict[str, Any]]:
     return "/v1/completions", body
 
 
+T = TypeVar("T")
+OnText = Callable[[str], bool]
+"""Called with each piece of text on the client's thread; False stops the stream."""
+
+
 class EngineClient:
     def __init__(self, base_url: str, read_timeout_s: float, connections: int) -> None:
-        timeout = httpx.Timeout(connect=5.0, read=read_timeout_s, write=30.0, pool=30.0)
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        self.http = httpx.Client(base_url=base_url, timeout=timeout, limits=limits)
+        self._loop = _new_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="engine-client", daemon=True
+        )
+        self._thread.start()
+        self._session = self._run(_session(base_url, read_timeout_s, connections))
 
     def close(self) -> None:
-        self.http.close()
+        if self._loop.is_closed():
+            return
+        self._run(self._session.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        if not self._loop.is_running():
+            self._loop.close()
 
-    def stream(self, path: str, body: dict[str, Any]) -> Generator[Delta | Finish, None, None]:
-        """The chunks of one streamed generation; raises EngineLost when the engine goes
-        away, InputError when it refuses the request (a prompt over its context)."""
+    def stream(self, path: str, body: dict[str, Any], on_text: OnText) -> Finish | None:
+        """One streamed generation, waited for: `on_text` gets each chunk's text as it
+        arrives. Returns how it finished, or None where `on_text` stopped it. Raises
+        EngineLost when the engine goes away, InputError when it refuses the request (a
+        prompt over its context), EngineRefused for another error answer."""
+        return self._run(self._stream(path, body, on_text))
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _stream(self, path: str, body: dict[str, Any], on_text: OnText) -> Finish | None:
         reason: str | None = None
         usage: dict[str, int] = {}
+        done = False
         try:
-            with self.http.stream("POST", path, json=body) as response:
-                if response.status_code != 200:
-                    text = response.read().decode(errors="replace")
-                    _raise_for(response.status_code, text, _prompt_field(path))
-                for message in parse_lines(response.iter_lines()):
-                    if message.data == "[DONE]":
-                        break
-                    chunk = json.loads(message.data)
-                    if chunk.get("usage"):
-                        usage = {k: int(v) for k, v in chunk["usage"].items() if _count(v)}
-                    for choice in chunk.get("choices") or []:
-                        text = _text_of(choice)
-                        if text:
-                            yield Delta(text)
-                        reason = choice.get("finish_reason") or reason
-        except (httpx.TransportError, httpx.DecodingError) as exc:
+            async with self._session.post(path, json=body) as response:
+                if response.status != 200:
+                    text = await response.text(errors="replace")
+                    _raise_for(response.status, text, _prompt_field(path))
+                parser = SseParser()
+                async for data in response.content.iter_any():
+                    for message in parser.feed_bytes(data):
+                        if message.data == "[DONE]":
+                            done = True  # read on to the response's end: the connection is kept
+                            continue
+                        chunk = json.loads(message.data)
+                        if chunk.get("usage"):
+                            usage = {k: int(v) for k, v in chunk["usage"].items() if _count(v)}
+                        for choice in chunk.get("choices") or []:
+                            text = _text_of(choice)
+                            if text and not done and not on_text(text):
+                                response.close()  # the engine sees the client go: abort
+                                return None
+                            reason = choice.get("finish_reason") or reason
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise EngineLost(f"the engine stream broke: {type(exc).__name__}: {exc}") from exc
         if reason is None:
             raise EngineLost("the engine stream ended without a finish reason")
-        yield Finish(reason, usage)
+        return Finish(reason, usage)
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+async def _session(base_url: str, read_timeout_s: float, connections: int) -> aiohttp.ClientSession:
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=read_timeout_s)
+    connector = aiohttp.TCPConnector(limit=connections)
+    return aiohttp.ClientSession(base_url=base_url, timeout=timeout, connector=connector)
 
 
 def _prompt_field(path: str) -> str:

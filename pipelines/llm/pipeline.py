@@ -19,7 +19,7 @@ from typing import Any
 from jobs.schemas.llm import LlmInput, LlmOptions
 from jobs.settings import PipelineConfig, Settings
 from pipelines.base import BackendLost, EngineKnobs, Request, SimplePipeline
-from pipelines.llm.client import Delta, EngineClient, EngineLost, Finish, request_body
+from pipelines.llm.client import EngineClient, EngineLost, request_body
 from pipelines.llm.server import EngineServer, EngineSpec
 from pipelines.llm.sizing import GIB
 from pipelines.llm.timing import TokenClock
@@ -92,27 +92,25 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         assert self.client is not None and self.server is not None
         path, body = request_body(inp, self.server.spec.served_name)
         text: list[str] = []
-        finish: Finish | None = None
         with self._slots:
             restarts = self.server.restarts
             clock = TokenClock()
-            chunks = self.client.stream(path, body)
+
+            def on_text(piece: str) -> bool:  # on the client's thread, for every chunk
+                if request.drop_if_canceled():
+                    return False
+                clock.chunk()
+                request.partial({"index": len(text), "text": piece})
+                text.append(piece)
+                return True
+
             try:
-                for chunk in chunks:
-                    if request.drop_if_canceled():
-                        return
-                    if isinstance(chunk, Delta):
-                        clock.chunk()
-                        request.partial({"index": len(text), "text": chunk.text})
-                        text.append(chunk.text)
-                    else:
-                        finish = chunk
+                finish = self.client.stream(path, body, on_text)
             except EngineLost as exc:
                 self._engine_lost(restarts)
                 raise BackendLost(str(exc)) from exc
-            finally:
-                chunks.close()  # closing the stream aborts the sequence in the engine
-        assert finish is not None  # the client raises EngineLost for a stream without one
+        if finish is None:  # canceled: closing the stream aborted the sequence
+            return
         completion = finish.usage.get("completion_tokens", len(text))
         usage = {
             "prompt_tokens": finish.usage.get("prompt_tokens", 0),
