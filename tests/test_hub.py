@@ -68,6 +68,14 @@ async def _until(queue: asyncio.Queue[T], last: Callable[[T], bool]) -> list[T]:
     return got
 
 
+def _marker(job_id: str) -> Notice:
+    return {"job_id": job_id, "type": "marker"}
+
+
+def _is_marker(notice: Notice) -> bool:
+    return notice.get("type") == "marker"
+
+
 def _succeeded(notice: Notice | Event) -> bool:
     data = notice.data if isinstance(notice, Event) else notice["data"]
     return bool(data.get("status") == "succeeded")
@@ -95,8 +103,11 @@ def test_a_waiting_request_gets_the_end_with_the_job_and_nothing_else(
                 assert not hub.following  # nobody follows events: that channel is shut
                 await asyncio.to_thread(_run_to_end, store, job)
                 got = await _until(queue, _succeeded)
-                await asyncio.sleep(0.2)
-                assert queue.empty()
+                # A marker sent after the job's writes, on the same channel, comes after
+                # anything they published there: nothing came between the end and it.
+                store.r.publish(keys.ENDS_CHANNEL, json.dumps(_marker(job.id)))
+                assert await _until(queue, _is_marker) == [_marker(job.id)]
+                assert not hub.following
                 return got
 
     [end] = asyncio.run(main())  # the queued, running and progress notices never came
@@ -116,17 +127,22 @@ def test_followers_open_the_events_channel_until_the_last_leaves(
             assert "job" in (await _until(end, _succeeded))[0]
             return [e for e in events if isinstance(e, Event)]
 
-    async def main() -> tuple[list[Event], list[Event], list[bool]]:
+    async def main() -> tuple[list[Event], list[Event], list[bool], float]:
         async with _hub(redis_url, 0.3) as hub:
             first = await follow_one(hub)
+            left = time.monotonic()
             following = [hub.following]  # it lingers after the last follower left
-            await asyncio.sleep(0.6)
-            following.append(hub.following)  # then it is shut
+            async with asyncio.timeout(30):  # then it is shut
+                while hub.following:
+                    await asyncio.sleep(0.01)
+            lingered_s = time.monotonic() - left
+            following.append(hub.following)
             second = await follow_one(hub)  # and opened again for the next follower
-            return first, second, following
+            return first, second, following, lingered_s
 
-    first, second, following = asyncio.run(main())
+    first, second, following, lingered_s = asyncio.run(main())
     assert following == [True, False]
+    assert lingered_s >= 0.25, lingered_s  # about its linger (0.3 s), not at once
     for events in (first, second):
         assert [e.type for e in events] == ["status", "progress", "status"]
         assert [e.data.get("status") for e in events] == ["running", None, "succeeded"]

@@ -86,7 +86,13 @@ def _readyz(dep: Deployment) -> tuple[int, list[str]]:
     return r.status_code, list(r.json().get("missing", []))
 
 
-def _exit_after(proc: Proc, started: float, timeout_s: float = 120) -> float:
+GIVEN_UP_S = 150
+"""An engine that refuses its cache is given up well within this (about 10 s on two idle
+cores), where waiting for it would take `startup_timeout_s`, 900 s: a guard against that
+wait, far above a busy machine's time, not a measure of speed."""
+
+
+def _exit_after(proc: Proc, started: float, timeout_s: float = GIVEN_UP_S) -> float:
     wait_until(lambda: not proc.alive(), timeout_s=timeout_s)
     return time.monotonic() - started
 
@@ -95,11 +101,13 @@ def test_a_config_too_large_fails_at_once_and_readyz_says_why(dep: Deployment) -
     started = time.monotonic()
     huge = dep.spawn("worker-huge", "worker", "--pipeline", "huge")
     starved = dep.spawn("worker-starved", "worker", "--pipeline", "starved")
-    huge_s = _exit_after(huge, started)
+    _exit_after(huge, started)
     starved_s = _exit_after(starved, started)
     assert huge.process.returncode == 1 and starved.process.returncode == 1
-    assert huge_s < 30, huge.log()  # sized before any engine starts
-    assert starved_s < 60, starved.log()  # the engine loads, refuses, and is given up at once
+    # Sized before any engine starts: no engine was started for it (one was for starved).
+    assert "engine starved: starting" in starved.log()
+    assert "engine huge: starting" not in huge.log(), huge.log()
+    assert starved_s < GIVEN_UP_S, starved.log()  # loads, refuses, and is given up at once
 
     status, missing = _readyz(dep)
     assert status == 503
@@ -176,7 +184,7 @@ def test_an_engine_that_refuses_its_cache_is_given_up_at_once(
         EngineStartError, match=r"^engine failed to start: CB worker is dead"
     ) as info:
         server.start()
-    assert time.monotonic() - started < 60 and not server.alive()
+    assert time.monotonic() - started < GIVEN_UP_S and not server.alive()
     footprint = re.search(r"Memory footprint (\d+) is more", info.value.tail)
     assert footprint is not None, info.value.tail
     assert server.size is not None

