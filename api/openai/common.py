@@ -4,10 +4,10 @@ away first)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
@@ -68,7 +68,7 @@ def job_failure(job: Job, params: Mapping[str, str]) -> JSONResponse:
 
 
 def sse(payload: Mapping[str, Any]) -> bytes:
-    return f"data: {json.dumps(payload)}\n\n".encode()
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def ended_badly(event: Event) -> bool:

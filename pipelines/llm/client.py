@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aiohttp
+import orjson
 
 from common.sse import SseParser
 from jobs.errors import InputError
@@ -113,7 +114,7 @@ class EngineClient:
                         if message.data == "[DONE]":
                             done = True  # read on to the response's end: the connection is kept
                             continue
-                        chunk = json.loads(message.data)
+                        chunk = orjson.loads(message.data)
                         if chunk.get("usage"):
                             usage = {k: int(v) for k, v in chunk["usage"].items() if _count(v)}
                         for choice in chunk.get("choices") or []:
