@@ -361,8 +361,16 @@ class JobStore:
         return self.append_events([NewEvent(job_id, etype, data, first_output, webhook)])[0]
 
     def renew_lease(self, job_id: str, lease: Lease) -> bool:
-        args = [lease.token, str(lease.ttl_ms), job_id]
-        return bool(self._renew(keys=[keys.lease(job_id), keys.RUNNING], args=args))
+        return self.renew_leases([(job_id, lease)])[0]
+
+    def renew_leases(self, held: Sequence[tuple[str, Lease]]) -> list[bool]:
+        """Renew each (job id, lease) that is still its job's, in one round trip (a worker
+        holds hundreds at once when it feeds an LLM engine); True where renewed."""
+        pipe = self.r.pipeline(transaction=False)
+        for job_id, lease in held:
+            args = [lease.token, str(lease.ttl_ms), job_id]
+            self._renew(keys=[keys.lease(job_id), keys.RUNNING], args=args, client=pipe)
+        return [bool(renewed) for renewed in pipe.execute()] if held else []
 
     def server_time(self) -> float:
         """Redis's clock (seconds): what leases, deadlines and heartbeats are measured in,

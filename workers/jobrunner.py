@@ -140,6 +140,7 @@ class JobRunner:
         if held.lost.is_set():
             log.warning("job %s: lease lost, its result here is dropped", job.id)
             return
+        held.ended = True
         # The batch it ran in, for the job's page (its mates): written with the end.
         ran_in = {"batch": dumps(outcome.batch.model_dump())} if outcome.batch else {}
         if outcome.status == "succeeded":

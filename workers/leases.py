@@ -35,6 +35,9 @@ class Held:
     lost: threading.Event = field(default_factory=threading.Event)
     renewed_at: float = field(default_factory=time.monotonic)
     """When the lease was last taken or renewed (this process's clock)."""
+    ended: bool = False
+    """The run is recording its end, which gives the lease up: a renewal that finds it gone
+    then is no loss."""
 
 
 class LeaseKeeper:
@@ -123,17 +126,18 @@ class LeaseKeeper:
     def _beat(self) -> None:
         with self._lock:
             held = dict(self._held)
-        for job_id, entry in held.items():
-            renewing_at = time.monotonic()
-            if self.store.renew_lease(job_id, entry.lease):
+        renewing_at = time.monotonic()
+        renewed = self.store.renew_leases([(job_id, e.lease) for job_id, e in held.items()])
+        for (job_id, entry), ok in zip(held.items(), renewed, strict=True):
+            if ok:
                 entry.renewed_at = renewing_at
-            else:
-                with self._lock:
-                    still_held = self._held.get(job_id) is entry
-                if still_held:  # not a job that ended between the copy and the renewal
-                    log.warning("lost the lease of job %s; stopping it here", job_id)
-                    entry.lost.set()
-                    entry.cancel.set()
+                continue
+            with self._lock:
+                still_held = self._held.get(job_id) is entry
+            if still_held and not entry.ended:  # not a job that ended meanwhile
+                log.warning("lost the lease of job %s; stopping it here", job_id)
+                entry.lost.set()
+                entry.cancel.set()
         for job_id in self.store.cancel_requested(list(held)):
             held[job_id].cancel.set()
         self._mark_alive()
