@@ -27,13 +27,19 @@ from api.service import JobService
 from jobs import redis_client
 from jobs.broker import make_celery, webhook_sender
 from jobs.metered import MeteredAsyncJobStore
-from jobs.settings import Settings
+from jobs.settings import Settings, load_settings
 from storage.factory import make_storage
 
 UPLOAD_PATHS = ("/v1/audio/transcriptions", "/v1/audio/translations")
 FILES_PATH = "/v1/files"
 MULTIPART_SLACK_BYTES = 1_048_576
 """Room for multipart boundaries and part headers above a file's own size limit."""
+
+
+def app_from_environment() -> FastAPI:
+    """The app of one of several API processes (`api.workers`): its settings come from
+    the environment and the config file that `mmq api` exported for them."""
+    return create_app(load_settings())
 
 
 def create_app(settings: Settings) -> FastAPI:

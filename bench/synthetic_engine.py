@@ -9,7 +9,8 @@ HTTP response, the way vLLM writes them. A request joins at the next step and ru
 `max_tokens` steps (its prompt is not read), then gets a chunk with its finish reason,
 a usage chunk (with `stream_options.include_usage`), `data: [DONE]` and the end of the
 response. A client that closes its connection aborts its sequence. Non-streamed requests
-get the whole answer after the same steps. `GET /health` and `GET /v1/models` answer too.
+get the whole answer after the same steps. `GET /health` and `GET /v1/models` answer too,
+and `GET /stats` counts sequences running, finished and aborted, and tokens.
 
 Raw asyncio (a Protocol per connection, pre-encoded frames: each sequence's token chunk is
 encoded once and written again each step), so a token costs about 10 µs of CPU here: a
@@ -53,6 +54,8 @@ class Engine:
     joining: list[Sequence] = field(default_factory=list)
     tokens: int = 0
     requests: int = 0
+    aborted: int = 0
+    """Sequences whose client went away before their last token."""
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -69,6 +72,7 @@ class Engine:
         still = []
         for seq in self.running:
             if seq.conn.closed:
+                self.aborted += 1
                 continue
             seq.remaining -= 1
             self.tokens += 1
@@ -193,6 +197,13 @@ class EngineConnection(asyncio.Protocol):
     def handle(self, method: str, path: str, raw: bytes) -> None:
         if method == "GET" and path in ("/health", "/ping"):
             self.write(_response("200 OK", "text/plain", b""))
+        elif method == "GET" and path == "/stats":
+            engine = self.engine
+            stats = {
+                "running": len(engine.running) + len(engine.joining),
+                "requests": engine.requests, "tokens": engine.tokens, "aborted": engine.aborted,
+            }  # fmt: skip
+            self.write(_response("200 OK", "application/json", json.dumps(stats).encode()))
         elif method == "GET" and path == "/v1/models":
             models = {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
             self.write(_response("200 OK", "application/json", json.dumps(models).encode()))

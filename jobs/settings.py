@@ -44,6 +44,11 @@ class ApiSettings(BaseModel):
     """Retry-After sent with 429 when a queue is full."""
     keepalive_s: float = 15.0
     """Seconds between keep-alive comments on an idle event stream."""
+    workers: int = Field(default=1, ge=1, le=64)
+    """API processes sharing the port (uvicorn's workers), each with its own event loop,
+    pub/sub connection and Redis pool: one process carries a few thousand streamed
+    tokens a second (see the README's performance section), so a GPU host that streams
+    more runs several."""
 
 
 class AuthSettings(BaseModel):

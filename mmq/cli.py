@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from jobs.settings import Settings, load_settings
+from jobs.settings import Settings, config_file_path, load_settings
 from mmq.tune import record, tune
 
 if TYPE_CHECKING:
@@ -135,11 +135,22 @@ def api(config: ConfigOpt = None, redis: RedisOpt = None) -> None:
     from api.app import create_app
 
     settings = _with_redis(_settings(config, redis))
+    host, port, level = settings.api.host, settings.api.port, settings.log_level.lower()
+    if settings.api.workers == 1:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=level, access_log=False)
+        return
+    # Each process builds its app from what this one resolved (the embedded Redis's URL).
+    assert settings.redis_url is not None
+    os.environ["MMQ_REDIS_URL"] = settings.redis_url
+    if (path := config_file_path(config)) is not None:
+        os.environ["MMQ_CONFIG_FILE"] = str(Path(path).resolve())
     uvicorn.run(
-        create_app(settings),
-        host=settings.api.host,
-        port=settings.api.port,
-        log_level=settings.log_level.lower(),
+        "api.app:app_from_environment",
+        factory=True,
+        workers=settings.api.workers,
+        host=host,
+        port=port,
+        log_level=level,
         access_log=False,
     )
 

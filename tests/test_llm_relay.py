@@ -1,0 +1,168 @@
+"""The LLM token path at scale, against a real engine process that costs nothing per
+token (`bench.synthetic_engine`: one token per running sequence per step, like vLLM's
+continuous batching): several API processes (`api.workers`) and several worker processes
+feeding one engine, every stream whole and in order; a canceled job's sequence aborted in
+the engine; every status change and the job's record as with any engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import psutil
+import pytest
+
+from common.procs import free_port
+from common.sse import SseParser
+from tests.conftest import Api, new_owner
+from tests.support.deploy import Deployment, Proc, flush, serving, wait_until
+
+STEP_MS = 10
+TOKEN = " tok"
+RELAY_PIPELINE = """
+[pipelines.relay]
+kind = "llm"
+impl = "pipelines.llm:LlmPipeline"
+model = "synthetic"
+
+[pipelines.relay.options]
+engine = "url"
+engine_url = "http://127.0.0.1:{port}"
+max_inflight = 32
+"""
+
+
+@dataclass
+class Relay:
+    dep: Deployment
+    engine_url: str
+    api: Proc
+    workers: list[Proc]
+
+
+@pytest.fixture(scope="module")
+def relay(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
+    flush(redis_url)
+    port = free_port()
+    env = {"MMQ_API__WORKERS": "2", "MMQ_LEASE__TTL_S": "3", "MMQ_LEASE__HEARTBEAT_S": "0.5"}
+    dep = Deployment(redis_url, tmp_path_factory.mktemp("relay"), env_overrides=env)
+    dep.config_path.write_text(dep.config_path.read_text() + RELAY_PIPELINE.format(port=port))
+    with serving(dep):
+        engine = dep.launch(
+            "engine",
+            [sys.executable, "-m", "bench.synthetic_engine", "--port", str(port),
+             "--step-ms", str(STEP_MS)],
+        )  # fmt: skip
+        engine_url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _answers(f"{engine_url}/health"), engine, timeout_s=30)
+        api = dep.start_api()
+        dep.start_reaper()
+        workers = [dep.start_worker("relay", instance) for instance in (0, 1)]
+        yield Relay(dep, engine_url, api, workers)
+
+
+@pytest.fixture
+def api(relay: Relay) -> Api:
+    return new_owner(relay.dep.redis_url, relay.dep.base_url, f"relay{time.monotonic_ns()}")
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _stats(relay: Relay) -> dict[str, int]:
+    stats: dict[str, int] = httpx.get(f"{relay.engine_url}/stats", timeout=5).json()
+    return stats
+
+
+@dataclass
+class Streamed:
+    text: str
+    finish: str | None
+    completion_tokens: int
+    job_id: str
+
+
+async def _stream(http: httpx.AsyncClient, tokens: int) -> Streamed:
+    body = {
+        "model": "relay",
+        "messages": [{"role": "user", "content": "Count."}],
+        "max_tokens": tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    pieces: list[str] = []
+    finish, used = None, 0
+    async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200, await response.aread()
+        job_id = response.headers["X-Job-Id"]
+        parser = SseParser()
+        async for data in response.aiter_bytes():
+            for message in parser.feed_bytes(data):
+                if message.data == "[DONE]":
+                    continue
+                chunk = json.loads(message.data)
+                for choice in chunk["choices"]:
+                    pieces.append(choice["delta"].get("content") or "")
+                    finish = choice["finish_reason"] or finish
+                if chunk.get("usage"):
+                    used = chunk["usage"]["completion_tokens"]
+    return Streamed("".join(pieces), finish, used, job_id)
+
+
+def _api_children_with_streams(api: Proc, port: int) -> int:
+    """How many of the API's processes hold a client connection on its port now."""
+    holding = 0
+    for child in psutil.Process(api.process.pid).children(recursive=True):
+        conns = child.net_connections(kind="tcp")
+        if any(c.status == "ESTABLISHED" and c.laddr.port == port for c in conns):
+            holding += 1
+    return holding
+
+
+def test_every_stream_is_whole_through_two_api_processes_and_two_relays(
+    relay: Relay, api: Api
+) -> None:
+    streams, tokens = 48, 40  # more streams than one worker's max_inflight (32)
+    headers = {"Authorization": api.http.headers["Authorization"]}
+
+    async def main() -> tuple[list[Streamed], int]:
+        limits = httpx.Limits(max_connections=streams)
+        async with httpx.AsyncClient(
+            base_url=relay.dep.base_url, headers=headers, timeout=60, limits=limits
+        ) as http:
+            running = [asyncio.create_task(_stream(http, tokens)) for _ in range(streams)]
+            await asyncio.sleep(0.2)  # the streams are open now (they last 0.4 s or more)
+            holding = _api_children_with_streams(relay.api, relay.dep.api_port)
+            return list(await asyncio.gather(*running)), holding
+
+    done, holding = asyncio.run(main())
+    assert holding == 2  # both API processes serve streams
+    for streamed in done:
+        assert streamed.text == TOKEN * tokens
+        assert streamed.finish == "length" and streamed.completion_tokens == tokens
+    workers = {api.get(s.job_id)["worker"] for s in done}
+    assert len(workers) == 2  # 48 streams, 32 at most on one worker: both relays fed it
+    jobs = [api.get(s.job_id) for s in done[:3]]
+    for job in jobs:
+        assert job["status"] == "succeeded" and job["output"]["text"] == TOKEN * tokens
+        assert job["timings"]["ttft_ms"] > 0 and job["timings"]["tpot_ms"] > 0
+
+
+def test_a_canceled_stream_aborts_its_sequence_in_the_engine(relay: Relay, api: Api) -> None:
+    before = _stats(relay)
+    job = api.submit("llm", model="relay", prompt="Count.", max_tokens=4000)  # 40 s at 10 ms a step
+    wait_until(lambda: api.get(job["id"]).get("status") == "running", timeout_s=30)
+    wait_until(lambda: _stats(relay)["running"] >= 1, timeout_s=30)
+    assert api.http.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
+    assert api.wait(job["id"])["status"] == "canceled"
+    wait_until(lambda: _stats(relay)["aborted"] > before["aborted"], timeout_s=30)
+    assert _stats(relay)["running"] == 0
