@@ -269,5 +269,6 @@ class JobService:
         until its terminal status event, in batches (those that arrived together), with
         None after each `keepalive_s` without one.
         Raises NotFound here, before any event, unless the job is `owner`'s."""
-        await self.get(owner, job_id)
+        if await self._store.owner_of(job_id) != owner:  # one field read, not the whole job
+            raise NotFound(f"no job {job_id!r}")
         return streams.follow(self._store, self._hub, job_id, after, keepalive_s)

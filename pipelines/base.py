@@ -118,6 +118,10 @@ class EngineKnobs:
     max_wait_ms: float
     runners: int
     concurrency: int
+    inline: bool = False
+    """Run each request on the thread that submits it (its task's), with no runner: for a
+    backend that batches by itself (an LLM engine), where handing each request to a
+    runner thread would only add a switch between threads."""
 
     @classmethod
     def of(cls, config: PipelineConfig) -> EngineKnobs:

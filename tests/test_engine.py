@@ -282,3 +282,47 @@ def test_a_request_canceled_mid_batch_is_dropped_by_the_helper(
     assert (kept.wait(5) or Outcome("none")).status == "succeeded"
     assert [values for _, values in pipeline.batches] == [[1, 2]]
     assert [job_id for job_id, _, _ in events] == ["keep"]
+
+
+def test_an_inline_engine_runs_each_request_on_the_thread_that_submits_it(
+    make_engine: Any, events: Events
+) -> None:
+    """`EngineKnobs.inline` (an LLM engine batches by itself): no runner thread; each
+    request runs as a batch of one on its task's thread, counted in `running` meanwhile,
+    and a failing one fails alone."""
+    pipeline = Recorder()
+    engine = make_engine(pipeline, max_batch=8, max_wait_ms=60_000, inline=True)
+    seen_running: list[int] = []
+    pipeline.started = _Counting(lambda: seen_running.append(engine.running))
+
+    def submit_on(name: str, item: Item) -> WorkItem:
+        done: list[WorkItem] = []
+        thread = threading.Thread(
+            target=lambda: done.append(engine.submit(name, item, _sink(events), threading.Event())),
+            name=f"task-{name}",
+        )
+        thread.start()
+        thread.join(10)
+        return done[0]
+
+    first = submit_on("j1", Item(value=1))
+    second = submit_on("j2", Item(value=2, fail=True))
+    assert first.done and second.done  # finished by the time submit returned
+    assert first.outcome is not None and first.outcome.status == "succeeded"
+    assert second.outcome is not None and second.outcome.status == "failed"
+    assert [values for _, values in pipeline.batches] == [[1], [2]]  # never batched together
+    assert pipeline.prepared_on == ["task-j1", "task-j2"]
+    assert seen_running == [1, 1] and engine.running == 0
+    assert not any(t.name.startswith("engine-test") for t in threading.enumerate())
+
+
+class _Counting(threading.Event):
+    """An event whose `set` also calls `hook` (the pipeline sets it as each batch runs)."""
+
+    def __init__(self, hook: Any) -> None:
+        super().__init__()
+        self.hook = hook
+
+    def set(self) -> None:
+        self.hook()
+        super().set()

@@ -220,8 +220,8 @@ def test_openai_client_chat_streams_the_same_text_it_answers_whole(oai: openai.O
     )  # fmt: skip
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == whole.choices[0].message.content
-    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1
+    assert text == whole.choices[0].message.content  # tokens that arrive together may
+    # go out as one delta: tests/test_llm_relay.py sees them in pieces, a step apart
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 10
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 

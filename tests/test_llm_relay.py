@@ -86,6 +86,8 @@ def _stats(relay: Relay) -> dict[str, int]:
 @dataclass
 class Streamed:
     text: str
+    deltas: int
+    """Chunks that carried text."""
     finish: str | None
     completion_tokens: int
     job_id: str
@@ -115,7 +117,7 @@ async def _stream(http: httpx.AsyncClient, tokens: int) -> Streamed:
                     finish = choice["finish_reason"] or finish
                 if chunk.get("usage"):
                     used = chunk["usage"]["completion_tokens"]
-    return Streamed("".join(pieces), finish, used, job_id)
+    return Streamed("".join(pieces), sum(map(bool, pieces)), finish, used, job_id)
 
 
 def _api_children_with_streams(api: Proc, port: int) -> int:
@@ -148,6 +150,7 @@ def test_every_stream_is_whole_through_two_api_processes_and_two_relays(
     assert holding == 2  # both API processes serve streams
     for streamed in done:
         assert streamed.text == TOKEN * tokens
+        assert streamed.deltas > 1  # in pieces as they come (a step apart)
         assert streamed.finish == "length" and streamed.completion_tokens == tokens
     workers = {api.get(s.job_id)["worker"] for s in done}
     assert len(workers) == 2  # 48 streams, 32 at most on one worker: both relays fed it

@@ -146,6 +146,7 @@ class Engine:
         max_wait_ms: float = 0.0,
         runners: int = 1,
         observer: BatchObserver | None = None,
+        inline: bool = False,
     ) -> None:
         if max_batch < 1 or runners < 1 or max_wait_ms < 0:
             raise ValueError("max_batch and runners must be >= 1, max_wait_ms >= 0")
@@ -154,6 +155,8 @@ class Engine:
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
         self.observer = observer
+        self.inline = inline
+        """Each request runs on the thread that submits it (`EngineKnobs.inline`)."""
         self._groups: dict[Hashable, list[WorkItem]] = {}
         self._cv = threading.Condition()
         self._stopping = False
@@ -162,7 +165,7 @@ class Engine:
         self._running = 0
         self._threads = [
             threading.Thread(target=self._runner, name=f"engine-{name}-{i}", daemon=True)
-            for i in range(runners)
+            for i in range(0 if inline else runners)
         ]
 
     @property
@@ -196,6 +199,11 @@ class Engine:
         item = WorkItem(
             job_id=job_id, input=request, sink=sink, key=key, cancel_event=cancel, job_files=files
         )
+        if self.inline:
+            with self._cv:
+                self._running += 1
+            self._run_counted([item])
+            return item
         with self._cv:
             last, self._last_submit = self._last_submit, item.submitted_at
             item.eager = last is not None and item.submitted_at - last > self.max_wait_s
@@ -215,11 +223,15 @@ class Engine:
                     self._cv.wait(self._next_wait_locked())
                     batch = self._take_batch_locked()
                 self._running += len(batch)
-            try:
-                self.run_batch(batch)
-            finally:
-                with self._cv:
-                    self._running -= len(batch)
+            self._run_counted(batch)
+
+    def _run_counted(self, batch: list[WorkItem]) -> None:
+        """`run_batch` for a batch already counted in `running`, which it leaves after."""
+        try:
+            self.run_batch(batch)
+        finally:
+            with self._cv:
+                self._running -= len(batch)
 
     def _take_batch_locked(self) -> list[WorkItem] | None:
         """The ready group whose oldest request has waited longest, at most max_batch."""

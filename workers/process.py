@@ -171,6 +171,7 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
         max_wait_ms=knobs.max_wait_ms,
         runners=knobs.runners,
         observer=lambda name, size, seconds: store.tally.add(batch_samples(name, size, seconds)),
+        inline=knobs.inline,
     )
     info = {
         "kind": config.kind,

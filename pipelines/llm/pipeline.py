@@ -77,9 +77,10 @@ class LlmPipeline(SimplePipeline[LlmInput]):
             self.client.close()
 
     def knobs(self) -> EngineKnobs:
-        """One request per engine call, `max_inflight` calls at once: the engine batches."""
+        """One request per engine call, `max_inflight` calls at once, each on its task's
+        thread: the engine batches."""
         slots = self.options.max_inflight
-        return EngineKnobs(max_batch=1, max_wait_ms=0.0, runners=slots, concurrency=slots)
+        return EngineKnobs(max_batch=1, max_wait_ms=0.0, runners=1, concurrency=slots, inline=True)
 
     def run(self, batch: Sequence[Request[LlmInput]]) -> None:
         for request in batch:
