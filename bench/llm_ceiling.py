@@ -303,19 +303,31 @@ def progress(level: Level) -> None:
     )
 
 
+def by_role(cpu_s: dict[str, float]) -> dict[str, float]:
+    """CPU seconds by role: the LLM workers summed (one per engine step in use)."""
+    out: dict[str, float] = {}
+    for name, seconds in cpu_s.items():
+        role = "worker" if name.startswith("worker") else name
+        out[role] = out.get(role, 0.0) + seconds
+    return out
+
+
 def fit(levels: list[Level]) -> dict[str, float]:
-    """CPU = a x tokens + b x requests over the mmq levels (least squares): a in µs per
-    token, b in ms per request, for the whole of mmq and each process."""
+    """CPU = a x tokens + b x requests over the mmq levels, by least squares on relative
+    errors (each level counts the same, whatever its size): a in µs per token, b in ms per
+    request, for the whole of mmq and each role."""
     import numpy as np
 
     rows = [lv for lv in levels if lv.target == "mmq" and lv.tokens]
     if len(rows) < 2:
         return {}
+    roles = [by_role(lv.cpu_s) for lv in rows]
     x = np.array([[lv.tokens, lv.requests - lv.failures] for lv in rows], dtype=float)
     out = {}
-    for name in ["total", *rows[0].cpu_s]:
-        y = np.array([sum(lv.cpu_s.values()) if name == "total" else lv.cpu_s[name] for lv in rows])
-        (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
+    for name in ["total", *roles[0]]:
+        y = np.array([sum(r.values()) if name == "total" else r[name] for r in roles])
+        weight = 1.0 / np.maximum(np.array([sum(r.values()) for r in roles]), 1e-9)
+        (a, b), *_ = np.linalg.lstsq(x * weight[:, None], y * weight, rcond=None)
         out[f"{name}_us_per_token"] = round(float(a) * 1e6, 2)
         out[f"{name}_ms_per_request"] = round(float(b) * 1e3, 3)
     return out
@@ -345,13 +357,14 @@ def report(levels: list[Level], fitted: dict[str, float]) -> None:
         )
     console.print(table)
     split = Table(title="mmq CPU by process, per level (µs per token)")
-    names = list(next((lv.cpu_s for lv in levels if lv.cpu_s), {}))
+    names = list(by_role(next((lv.cpu_s for lv in levels if lv.cpu_s), {})))
     split.add_column("load")
     for name in names:
         split.add_column(name, justify="right")
     for lv in levels:
         if lv.target == "mmq" and lv.tokens:
-            split.add_row(lv.load, *(f"{lv.cpu_s[n] / lv.tokens * 1e6:.1f}" for n in names))
+            roles = by_role(lv.cpu_s)
+            split.add_row(lv.load, *(f"{roles[n] / lv.tokens * 1e6:.1f}" for n in names))
     console.print(split)
     if fitted:
         console.print(
