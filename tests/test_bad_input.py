@@ -172,3 +172,82 @@ async def test_openai_routes_name_the_field_as_their_request_does(
     assert r.status_code == 422, r.text
     assert _error(r)["param"] == param
     await _nothing_queued(inprocess, api)
+
+
+_USER = {"role": "user", "content": "Hi"}
+_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "param", "why"),
+    [
+        ("/v1/chat/completions", {"tools": [_TOOL], "tool_choice": "required"}, "tools", "tool"),
+        ("/v1/chat/completions", {"response_format": {"type": "json_object"}},
+         "response_format", "structured output"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 2}, "logprobs", "log prob"),
+        ("/v1/chat/completions", {"guided_json": {}}, "guided_json", "not a field"),
+        ("/v1/chat/completions",
+         {"messages": [{"role": "user", "content": None}]},
+         "messages.0.content", "without content"),
+        ("/v1/chat/completions",
+         {"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]},
+         "messages.0.tool_calls", "not a field"),
+        ("/v1/chat/completions",
+         {"messages": [_USER, {"role": "tool", "tool_call_id": "c", "content": "1"}]},
+         "messages.1.role", "tool"),
+        ("/v1/chat/completions",
+         {"messages": [{"role": "user", "content": [
+             {"type": "text", "text": "What is it?"},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+         ]}]},
+         "messages.0.content.1.type", "image_url parts"),
+        ("/v1/completions", {"prompt": "Once", "echo": True}, "echo", "yet"),
+    ],
+)  # fmt: skip
+async def test_an_openai_field_mmq_does_not_carry_is_refused_by_name(
+    inprocess: InProcess,
+    api: httpx.AsyncClient,
+    path: str,
+    extra: dict[str, object],
+    param: str,
+    why: str,
+) -> None:
+    """Never a 200 that quietly left out what the client asked for (tools, JSON output,
+    log probabilities, images): a 422 naming the field and saying why."""
+    body = {"model": "m", "messages": [_USER], **extra}
+    if path == "/v1/completions":
+        body.pop("messages")
+    r = await api.post(path, json=body)
+    assert r.status_code == 422, r.text
+    assert _error(r)["param"] == param
+    assert why in _error(r)["message"]
+    await _nothing_queued(inprocess, api)
+
+
+@pytest.mark.parametrize(
+    ("form", "param", "why"),
+    [
+        ({"include[]": "logprobs"}, "include", "log probabilities"),
+        ({"chunking_strategy": "auto"}, "chunking_strategy", "chunking"),
+        ({"diarize": "true"}, "diarize", "not a field"),
+    ],
+)
+async def test_a_transcription_field_mmq_does_not_carry_is_refused_by_name(
+    inprocess: InProcess, api: httpx.AsyncClient, form: dict[str, str], param: str, why: str
+) -> None:
+    files = {"file": ("a.wav", b"RIFF0000WAVE", "audio/wav")}
+    data = {"model": "whisper-1", "timestamp_granularities[]": "word", **form}
+    r = await api.post("/v1/audio/transcriptions", files=files, data=data)
+    assert r.status_code == 422, r.text
+    assert _error(r)["param"] == param and why in _error(r)["message"]
+    await _nothing_queued(inprocess, api)
+
+
+async def test_speech_instructions_are_refused_not_ignored(
+    inprocess: InProcess, api: httpx.AsyncClient
+) -> None:
+    body = {"model": "tts-1", "voice": "alloy", "input": "Hi", "instructions": "Cheerfully."}
+    r = await api.post("/v1/audio/speech", json=body)
+    assert r.status_code == 422, r.text
+    assert _error(r)["param"] == "instructions" and "instructions" in _error(r)["message"]
+    await _nothing_queued(inprocess, api)

@@ -27,6 +27,7 @@ from api.openai.common import (
     ended_badly,
     failure_body,
     job_failure,
+    refuse_fields,
     renamed,
     sse,
     wait_for_end,
@@ -77,10 +78,20 @@ UPLOAD_BODY: dict[str, Any] = {
 }
 
 
+NOT_CARRIED = {
+    "include": "log probabilities of a transcript are not served",
+    "chunking_strategy": "mmq decodes the whole file (no chunking options)",
+    "known_speaker_names": "speaker diarization is not served",
+    "known_speaker_references": "speaker diarization is not served",
+}
+"""OpenAI form fields that mmq does not carry, with why (any other unknown one is refused
+too)."""
+
+
 class TranscriptionForm(BaseModel):
     """The form fields of a transcription or translation request (not the file)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1, max_length=256)
     language: str | None = None
@@ -162,13 +173,17 @@ def _parse(form: FormData, limits: Limits) -> tuple[TranscriptionForm, UploadFil
     limit = limits.audio_max_bytes
     if upload.size is not None and upload.size > limit:
         raise TooLarge("file", f"is {upload.size} bytes, over the limit of {limit} bytes")
-    values: dict[str, Any] = {k: v for k, v in form.items() if isinstance(v, str)}
+    values: dict[str, Any] = {
+        k.removesuffix("[]"): v for k, v in form.items() if isinstance(v, str) and k != "file"
+    }
     grains = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
     values["timestamp_granularities"] = grains
     try:
-        return TranscriptionForm.model_validate(values), upload
+        fields = TranscriptionForm.model_validate(values)
     except ValidationError as exc:
         raise validation_error_field(exc, "") from None
+    refuse_fields(fields.model_extra, NOT_CARRIED)
+    return fields, upload
 
 
 async def _submit(

@@ -82,6 +82,7 @@ async def _complete(
     chat: bool,
 ) -> Response:
     try:
+        body.refuse_what_is_not_carried()
         job, _ = await service.submit(owner, JobCreate(kind="llm", input=body.job_input()))
     except InputError as exc:
         raise renamed(exc, PARAMS) from None

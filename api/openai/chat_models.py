@@ -1,5 +1,12 @@
 """The requests of `POST /v1/chat/completions` and `POST /v1/completions`, as OpenAI's
-clients send them, and the `llm` job input each one becomes."""
+clients send them, and the `llm` job input each one becomes.
+
+Nothing a client sends is dropped without a word: every field of OpenAI's requests is
+either carried into the job (and so to the engine) or refused with a 422 that names it
+and says why (`NOT_CARRIED`, `refuse_what_is_not_carried`); so is a field OpenAI does
+not define, a message role, a content part or a message field mmq does not carry. A
+client that asked for tools or JSON and got a 200 would believe it got them.
+"""
 
 from __future__ import annotations
 
@@ -7,38 +14,88 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from api.openai.common import refuse_fields
+from jobs.errors import InputError
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+NOT_YET = "mmq does not carry it to its LLM engines yet"
+NOT_CARRIED: dict[str, str] = {
+    "tools": f"tool calling: {NOT_YET}",
+    "tool_choice": f"tool calling: {NOT_YET}",
+    "parallel_tool_calls": f"tool calling: {NOT_YET}",
+    "functions": f"function calling: {NOT_YET}",
+    "function_call": f"function calling: {NOT_YET}",
+    "response_format": f"structured output: {NOT_YET}",
+    "logprobs": f"log probabilities: {NOT_YET}",
+    "top_logprobs": f"log probabilities: {NOT_YET}",
+    "logit_bias": NOT_YET,
+    "audio": "audio output is not served (use /v1/audio/speech)",
+    "modalities": "only text output is served",
+    "prediction": f"predicted outputs: {NOT_YET}",
+    "reasoning_effort": f"reasoning options: {NOT_YET}",
+    "verbosity": NOT_YET,
+    "web_search_options": "web search is not served",
+    "store": "stored completions are not served",
+    "metadata": "stored completions are not served (a job's own metadata: POST /v1/jobs)",
+    "service_tier": "service tiers are not served (priorities: POST /v1/jobs)",
+    "prompt_cache_key": NOT_YET,
+    "safety_identifier": NOT_YET,
+    "user": NOT_YET,
+    "best_of": NOT_YET,
+    "echo": NOT_YET,
+    "suffix": NOT_YET,
+}
+"""OpenAI request fields that mmq does not carry yet, with why; any other field that is
+not one of the request's own is refused too."""
 
-    type: Literal["text"]
-    text: str
+
+def refuse_extra(extra: dict[str, Any] | None, where: str = "") -> None:
+    refuse_fields(extra, NOT_CARRIED, where)
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+
+    def refuse_what_is_not_carried(self, where: str) -> None:
+        if self.role in ("tool", "function"):
+            raise InputError(f"{where}role", f"{self.role} turns (tool calling): {NOT_YET}")
+        refuse_extra(self.model_extra, where)  # e.g. an assistant turn's tool_calls
+        if self.content is None:
+            raise InputError(f"{where}content", "a message without content is not served")
+        if isinstance(self.content, list):
+            for i, part in enumerate(self.content):
+                if part.type != "text" or part.text is None:
+                    why = f"{part.type} parts are not served by mmq's LLM pipelines (text only)"
+                    raise InputError(f"{where}content.{i}.type", why)
+                refuse_extra(part.model_extra, f"{where}content.{i}.")
 
     def as_input(self) -> dict[str, str]:
         role = "system" if self.role == "developer" else self.role
         content = self.content
-        text = content if isinstance(content, str) else "".join(p.text for p in content)
+        text = content if isinstance(content, str) else "".join(p.text or "" for p in content or [])
         return {"role": role, "content": text}
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     include_usage: bool = False
 
 
 class Sampling(BaseModel):
-    """What chat and completion requests share. Unknown fields are ignored, as OpenAI
-    clients send many; `n` must be 1."""
+    """What chat and completion requests share; `n` must be 1. A field it does not define
+    is kept aside (`model_extra`) and refused by `refuse_what_is_not_carried`."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -69,6 +126,11 @@ class Sampling(BaseModel):
         }
         return {k: v for k, v in values.items() if v is not None}
 
+    def refuse_what_is_not_carried(self) -> None:
+        """InputError (422) naming the first field this request holds that mmq would not
+        carry to the engine."""
+        refuse_extra(self.model_extra)
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -77,6 +139,11 @@ class Sampling(BaseModel):
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def refuse_what_is_not_carried(self) -> None:
+        super().refuse_what_is_not_carried()
+        for i, message in enumerate(self.messages):
+            message.refuse_what_is_not_carried(f"messages.{i}.")
 
     def job_input(self) -> dict[str, Any]:
         values = self.sampling_input()

@@ -67,6 +67,15 @@ def job_failure(job: Job, params: Mapping[str, str]) -> JSONResponse:
     return failure_response(str(job.status), error, params, {"X-Job-Id": job.id})
 
 
+def refuse_fields(extra: Mapping[str, Any] | None, why: Mapping[str, str], where: str = "") -> None:
+    """InputError (422) for the first field in `extra`, what a request model took but does
+    not define (pydantic's `model_extra`): an OpenAI field mmq does not carry (`why` says
+    why) or one it does not know. An OpenAI route never drops a field without a word."""
+    for name in extra or {}:
+        reason = why.get(name, "not a field of this request that mmq knows")
+        raise InputError(f"{where}{name}", reason)
+
+
 def sse(payload: Mapping[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 

@@ -56,7 +56,7 @@ class SpeechRequest(BaseModel):
     voice: str = Field(min_length=1, max_length=256)
     """A voice of the pipeline's `options.voices` (or an alias such as `alloy`)."""
     instructions: str | None = Field(default=None, max_length=4096)
-    """Accepted for compatibility; Piper and Coqui voices take no instructions."""
+    """Refused when given (not empty): Piper and Coqui voices take no instructions."""
     response_format: AudioFormat = "mp3"
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
     stream_format: Literal["audio", "sse"] = "audio"
@@ -78,6 +78,8 @@ async def create_speech(
     owner: Owner, body: SpeechRequest, service: Service, settings: SettingsDep
 ) -> StreamingResponse | JSONResponse:
     """Speech from text, streamed as it is synthesized (OpenAI's audio.speech.create)."""
+    if body.instructions:
+        raise InputError("instructions", "mmq's Piper and Coqui voices take no instructions")
     job_input = _job_input(settings, body)
     try:
         job, _ = await service.submit(owner, JobCreate(kind="tts", input=job_input))
