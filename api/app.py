@@ -9,7 +9,7 @@ import anyio
 from fastapi import FastAPI
 
 from api import errors
-from api.auth import ApiKeys
+from api.apikeys import ApiKeys
 from api.cache import ResponseCache
 from api.deps import AppState
 from api.files import FileService

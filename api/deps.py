@@ -4,20 +4,18 @@ dependencies that hand its parts to routes. Routes never see the Redis client.""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from fastapi import Depends
 from starlette.requests import HTTPConnection
 
+from api.apikeys import ApiKeys
 from api.files import FileService
 from api.health import Health
 from api.metrics import MetricsReader
 from api.overview import OverviewReader
 from api.service import JobService
 from jobs.settings import Settings
-
-if TYPE_CHECKING:
-    from api.auth import ApiKeys
 
 
 @dataclass(frozen=True)

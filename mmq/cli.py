@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import threading
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from jobs.settings import Settings, config_file_path, load_settings
+from mmq.settings import check_redis, check_redis_url, command_settings, with_redis
 from mmq.tune import record, tune
 
 if TYPE_CHECKING:
@@ -48,85 +48,6 @@ HostOpt = Annotated[
 ]
 
 
-def _settings(
-    config: Path | None, redis: str | None = None, host_name: str | None = None
-) -> Settings:
-    # Through the environment, so that the processes a command starts see them too.
-    if redis:
-        os.environ["MMQ_REDIS_URL"] = redis
-    if host_name:
-        os.environ["MMQ_HOST_NAME"] = host_name
-    settings = load_settings(config)
-    logging.basicConfig(
-        level=settings.log_level,
-        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
-    )
-    return settings
-
-
-def _check_redis_url(settings: Settings) -> None:
-    """Exit with the reason when `MMQ_REDIS_URL` is set to a URL mmq cannot use."""
-    from jobs.redis_client import RedisUrlError, check_url
-
-    if not settings.redis_url:
-        return
-    try:
-        check_url(settings.redis_url)
-    except RedisUrlError as exc:
-        typer.echo(f"MMQ_REDIS_URL: {exc}", err=True)
-        raise typer.Exit(2) from None
-
-
-def _with_redis(settings: Settings) -> Settings:
-    """`settings` with a Redis to use: `MMQ_REDIS_URL`, else the embedded server of an
-    `mmq up` that runs with the same data dir; exits with the reason when there is none,
-    when it does not answer, or when it cannot keep jobs (`jobs.durability.server_problem`)."""
-    _check_redis_url(settings)
-    if settings.redis_url:
-        _check_redis(settings)
-        return settings
-    from host.redis_server import running_url
-
-    url = running_url(settings.embedded_redis_dir)
-    if url is None:
-        typer.echo(
-            f"MMQ_REDIS_URL is not set and no `mmq up` runs with data dir {settings.data_dir} "
-            "(its embedded server would be found there)",
-            err=True,
-        )
-        raise typer.Exit(2)
-    found = settings.model_copy(update={"redis_url": url})
-    _check_redis(found)
-    return found
-
-
-def _check_redis(settings: Settings) -> None:
-    import redis
-
-    from jobs.durability import server_problem
-    from jobs.redis_client import connect
-
-    url = str(settings.redis_url)
-    client = connect(url, decode_responses=False, socket_connect_timeout=5, socket_timeout=10)
-    try:
-        info = {**client.info("persistence"), **client.info("memory")}
-    except (redis.RedisError, OSError) as exc:
-        typer.echo(f"Redis at {_safe(url)} does not answer: {exc}", err=True)
-        raise typer.Exit(2) from None
-    finally:
-        client.close()
-    if problem := server_problem(settings.redis.durability, info):
-        typer.echo(f"Redis at {_safe(url)}: {problem}", err=True)
-        raise typer.Exit(2)
-
-
-def _safe(url: str) -> str:
-    """`url` without its password."""
-    scheme, sep, rest = url.partition("://")
-    creds, at, host = rest.rpartition("@")
-    return f"{scheme}{sep}{creds.partition(':')[0]}:***@{host}" if at else url
-
-
 @app.command()
 def api(config: ConfigOpt = None, redis: RedisOpt = None) -> None:
     """Run the HTTP API (uvicorn)."""
@@ -134,7 +55,7 @@ def api(config: ConfigOpt = None, redis: RedisOpt = None) -> None:
 
     from api.app import create_app
 
-    settings = _with_redis(_settings(config, redis))
+    settings = with_redis(command_settings(config, redis))
     host, port, level = settings.api.host, settings.api.port, settings.log_level.lower()
     if settings.api.workers == 1:
         uvicorn.run(create_app(settings), host=host, port=port, log_level=level, access_log=False)
@@ -175,7 +96,7 @@ def worker(
     from host.placement import PlacementError, apply_overrides, concrete_device
     from workers.process import run_worker
 
-    settings = _with_redis(_settings(config, redis, host_name))
+    settings = with_redis(command_settings(config, redis, host_name))
     if pipeline not in settings.enabled_pipelines:
         typer.echo(f"no enabled pipeline {pipeline!r} in the config", err=True)
         raise typer.Exit(2)
@@ -207,7 +128,7 @@ def reaper(config: ConfigOpt = None) -> None:
     from jobs.broker import make_celery, webhook_sender
     from jobs.metered import MeteredJobStore
 
-    settings = _with_redis(_settings(config))
+    settings = with_redis(command_settings(config))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -227,7 +148,7 @@ def webhooks(config: ConfigOpt = None) -> None:
     """Run a webhook delivery worker (needs MMQ_WEBHOOKS__SECRET)."""
     from cluster.webhooks import run_webhook_worker
 
-    settings = _with_redis(_settings(config))
+    settings = with_redis(command_settings(config))
     if not settings.webhooks.secret:
         typer.echo("MMQ_WEBHOOKS__SECRET is not set (whsec_ + base64)", err=True)
         raise typer.Exit(2)
@@ -261,10 +182,10 @@ def up(
     """Start everything: Redis (if MMQ_REDIS_URL is unset), the API, the reaper, workers."""
     from host.up import run_up
 
-    settings = _settings(config, redis, host_name)
-    _check_redis_url(settings)
+    settings = command_settings(config, redis, host_name)
+    check_redis_url(settings)
     if settings.redis_url:
-        _check_redis(settings)
+        check_redis(settings)
     run_up(settings, config, _plan(settings, placement))
 
 
@@ -279,7 +200,7 @@ def workers(
     a host joining a deployment (`--redis` or MMQ_REDIS_URL); no API, no reaper."""
     from host.up import run_up
 
-    settings = _with_redis(_settings(config, redis, host_name))
+    settings = with_redis(command_settings(config, redis, host_name))
     if settings.storage.backend == "local" and not settings.storage.local_shared:
         typer.echo(
             "storage.backend is local but this host joins a deployment whose API may run "
@@ -471,8 +392,8 @@ def keys_create(
     from jobs import redis_client
     from jobs.apikeys import create_key
 
-    settings = _settings(config)
-    client = redis_client.connect(str(_with_redis(settings).redis_url))
+    settings = command_settings(config)
+    client = redis_client.connect(str(with_redis(settings).redis_url))
     try:
         typer.echo(create_key(client, name, admin=admin))
     except ValueError as exc:
@@ -486,8 +407,8 @@ def keys_revoke(name: str, config: ConfigOpt = None) -> None:
     from jobs import redis_client
     from jobs.apikeys import revoke_owner
 
-    settings = _settings(config)
-    client = redis_client.connect(str(_with_redis(settings).redis_url))
+    settings = command_settings(config)
+    client = redis_client.connect(str(with_redis(settings).redis_url))
     typer.echo(f"revoked {revoke_owner(client, name)} key(s)")
 
 

@@ -118,7 +118,7 @@ def record(
     are copied beside FILE. Job inputs are your users' data: FILE is written mode 0600."""
     from rich.console import Console
 
-    from mmq.cli import _settings, _with_redis
+    from mmq.settings import command_settings, with_redis
     from tuning.record import record as run_record
     from tuning.slo import SloError, parse_duration_ms
 
@@ -127,7 +127,7 @@ def record(
         duration_s = parse_duration_ms(duration, "--duration") / 1000 if duration else None
     except SloError as exc:
         raise typer.BadParameter(str(exc)) from None
-    settings = _with_redis(_settings(config, redis))
+    settings = with_redis(command_settings(config, redis))
     if kind is None and pipeline is not None and pipeline in settings.pipelines:
         kind = settings.pipelines[pipeline].kind
     console.print(f"recording accepted jobs to {out} (Ctrl-C stops)", highlight=False)

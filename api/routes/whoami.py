@@ -7,7 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel
 
-from api.auth import Caller, current_caller
+from api.apikeys import Caller
+from api.auth import current_caller
 
 router = APIRouter(tags=["auth"], responses={401: {"description": "Missing or unknown key."}})
 

@@ -42,8 +42,9 @@ from pipelines.tts.encode import (
     StreamEncoder,
     encode_file,
 )
-from pipelines.tts.engines import SpeakOptions, SpeechEngine, make_engine
+from pipelines.tts.engines import SpeakOptions, SpeechEngine
 from pipelines.tts.text import split_sentences
+from pipelines.tts.voices import make_engine
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,93 @@
+"""A command's settings: loaded from the config file and the environment, logging set
+up, and a Redis that answers (the one `MMQ_REDIS_URL` names, else the embedded server of
+an `mmq up` with the same data dir). Every `mmq` command that needs them starts here;
+each one that cannot go on exits with the reason and status 2."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import typer
+
+from jobs.settings import Settings, load_settings
+
+
+def command_settings(
+    config: Path | None, redis: str | None = None, host_name: str | None = None
+) -> Settings:
+    # Through the environment, so that the processes a command starts see them too.
+    if redis:
+        os.environ["MMQ_REDIS_URL"] = redis
+    if host_name:
+        os.environ["MMQ_HOST_NAME"] = host_name
+    settings = load_settings(config)
+    logging.basicConfig(
+        level=settings.log_level,
+        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
+    )
+    return settings
+
+
+def check_redis_url(settings: Settings) -> None:
+    """Exit with the reason when `MMQ_REDIS_URL` is set to a URL mmq cannot use."""
+    from jobs.redis_client import RedisUrlError, check_url
+
+    if not settings.redis_url:
+        return
+    try:
+        check_url(settings.redis_url)
+    except RedisUrlError as exc:
+        typer.echo(f"MMQ_REDIS_URL: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def with_redis(settings: Settings) -> Settings:
+    """`settings` with a Redis to use: `MMQ_REDIS_URL`, else the embedded server of an
+    `mmq up` that runs with the same data dir; exits with the reason when there is none,
+    when it does not answer, or when it cannot keep jobs (`jobs.durability.server_problem`)."""
+    check_redis_url(settings)
+    if settings.redis_url:
+        check_redis(settings)
+        return settings
+    from host.redis_server import running_url
+
+    url = running_url(settings.embedded_redis_dir)
+    if url is None:
+        typer.echo(
+            f"MMQ_REDIS_URL is not set and no `mmq up` runs with data dir {settings.data_dir} "
+            "(its embedded server would be found there)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    found = settings.model_copy(update={"redis_url": url})
+    check_redis(found)
+    return found
+
+
+def check_redis(settings: Settings) -> None:
+    import redis
+
+    from jobs.durability import server_problem
+    from jobs.redis_client import connect
+
+    url = str(settings.redis_url)
+    client = connect(url, decode_responses=False, socket_connect_timeout=5, socket_timeout=10)
+    try:
+        info = {**client.info("persistence"), **client.info("memory")}
+    except (redis.RedisError, OSError) as exc:
+        typer.echo(f"Redis at {safe_url(url)} does not answer: {exc}", err=True)
+        raise typer.Exit(2) from None
+    finally:
+        client.close()
+    if problem := server_problem(settings.redis.durability, info):
+        typer.echo(f"Redis at {safe_url(url)}: {problem}", err=True)
+        raise typer.Exit(2)
+
+
+def safe_url(url: str) -> str:
+    """`url` without its password."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    return f"{scheme}{sep}{creds.partition(':')[0]}:***@{host}" if at else url
