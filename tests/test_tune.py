@@ -17,13 +17,14 @@ import redis
 
 from host.launcher import mmq_command
 from jobs import keys
-from jobs.settings import load_settings
+from jobs.schemas.llm import LlmOptions
+from jobs.settings import PipelineConfig, load_settings
 from tests.conftest import Api
 from tests.support.deploy import REPO, Deployment
 from tuning.measure import sample_of, summarize
 from tuning.report import config_change
 from tuning.slo import Slo, SloError, check_kind, parse_slo
-from tuning.space import KnobError, build_space, parse_assignment
+from tuning.space import KnobError, apply, build_space, parse_assignment
 from tuning.workload import Level, WorkloadError, from_file, levels, schedule
 
 BATCHCOST = """\
@@ -351,3 +352,30 @@ def test_record_writes_accepted_jobs_as_a_workload_that_replays(
 
 def _listeners(client: redis.Redis) -> int:
     return int(dict(client.pubsub_numsub(keys.EVENTS_CHANNEL))[keys.EVENTS_CHANNEL])
+
+
+def test_an_option_knob_takes_its_type_and_bounds_from_the_options_model() -> None:
+    """`mmq tune` reads what an option knob may be from the kind's options model: a name it
+    lacks, a value out of its bounds and a fraction for an int are refused; an option the
+    config leaves unset (the engine chooses) stays unset in the config's own candidate."""
+    asr = PipelineConfig(kind="asr", impl="x:y", options={"num_workers": 2})
+    space = build_space("asr", asr, {"options.num_workers": [1, 4]}, {})
+    assert (
+        space.knobs["options.num_workers"] == [1, 2, 4] and space.base["options.num_workers"] == 2
+    )
+    with pytest.raises(KnobError, match=r"must be >= 1"):
+        build_space("asr", asr, {"options.num_workers": [0]}, {})
+    with pytest.raises(KnobError, match=r"not a whole number"):
+        build_space("asr", asr, {"options.cpu_threads": [1.5]}, {})
+    with pytest.raises(KnobError, match=r"unknown knob 'options\.beam_size'.*options\.cpu_threads"):
+        build_space("asr", asr, {"options.beam_size": [1, 5]}, {})  # a request's, not a knob
+    vllm = PipelineConfig(kind="llm", impl="x:y", options={"engine": "vllm"})
+    space = build_space("llm", vllm, {}, {})
+    assert "options.max_num_seqs" in space.knobs
+    own = apply(vllm, space.base, follow=False)
+    assert "max_num_seqs" not in own.options and own.options["gpu_memory_utilization"] == 0.9
+    LlmOptions.model_validate(own.options)
+    assert (
+        apply(vllm, {**space.base, "options.max_num_seqs": 128}, False).options["max_num_seqs"]
+        == 128
+    )

@@ -1,9 +1,11 @@
 """The knobs `mmq tune` may turn, the values it tries, and the candidates they make.
 
 A knob is a field of `[pipelines.NAME]` (`max_batch`, `max_wait_ms`, `runners`,
-`concurrency`, `instances`) or one of its `options` (`options.max_inflight`; the LLM's
-engine knobs `options.max_num_seqs`, `options.max_num_batched_tokens`,
-`options.gpu_memory_utilization`; TTS `options.threads`; ASR `options.cpu_threads`).
+`concurrency`, `instances`) or a number among its `options`: a field of the kind's options
+model (`jobs.schemas.OPTIONS_MODELS`: `options.max_inflight`, the LLM's engine knobs
+`options.max_num_seqs`, `options.max_num_batched_tokens`, `options.gpu_memory_utilization`;
+TTS `options.threads`; ASR `options.cpu_threads`, `options.num_workers`...), whose type
+and bounds a value must meet; for a kind of the user's own, any option its config sets.
 Each kind has a default space; `--knob NAME=V1,V2,...` widens or narrows one knob,
 `--fix NAME=V` pins it. A knob left out of the space keeps the config's value.
 """
@@ -11,10 +13,17 @@ Each kind has a default space; `--knob NAME=V1,V2,...` widens or narrows one kno
 from __future__ import annotations
 
 import itertools
+import operator
+import types
+import typing
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import annotated_types
+from pydantic.fields import FieldInfo
+
+from jobs.schemas import OPTIONS_MODELS
 from jobs.settings import PipelineConfig
 
 Value = int | float
@@ -22,13 +31,9 @@ Candidate = dict[str, Value]
 """Knob -> value; every knob of the space has one."""
 
 ENGINE_KNOBS = ("max_batch", "max_wait_ms", "runners", "concurrency", "instances")
-INTEGER_KNOBS = frozenset(
-    {
-        "max_batch", "runners", "concurrency", "instances", "options.max_inflight",
-        "options.max_num_seqs", "options.max_num_batched_tokens", "options.threads",
-        "options.cpu_threads", "options.num_workers",
-    }
-)  # fmt: skip
+UNSET = 0
+"""A knob's value in the config's own candidate where the config leaves the option unset
+(the engine's own choice, e.g. vLLM's `max_num_seqs`): `apply` leaves it unset."""
 
 DEFAULT_SPACES: dict[str, dict[str, list[Value]]] = {
     "asr": {"max_batch": [1, 2, 4, 8], "max_wait_ms": [0, 10, 50], "runners": [1, 2]},
@@ -45,13 +50,6 @@ VLLM_SPACE: dict[str, list[Value]] = {
     "options.gpu_memory_utilization": [0.85, 0.92],
 }
 """Added to the LLM space where the engine is vLLM."""
-KNOWN_OPTIONS: dict[str, frozenset[str]] = {
-    "asr": frozenset({"cpu_threads", "num_workers", "beam_size"}),
-    "tts": frozenset({"threads"}),
-    "llm": frozenset(
-        {"max_inflight", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"}
-    ),
-}
 
 
 class KnobError(ValueError):
@@ -116,11 +114,11 @@ def build_space(
         knobs.update({name: list(values) for name, values in VLLM_SPACE.items()})
     for name, values in widen.items():
         check_knob(kind, config, name)
-        knobs[name] = sorted({_typed(name, v) for v in values})
+        knobs[name] = sorted({_typed(name, v, knob_field(kind, name)) for v in values})
     for name, value in fix.items():
         check_knob(kind, config, name)
-        knobs[name] = [_typed(name, value)]
-    base = {name: current_value(config, name) for name in knobs}
+        knobs[name] = [_typed(name, value, knob_field(kind, name))]
+    base = {name: current_value(kind, config, name) for name in knobs}
     for name, value in base.items():
         if value not in knobs[name]:  # the config's own value is always a candidate
             knobs[name] = sorted({*knobs[name], value}) if name not in fix else knobs[name]
@@ -133,24 +131,45 @@ def build_space(
     return space
 
 
+def knob_field(kind: str, name: str) -> FieldInfo | None:
+    """The field that knob `name` sets: `PipelineConfig`'s, or the kind's options model's;
+    None for an option of a kind without one (any number goes)."""
+    if name in ENGINE_KNOBS:
+        return PipelineConfig.model_fields[name]
+    model = OPTIONS_MODELS.get(kind)
+    return None if model is None else model.model_fields.get(name.removeprefix("options."))
+
+
+def option_knobs(kind: str, config: PipelineConfig) -> list[str]:
+    """The options that are knobs: the numbers of the kind's options model, or every option
+    the config of a kind of the user's own sets."""
+    model = OPTIONS_MODELS.get(kind)
+    if model is None:
+        return sorted(config.options)
+    return sorted(n for n, f in model.model_fields.items() if _number_type(f) is not None)
+
+
 def check_knob(kind: str, config: PipelineConfig, name: str) -> None:
     if name in ENGINE_KNOBS:
         return
-    option = name.removeprefix("options.")
-    known = KNOWN_OPTIONS.get(kind, frozenset()) | set(config.options)
-    if name.startswith("options.") and option in known:
+    options = option_knobs(kind, config)
+    if name.startswith("options.") and name.removeprefix("options.") in options:
         return
-    choices = [*ENGINE_KNOBS, *(f"options.{o}" for o in sorted(known))]
+    choices = [*ENGINE_KNOBS, *(f"options.{o}" for o in options)]
     raise KnobError(f"unknown knob {name!r} for a {kind} pipeline; one of {', '.join(choices)}")
 
 
-def current_value(config: PipelineConfig, name: str) -> Value:
-    """The knob's value in `config` (an option it does not set reads as 0)."""
+def current_value(kind: str, config: PipelineConfig, name: str) -> Value:
+    """The knob's value in `config`: an option it does not set has its model's default;
+    `UNSET` where that is unset too (the engine chooses), or for a kind without a model."""
+    field_info = knob_field(kind, name)
     if name in ENGINE_KNOBS:
         value = getattr(config, name)
     else:
-        value = config.options.get(name.removeprefix("options."), 0)
-    return _typed(name, value)
+        option = name.removeprefix("options.")
+        default = field_info.default if field_info is not None else None
+        value = config.options.get(option, default)
+    return UNSET if value is None else _typed(name, value, field_info)
 
 
 def apply(config: PipelineConfig, candidate: Mapping[str, Value], follow: bool) -> PipelineConfig:
@@ -158,7 +177,12 @@ def apply(config: PipelineConfig, candidate: Mapping[str, Value], follow: bool) 
     max_batch x runners."""
     fields: dict[str, Any] = {n: v for n, v in candidate.items() if n in ENGINE_KNOBS}
     options = dict(config.options)
-    options.update({n.removeprefix("options."): v for n, v in candidate.items() if n not in fields})
+    for name, value in candidate.items():
+        if name not in fields:
+            option = name.removeprefix("options.")
+            if value == UNSET and option not in config.options:
+                continue  # the config's own: left unset
+            options[option] = value
     updated = config.model_copy(update={**fields, "options": options})
     if follow:
         floor = updated.max_batch * updated.runners
@@ -176,21 +200,54 @@ def parse_assignment(text: str, many: bool) -> tuple[str, list[Value]]:
     parts = values.split(",")
     if not many and len(parts) > 1:
         raise KnobError(f"{text!r}: --fix takes one value; use --knob for several")
-    return name, [_typed(name, p) for p in parts]
+    engine = PipelineConfig.model_fields.get(name) if name in ENGINE_KNOBS else None
+    return name, [_typed(name, p, engine) for p in parts]
 
 
-def _typed(name: str, value: object) -> Value:
+def _number_type(field_info: FieldInfo) -> type[int] | type[float] | None:
+    """int or float where the field holds one (or None), else None."""
+    annotation: object = field_info.annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        rest = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = rest[0] if len(rest) == 1 else None
+    if annotation is int:
+        return int
+    return float if annotation is float else None
+
+
+def _typed(name: str, value: object, field_info: FieldInfo | None = None) -> Value:
+    """`value` as the knob's number: a whole one where its field is an int, within the
+    field's bounds; any non-negative number where the field is unknown."""
     try:
         number = float(str(value))
     except ValueError:
         raise KnobError(f"knob {name}: {value!r} is not a number") from None
     if number < 0:
         raise KnobError(f"knob {name}: {value!r} is negative")
-    if name in INTEGER_KNOBS:
+    for bound in field_info.metadata if field_info is not None else []:
+        _check_bound(name, value, number, bound)
+    if field_info is not None and _number_type(field_info) is int:
         if number != int(number):
             raise KnobError(f"knob {name}: {value!r} is not a whole number")
         return int(number)
     return int(number) if number == int(number) else number
+
+
+_BOUNDS = (
+    (annotated_types.Ge, "ge", operator.ge, ">="),
+    (annotated_types.Gt, "gt", operator.gt, ">"),
+    (annotated_types.Le, "le", operator.le, "<="),
+    (annotated_types.Lt, "lt", operator.lt, "<"),
+)
+
+
+def _check_bound(name: str, value: object, number: float, bound: object) -> None:
+    """KnobError where `number` breaks `bound` (one of a pydantic field's constraints)."""
+    for kind, attr, holds, sign in _BOUNDS:
+        if isinstance(bound, kind):
+            limit = float(getattr(bound, attr))
+            if not holds(number, limit):
+                raise KnobError(f"knob {name}: {value!r} must be {sign} {limit:g}")
 
 
 def _text(value: Value) -> str:

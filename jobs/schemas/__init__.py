@@ -1,18 +1,19 @@
-"""Input schemas of the job kinds, and the lookup the API validates with."""
+"""Input schemas of the job kinds, and the lookup the API validates with; the options
+model of each built-in kind's pipelines."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from jobs.errors import InputError
-from jobs.schemas.asr import AsrInput
+from jobs.schemas.asr import AsrInput, AsrOptions
 from jobs.schemas.base import JobInput
-from jobs.schemas.image import ImageInput
-from jobs.schemas.llm import LlmInput
-from jobs.schemas.tts import TtsInput
+from jobs.schemas.image import ImageInput, ImageOptions
+from jobs.schemas.llm import LlmInput, LlmOptions
+from jobs.schemas.tts import TtsInput, TtsOptions
 from jobs.settings import Settings
 
 BUILTIN_SCHEMAS: dict[str, type[JobInput]] = {
@@ -22,8 +23,18 @@ BUILTIN_SCHEMAS: dict[str, type[JobInput]] = {
     "llm": LlmInput,
 }
 
+OPTIONS_MODELS: dict[str, type[BaseModel]] = {
+    "asr": AsrOptions,
+    "tts": TtsOptions,
+    "image": ImageOptions,
+    "llm": LlmOptions,
+}
+"""The `[pipelines.NAME.options]` model of each built-in kind (a kind of the user's own
+has untyped options)."""
+
 __all__ = [
     "BUILTIN_SCHEMAS",
+    "OPTIONS_MODELS",
     "AsrInput",
     "ImageInput",
     "JobInput",

@@ -1,10 +1,10 @@
-"""ASR (speech to text) job input."""
+"""ASR (speech to text) job input, and the options of an ASR pipeline."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.schemas.base import JobInput
 
@@ -20,3 +20,27 @@ class AsrInput(JobInput):
     word_timestamps: bool = False
     initial_prompt: str | None = Field(default=None, max_length=2000)
     temperature: float = Field(default=0.0, ge=0.0, le=1.0)
+
+
+class AsrOptions(BaseModel):
+    """`options` of an ASR pipeline (`[pipelines.NAME.options]`): the faster-whisper model's
+    knobs and how long files are windowed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    compute_type: str | None = None
+    """CTranslate2 compute type (`int8`, `float16`, `int8_float16`...); unset: float16 on
+    a GPU, int8 on a CPU."""
+    cpu_threads: int = Field(default=0, ge=0)
+    """Threads per CTranslate2 call; 0: every core this process may use (a call alone gets
+    them all)."""
+    num_workers: int = Field(default=1, ge=1)
+    """CTranslate2 calls at once: keep it equal to the pipeline's `runners`."""
+    device_index: int = Field(default=0, ge=0)
+    """The GPU inside the worker; its CUDA_VISIBLE_DEVICES leaves it one, index 0."""
+    download_root: str | None = None
+    """Where a hub model is downloaded; unset: the hub's cache."""
+    first_window_s: float = Field(default=6.0, gt=0)
+    """A long file's first window ends near here, for an early first segment."""
+    context_tokens: int = Field(default=32, ge=0)
+    """Previous-text tokens each window is conditioned on (equal lengths batch together)."""

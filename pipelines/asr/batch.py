@@ -33,7 +33,6 @@ FRAMES_PER_SECOND = 100
 WINDOW_FRAMES = 3000
 MAX_PROMPT_TOKENS = 223
 """faster-whisper's cap on previous-text tokens (half the model's 448, less one)."""
-DEFAULT_CONTEXT_TOKENS = 32
 
 
 @dataclass(eq=False)
@@ -88,7 +87,7 @@ class Stream:
 
 
 def decode_step(
-    model: WhisperModel, streams: list[Stream], context_tokens: int = DEFAULT_CONTEXT_TOKENS
+    model: WhisperModel, streams: list[Stream], context_tokens: int
 ) -> list[list[dict[str, Any]]]:
     """Decode the next window of every stream; returns each stream's new segments.
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from faster_whisper import WhisperModel
 
+from jobs.schemas.asr import AsrOptions
 from jobs.settings import PipelineConfig
 
 GPU_PREFIXES = ("cuda", "gpu", "mig")
@@ -61,18 +61,16 @@ def spec_from_config(config: PipelineConfig) -> ModelSpec:
     device is index 0 inside the worker unless `options.device_index` says otherwise.
     `cpu_threads` 0 (the default) gives every call all the cores.
     """
-    options: dict[str, Any] = config.options
+    options = config.options_as(AsrOptions)
     on_gpu = config.device.split(":", 1)[0] in GPU_PREFIXES
-    device = "cuda" if on_gpu else "cpu"
-    num_workers = max(1, int(options.get("num_workers", 1)))
     return ModelSpec(
         source=config.model or str(default_model_dir()),
-        device=device,
-        device_index=int(options.get("device_index", 0)),
-        compute_type=str(options.get("compute_type") or ("float16" if on_gpu else "int8")),
-        cpu_threads=int(options.get("cpu_threads", 0)) or all_cores(),
-        num_workers=num_workers,
-        download_root=options.get("download_root"),
+        device="cuda" if on_gpu else "cpu",
+        device_index=options.device_index,
+        compute_type=options.compute_type or ("float16" if on_gpu else "int8"),
+        cpu_threads=options.cpu_threads or all_cores(),
+        num_workers=options.num_workers,
+        download_root=options.download_root,
     )
 
 

@@ -26,16 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from jobs.schemas.asr import AsrInput
-from pipelines.asr.batch import DEFAULT_CONTEXT_TOKENS, decode_step
+from jobs.schemas.asr import AsrInput, AsrOptions
+from pipelines.asr.batch import decode_step
 from pipelines.asr.decode import SAMPLE_RATE, decode_file
 from pipelines.asr.model import load_model, spec_from_config
 from pipelines.asr.options import DecodeOptions
 from pipelines.asr.prepare import Prepared
 from pipelines.asr.prepare import prepare as prepare_stream
 from pipelines.base import Pipeline, Request
-
-DEFAULT_FIRST_WINDOW_S = 6.0
 
 
 @dataclass(eq=False)
@@ -71,11 +69,11 @@ class AsrPipeline(Pipeline[AsrInput, Decoding]):
     kind = "asr"
 
     def load(self) -> None:
-        options = self.config.options
+        options = self.config.options_as(AsrOptions)
         self.spec = spec_from_config(self.config)
         self.model = load_model(self.spec)
-        self.first_window_s = float(options.get("first_window_s", DEFAULT_FIRST_WINDOW_S))
-        self.context_tokens = int(options.get("context_tokens", DEFAULT_CONTEXT_TOKENS))
+        self.first_window_s = options.first_window_s
+        self.context_tokens = options.context_tokens
 
     def warmup(self) -> None:
         noise = np.random.default_rng(0).normal(0, 0.01, 2 * SAMPLE_RATE).astype(np.float32)
