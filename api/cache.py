@@ -7,20 +7,14 @@ Workers write the cache and the API reads it, both through the job store
 
 from __future__ import annotations
 
-import secrets
-import time
-from dataclasses import replace
 from typing import Any
 
-from jobs.codec import dumps, job_from_fields
-from jobs.models import EventType, Job
+from jobs import operations
+from jobs.codec import job_from_fields
+from jobs.models import Job
 from jobs.schemas.base import JobInput
 from jobs.settings import Settings
-from jobs.states import JobStatus
-from jobs.store import ALL_FIELDS, AsyncJobStore, Lease, transition
-
-LEASE_TTL_MS = 30_000
-"""The lease under which a cached answer ends its job (two script calls, not a run)."""
+from jobs.store import AsyncJobStore
 
 
 class ResponseCache:
@@ -40,27 +34,8 @@ class ResponseCache:
         """End a new job with a cached answer, through the usual transitions (it runs
         here, under a lease of its own, instead of on a worker); None where something
         else moved the job first (a cancel), so the caller reads it as it is."""
-        lease = Lease(token=f"response-cache:{secrets.token_hex(8)}", ttl_ms=LEASE_TTL_MS)
-        started = await self.store.apply(
-            transition(
-                job,
-                JobStatus.RUNNING,
-                sources=frozenset({JobStatus.QUEUED}),
-                lease_mode="acquire",
-                lease=lease,
-                fields={"started_at": repr(time.time()), "worker": "response-cache"},
-            )
-        )
-        if not started.ok:
+        start, end = operations.answer_from_cache(job, output)
+        if not (await self.store.apply(start)).ok:
             return None
-        end = transition(
-            job,
-            JobStatus.SUCCEEDED,
-            sources=frozenset({JobStatus.RUNNING}),
-            lease_mode="check",
-            lease=lease,
-            fields={"output": dumps(output), "finished_at": repr(time.time())},
-            pre_event=(EventType.OUTPUT, output),
-        )
-        ended = await self.store.apply(replace(end, read_back=ALL_FIELDS))
+        ended = await self.store.apply(end)
         return job_from_fields(ended.read_back) if ended.ok else None

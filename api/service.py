@@ -23,7 +23,7 @@ from api.cache import ResponseCache
 from api.files import FileService
 from api.hub import EventHub
 from api.listing import JobFilter, list_jobs
-from jobs import keys
+from jobs import keys, operations
 from jobs.broker import job_message
 from jobs.codec import dumps, job_from_fields
 from jobs.errors import Conflict, InputError, NotFound, QueueFull
@@ -34,7 +34,7 @@ from jobs.schemas import schema_for, validation_error_field
 from jobs.schemas.base import JobInput
 from jobs.settings import Settings
 from jobs.states import JobStatus
-from jobs.store import AsyncJobStore, transition
+from jobs.store import AsyncJobStore
 
 
 class Validated(NamedTuple):
@@ -177,14 +177,7 @@ class JobService:
             raise Conflict(f"job {job_id} has already ended ({job.status})")
         await self._store.request_cancel(job_id)
         if job.status is JobStatus.QUEUED:
-            await self._store.apply(
-                transition(
-                    job,
-                    JobStatus.CANCELED,
-                    sources=frozenset({JobStatus.QUEUED}),
-                    fields={"finished_at": repr(time.time())},
-                )
-            )
+            await self._store.apply(operations.cancel_queued(job))
         return await self.get(owner, job_id)
 
     async def submit_and_wait(

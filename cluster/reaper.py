@@ -13,21 +13,19 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import redis
 from celery import Celery
 
 from cluster.stranded import resend_missing, restore_stranded
-from jobs import keys
+from jobs import keys, operations
 from jobs.broker import job_message
-from jobs.codec import dumps
 from jobs.metered import MeteredJobStore
-from jobs.models import EventType, Job
+from jobs.models import Job
 from jobs.redis_client import FAILOVER_ERRORS
 from jobs.settings import Settings
 from jobs.states import JobStatus
-from jobs.store import Transition, transition
+from jobs.store import Transition
 
 log = logging.getLogger(__name__)
 
@@ -75,24 +73,8 @@ class Reaper:
                 "message": f"the worker running this job was lost {job.attempts} times "
                 f"(max_attempts={self.settings.lease.max_attempts})",
             }
-            return transition(
-                job,
-                JobStatus.FAILED,
-                sources=RUNNING,
-                lease_mode="absent",
-                fields={"error": dumps(error), "finished_at": repr(time.time())},
-                event_data={"error": error},
-                pre_event=(EventType.ERROR, error),
-            )
-        return transition(
-            job,
-            JobStatus.QUEUED,
-            sources=RUNNING,
-            lease_mode="absent",
-            fields={"queued_at": repr(time.time()), "started_at": "", "first_output_at": ""},
-            event_data={"reason": "worker_lost", "attempts": job.attempts},
-            message=job_message(self.app, job),
-        )
+            return operations.fail_lost(job, error)
+        return operations.requeue_lost(job, job_message(self.app, job))
 
     def resend(self) -> int:
         """Give a task message back to queued jobs that lack one; returns how many. Looks

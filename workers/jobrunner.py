@@ -8,28 +8,24 @@ never ends twice with two different results.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
+from jobs import operations
 from jobs.codec import dumps, job_from_fields
 from jobs.errors import InputError
 from jobs.models import EventType, Job
 from jobs.schemas import validation_error_field
 from jobs.schemas.base import JobInput
-from jobs.states import JobStatus
-from jobs.store import ALL_FIELDS, JobStore, Lease, LeaseMode, NewEvent, Transition, transition
+from jobs.store import JobStore, NewEvent, Transition
 from pipelines.base import Files
 from workers.engine import Engine, Outcome
 from workers.events import EventWriter
 from workers.leases import Held, LeaseKeeper
 
 log = logging.getLogger(__name__)
-
-QUEUED = frozenset({JobStatus.QUEUED})
-RUNNING = frozenset({JobStatus.RUNNING})
 
 
 class JobRunner:
@@ -58,10 +54,7 @@ class JobRunner:
         The script that takes the lease also checks the status and returns the job as it
         is after the change: one round trip before the engine gets the request."""
         lease = self.keeper.new_lease()
-        fields = {"started_at": repr(time.time()), "worker": self.worker_name}
-        started = self.store.apply(
-            self._from_queue(job_id, JobStatus.RUNNING, fields, "acquire", lease)
-        )
+        started = self.store.apply(operations.start(job_id, self.kind, lease, self.worker_name))
         if not started.ok:
             if started.reason == "canceled":
                 self._end_canceled_in_queue(job_id)
@@ -77,34 +70,8 @@ class JobRunner:
         return "ran"
 
     def _end_canceled_in_queue(self, job_id: str) -> None:
-        """A job canceled while queued whose end the API has not recorded yet (the script
-        reads the job's webhook back: no read before it)."""
-        fields = {"finished_at": repr(time.time())}
-        self.store.apply(self._from_queue(job_id, JobStatus.CANCELED, fields))
-
-    def _from_queue(
-        self,
-        job_id: str,
-        target: JobStatus,
-        fields: dict[str, str],
-        lease_mode: LeaseMode = "",
-        lease: Lease | None = None,
-    ) -> Transition:
-        """A transition of a queued job known by its id alone; the script returns the
-        whole job after it (the caller's job, and the webhook of its events)."""
-        return Transition(
-            job_id=job_id,
-            target=target,
-            sources=QUEUED,
-            fields=fields,
-            lease_mode=lease_mode,
-            lease=lease,
-            kind=self.kind,
-            read_back=ALL_FIELDS,
-            # A run's status event names its worker: after a fault moved the job on, a
-            # client (and the soak) can tell which run an event belonged to.
-            event_data={"worker": self.worker_name} if target == JobStatus.RUNNING else {},
-        )
+        """A job canceled while queued whose end the API has not recorded yet."""
+        self.store.apply(operations.cancel_queued_by_id(job_id, self.kind))
 
     def _run_held(self, job: Job, held: Held) -> None:
         try:
@@ -143,51 +110,25 @@ class JobRunner:
         held.ended = True
         # The batch it ran in, for the job's page (its mates): written with the end.
         ran_in = {"batch": dumps(outcome.batch.model_dump())} if outcome.batch else {}
+        lease = held.lease
         if outcome.status == "succeeded":
-            output = outcome.output or {}
-            fields = {"output": dumps(output), **ran_in}
             if outcome.timings:  # the kind's own (`jobs.models.Timings`)
-                fields["extra_timings"] = dumps(outcome.timings)
-            self._end(
-                job, JobStatus.SUCCEEDED, RUNNING, held.lease, fields, (EventType.OUTPUT, output)
-            )
+                ran_in["extra_timings"] = dumps(outcome.timings)
+            self._end(job, operations.succeed(job, lease, outcome.output or {}, ran_in))
         elif outcome.status == "canceled":
-            self._end(job, JobStatus.CANCELED, RUNNING, held.lease, ran_in)
+            self._end(job, operations.cancel_running(job, lease, ran_in))
         elif outcome.status == "lost":
             log.warning(
                 "job %s: backend lost (%s); it goes back to the queue", job.id, outcome.error
             )
-            self.store.give_back_lease(job.id, held.lease)
+            self.store.give_back_lease(job.id, lease)
         else:
-            error = _error_info(outcome.error)
-            fields = {"error": dumps(error), **ran_in}
-            self._end(job, JobStatus.FAILED, RUNNING, held.lease, fields, (EventType.ERROR, error))
+            self._end(job, operations.fail(job, lease, _error_info(outcome.error), ran_in))
 
-    def _end(
-        self,
-        job: Job,
-        target: JobStatus,
-        sources: frozenset[JobStatus],
-        lease: Lease | None,
-        fields: dict[str, str] | None = None,
-        pre_event: tuple[EventType, dict[str, Any]] | None = None,
-    ) -> None:
-        result = self.store.apply(
-            transition(
-                job,
-                target,
-                sources=sources,
-                lease_mode="check" if lease else "",
-                lease=lease,
-                fields={"finished_at": repr(time.time()), **(fields or {})},
-                pre_event=pre_event,
-                event_data={"error": pre_event[1]}
-                if pre_event and target is JobStatus.FAILED
-                else None,
-            )
-        )
+    def _end(self, job: Job, change: Transition) -> None:
+        result = self.store.apply(change)
         if not result.ok:
-            log.warning("job %s: could not record %s (%s)", job.id, target, result.reason)
+            log.warning("job %s: could not record %s (%s)", job.id, change.target, result.reason)
 
 
 def _error_info(error: BaseException | None) -> dict[str, Any]:

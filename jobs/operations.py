@@ -1,0 +1,158 @@
+"""The named job operations: what a caller means, each one `Transition` of the one
+transition script, with its source states and its lease rule inside.
+
+| operation | change | lease |
+| --- | --- | --- |
+| `start` | queued -> running | taken (`acquire`): no live lease of another run |
+| `succeed`, `fail`, `cancel_running` | running -> the end | held (`check`): only its run ends it |
+| `cancel_queued` | queued -> canceled | none (no run exists) |
+| `requeue_lost`, `fail_lost` | running -> queued / failed | gone (`absent`): its worker was lost |
+| `answer_from_cache` | queued -> running -> succeeded | a lease of its own for the two steps |
+
+No caller outside this module spells a lease mode or a set of source states.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import replace
+from typing import Any
+
+from jobs.codec import dumps
+from jobs.kombu_redis import TaskMessage
+from jobs.models import EventType, Job
+from jobs.states import JobStatus
+from jobs.store import ALL_FIELDS, Lease, Transition, transition
+
+QUEUED = frozenset({JobStatus.QUEUED})
+RUNNING = frozenset({JobStatus.RUNNING})
+CACHE_LEASE_TTL_MS = 30_000
+"""The lease under which a cached answer ends its job (two script calls, not a run)."""
+
+
+def start(job_id: str, kind: str, lease: Lease, worker: str) -> Transition:
+    """A worker takes a queued job known by its id alone; the script returns the whole
+    job as it is after the change (no read before it). The status event names the worker,
+    so a client can tell which run an event belonged to after a fault moved the job on."""
+    return Transition(
+        job_id=job_id,
+        target=JobStatus.RUNNING,
+        sources=QUEUED,
+        fields={"started_at": _now(), "worker": worker},
+        event_data={"worker": worker},
+        lease_mode="acquire",
+        lease=lease,
+        kind=kind,
+        read_back=ALL_FIELDS,
+    )
+
+
+def cancel_queued(job: Job) -> Transition:
+    """End a queued job whose cancel was asked for (no run to stop)."""
+    return transition(job, JobStatus.CANCELED, sources=QUEUED, fields={"finished_at": _now()})
+
+
+def cancel_queued_by_id(job_id: str, kind: str) -> Transition:
+    """`cancel_queued` for a job known by its id alone (a worker that took the task of a
+    job canceled in the queue); the script reads the job back for its webhook."""
+    return Transition(
+        job_id=job_id,
+        target=JobStatus.CANCELED,
+        sources=QUEUED,
+        fields={"finished_at": _now()},
+        kind=kind,
+        read_back=ALL_FIELDS,
+    )
+
+
+def succeed(
+    job: Job, lease: Lease, output: dict[str, Any], fields: dict[str, str] | None = None
+) -> Transition:
+    """The run holding `lease` ends the job with `output` (its output event first)."""
+    return _end(
+        job, JobStatus.SUCCEEDED, lease,
+        {"output": dumps(output), **(fields or {})}, (EventType.OUTPUT, output),
+    )  # fmt: skip
+
+
+def fail(
+    job: Job, lease: Lease, error: dict[str, Any], fields: dict[str, str] | None = None
+) -> Transition:
+    """The run holding `lease` ends the job failed, with the reason (an error event first;
+    the status event carries it too)."""
+    change = _end(
+        job, JobStatus.FAILED, lease,
+        {"error": dumps(error), **(fields or {})}, (EventType.ERROR, error),
+    )  # fmt: skip
+    return replace(change, event_data={"error": error})
+
+
+def cancel_running(job: Job, lease: Lease, fields: dict[str, str] | None = None) -> Transition:
+    """The run holding `lease` stopped on a cancel: the job ends canceled."""
+    return _end(job, JobStatus.CANCELED, lease, fields or {}, None)
+
+
+def requeue_lost(job: Job, message: TaskMessage) -> Transition:
+    """A running job whose worker was lost (its lease is gone) is queued again, with a new
+    task message pushed by the same script."""
+    return transition(
+        job,
+        JobStatus.QUEUED,
+        sources=RUNNING,
+        lease_mode="absent",
+        fields={"queued_at": _now(), "started_at": "", "first_output_at": ""},
+        event_data={"reason": "worker_lost", "attempts": job.attempts},
+        message=message,
+    )
+
+
+def fail_lost(job: Job, error: dict[str, Any]) -> Transition:
+    """A running job whose worker was lost once too often ends failed, with the reason."""
+    return transition(
+        job,
+        JobStatus.FAILED,
+        sources=RUNNING,
+        lease_mode="absent",
+        fields={"error": dumps(error), "finished_at": _now()},
+        event_data={"error": error},
+        pre_event=(EventType.ERROR, error),
+    )
+
+
+def answer_from_cache(job: Job, output: dict[str, Any]) -> tuple[Transition, Transition]:
+    """A new job answered from the response cache: it starts and succeeds through the
+    usual changes, under a lease of its own, without a worker (apply them in order; the
+    second reads the whole job back)."""
+    lease = Lease(token=f"response-cache:{secrets.token_hex(8)}", ttl_ms=CACHE_LEASE_TTL_MS)
+    started = transition(
+        job,
+        JobStatus.RUNNING,
+        sources=QUEUED,
+        lease_mode="acquire",
+        lease=lease,
+        fields={"started_at": _now(), "worker": "response-cache"},
+    )
+    return started, replace(succeed(job, lease, output), read_back=ALL_FIELDS)
+
+
+def _end(
+    job: Job,
+    target: JobStatus,
+    lease: Lease,
+    fields: dict[str, str],
+    pre_event: tuple[EventType, dict[str, Any]] | None,
+) -> Transition:
+    return transition(
+        job,
+        target,
+        sources=RUNNING,
+        lease_mode="check",
+        lease=lease,
+        fields={"finished_at": _now(), **fields},
+        pre_event=pre_event,
+    )
+
+
+def _now() -> str:
+    return repr(time.time())
