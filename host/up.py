@@ -150,7 +150,7 @@ def run_up(settings: Settings, config: Path | None, plan: Plan, services: bool =
         )
     reasons = StartReasons(env.get("MMQ_REDIS_URL") or settings.redis_url)
     supervisor = Supervisor(deployment_specs(settings, config, plan, services, reasons))
-    supervisor.base_env.update(env)
+    supervisor.base_env.update({**settings.child_env(), **env})
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: supervisor.stop())
     if services:

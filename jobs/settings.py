@@ -318,6 +318,15 @@ class Settings(BaseSettings):
         """Data dir of the server that `mmq up` starts when `redis_url` is unset."""
         return self.data_dir / "redis"
 
+    def child_env(self) -> dict[str, str]:
+        """The environment that gives a process this command starts the same settings,
+        beyond the config file it is handed (`--config`): the Redis URL and the host name,
+        which may have come from the command's own flags."""
+        env = {"MMQ_HOST_NAME": self.host_name}
+        if self.redis_url:
+            env["MMQ_REDIS_URL"] = self.redis_url
+        return env
+
     @property
     def public_url(self) -> str:
         return self.api.public_url or f"http://{self.api.host}:{self.api.port}"

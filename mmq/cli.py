@@ -60,9 +60,9 @@ def api(config: ConfigOpt = None, redis: RedisOpt = None) -> None:
     if settings.api.workers == 1:
         uvicorn.run(create_app(settings), host=host, port=port, log_level=level, access_log=False)
         return
-    # Each process builds its app from what this one resolved (the embedded Redis's URL).
-    assert settings.redis_url is not None
-    os.environ["MMQ_REDIS_URL"] = settings.redis_url
+    # Each process builds its app from what this one resolved (the embedded Redis's URL):
+    # uvicorn's worker processes take nothing but the environment.
+    os.environ.update(settings.child_env())
     if (path := config_file_path(config)) is not None:
         os.environ["MMQ_CONFIG_FILE"] = str(Path(path).resolve())
     uvicorn.run(

@@ -6,7 +6,6 @@ each one that cannot go on exits with the reason and status 2."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import typer
@@ -17,12 +16,10 @@ from jobs.settings import Settings, load_settings
 def command_settings(
     config: Path | None, redis: str | None = None, host_name: str | None = None
 ) -> Settings:
-    # Through the environment, so that the processes a command starts see them too.
-    if redis:
-        os.environ["MMQ_REDIS_URL"] = redis
-    if host_name:
-        os.environ["MMQ_HOST_NAME"] = host_name
-    settings = load_settings(config)
+    """The settings, with the command's `--redis` and `--host-name` over the rest; the
+    processes it starts get them through `Settings.child_env`."""
+    overrides = {name: value for name, value in (("redis_url", redis), ("host_name", host_name))}
+    settings = load_settings(config, **{k: v for k, v in overrides.items() if v})
     logging.basicConfig(
         level=settings.log_level,
         format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
