@@ -162,6 +162,8 @@ async def test_private_webhook_is_422_where_not_allowed(
         ("/v1/completions", {"model": "m", "prompt": ["a", "b"]}, "prompt"),
         ("/v1/images/generations", {"prompt": "a cat", "size": "big"}, "size"),
         ("/v1/images/generations", {"prompt": "a cat", "colour": "red"}, "colour"),
+        ("/v1/images/generations", {"prompt": "a cat", "quality": "hd"}, "quality"),
+        ("/v1/images/generations", {"prompt": "a cat", "style": "vivid"}, "style"),
         ("/v1/audio/speech", {"model": "tts-1", "voice": "alloy"}, "input"),
     ],
 )

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import Owner
 from api.deps import Service
-from api.openai.common import job_failure, renamed, wait_for_end
+from api.openai.common import job_failure, refuse_fields, renamed, wait_for_end
 from jobs.errors import InputError
 from jobs.models import Job, JobCreate
 from jobs.states import JobStatus
@@ -31,6 +31,12 @@ router = APIRouter(prefix="/v1/images", tags=["openai"])
 SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 PARAMS = {"width": "size", "height": "size", "format": "output_format", "kind": "model"}
 """Job input fields under another name in OpenAI's request."""
+NOT_CARRIED = {
+    "quality": "not served: set `steps` (mmq's own field) for quality",
+    "style": "not served by mmq's image pipelines",
+    "user": "not carried",
+}
+"""OpenAI fields this route refuses when they are given, rather than drop them."""
 
 
 class ImageGenerationRequest(BaseModel):
@@ -45,11 +51,11 @@ class ImageGenerationRequest(BaseModel):
     response_format: Literal["url", "b64_json"] = "url"
     output_format: Literal["png", "jpeg", "webp"] = "png"
     quality: str | None = Field(default=None, max_length=32)
-    """Accepted for compatibility; `steps` sets the quality here."""
+    """Refused when given: `steps` sets the quality here."""
     style: str | None = Field(default=None, max_length=32)
-    """Accepted for compatibility, unused."""
+    """Refused when given: not served."""
     user: str | None = Field(default=None, max_length=256)
-    """Accepted for compatibility, unused."""
+    """Refused when given: not carried."""
     negative_prompt: str | None = None
     steps: int | None = None
     guidance_scale: float | None = None
@@ -62,6 +68,7 @@ async def create_image(
     request: Request, owner: Owner, body: ImageGenerationRequest, service: Service
 ) -> JSONResponse:
     """Images from a prompt (OpenAI's images.generate); answers once they are made."""
+    refuse_fields(body.model_dump(include=set(NOT_CARRIED), exclude_none=True), NOT_CARRIED)
     create = JobCreate(kind="image", input=job_input(body))
     try:
         job, _ = await service.submit(owner, create)
