@@ -19,6 +19,7 @@ from api.limits import BodySizeLimit
 from api.metrics import MetricsReader
 from api.openai import audio as openai_audio
 from api.openai import chat as openai_chat
+from api.openai import embeddings as openai_embeddings
 from api.openai import images as openai_images
 from api.openai import speech as openai_speech
 from api.overview import OverviewReader
@@ -92,6 +93,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(openai_audio.router)
     app.include_router(openai_images.router)
     app.include_router(openai_chat.router)
+    app.include_router(openai_embeddings.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(admin.router)

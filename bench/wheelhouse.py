@@ -45,7 +45,7 @@ from packaging.version import Version
 from bench import lockfile
 
 ROOT = "mmq"
-EXTRAS = ("asr", "tts", "image", "llm")
+EXTRAS = ("asr", "tts", "image", "llm", "embed")
 ALSO = ("jiwer", "torchcodec")
 """Outside mmq's extras: jiwer is imported by bench.gpu's helpers (tests/support/audio.py);
 torchcodec must be installed for coqui-tts to import beside torch >= 2.9, and is never

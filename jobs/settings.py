@@ -116,6 +116,10 @@ class Limits(BaseModel):
     """LLM `max_tokens`."""
     llm_max_prompt_chars: int = 200_000
     """LLM prompt size (all messages)."""
+    embed_max_inputs: int = 256
+    """Texts in one embedding request."""
+    embed_max_chars: int = 32_000
+    """One text of an embedding request (the model's window is checked by the worker)."""
 
 
 class WebhookSettings(BaseModel):

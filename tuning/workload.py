@@ -190,6 +190,12 @@ def built_in(kind: str, settings: Settings, spec: BuiltIn, workdir: Path) -> Wor
             for w, h, s in spec.image_shapes
         ]
         describe = "images " + ", ".join(f"{w}x{h}@{s}" for w, h, s in spec.image_shapes)
+    elif kind == "embed":
+        inputs = [
+            {"input": [_sentences(1, i * spec.embed_texts + j) for j in range(spec.embed_texts)]}
+            for i in range(4)
+        ]
+        describe = f"embedding requests of {spec.embed_texts} sentence(s)"
     elif kind == "asr":
         uploads = {
             f"clip{i}": speech_clip(seconds, workdir) for i, seconds in enumerate(spec.asr_seconds)
@@ -212,6 +218,7 @@ class BuiltIn:
     tts_sentences: Sequence[int] = (3,)
     llm_lengths: Sequence[tuple[int, int]] = ((128, 64),)
     image_shapes: Sequence[tuple[int, int, int]] = ((512, 512, 20),)
+    embed_texts: int = 8
 
 
 def speech_clip(seconds: float, workdir: Path) -> Path:

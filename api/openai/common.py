@@ -49,9 +49,10 @@ def failure_body(
         return error_body("canceled", "the job was canceled")
     error = error or {}
     if error.get("type") == "invalid_input":
+        # A field a worker named is the job input's own (`audio`, `input.0`), not the body's.
         field = str(error.get("field") or "input")
         reason = str(error.get("message", "")).removeprefix(f"{field}: ")
-        exc = renamed(InputError(field, reason), params)
+        exc = InputError(params.get(field, field), reason)
         return error_body(exc.code, exc.message, exc.field)
     return error_body(str(error.get("type", "error")), str(error.get("message", "the job failed")))
 

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 from jobs.errors import InputError
 from jobs.schemas.asr import AsrInput, AsrOptions
 from jobs.schemas.base import JobInput
+from jobs.schemas.embed import EmbedInput, EmbedOptions
 from jobs.schemas.image import ImageInput, ImageOptions
 from jobs.schemas.llm import LlmInput, LlmOptions
 from jobs.schemas.tts import TtsInput, TtsOptions
@@ -21,6 +22,7 @@ BUILTIN_SCHEMAS: dict[str, type[JobInput]] = {
     "tts": TtsInput,
     "image": ImageInput,
     "llm": LlmInput,
+    "embed": EmbedInput,
 }
 
 OPTIONS_MODELS: dict[str, type[BaseModel]] = {
@@ -28,6 +30,7 @@ OPTIONS_MODELS: dict[str, type[BaseModel]] = {
     "tts": TtsOptions,
     "image": ImageOptions,
     "llm": LlmOptions,
+    "embed": EmbedOptions,
 }
 """The `[pipelines.NAME.options]` model of each built-in kind (a kind of the user's own
 has untyped options)."""
@@ -36,6 +39,7 @@ __all__ = [
     "BUILTIN_SCHEMAS",
     "OPTIONS_MODELS",
     "AsrInput",
+    "EmbedInput",
     "ImageInput",
     "JobInput",
     "LlmInput",

@@ -1,0 +1,78 @@
+"""`POST /v1/embeddings`, OpenAI-compatible: an `embed` job, answered when it ends.
+
+`input` is a string or a list of strings (token arrays are refused by name: send text);
+`encoding_format` is `float` (lists of numbers) or `base64` (little-endian float32, what
+the official client asks for by default and decodes itself); `dimensions` where the
+pipeline allows it. The job is batched with other requests' texts by the worker.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.auth import Owner
+from api.deps import Service
+from api.openai.common import job_failure, refuse_fields, renamed, wait_for_end
+from jobs.errors import InputError
+from jobs.models import Job, JobCreate
+from jobs.states import JobStatus
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+PARAMS: dict[str, str] = {}
+"""Job input fields under another name in OpenAI's request (none)."""
+NOT_CARRIED = {"user": "not carried"}
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str = Field(min_length=1, max_length=256)
+    """An embed pipeline or one of its aliases (`text-embedding-3-small`...)."""
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+
+
+@router.post("/embeddings", responses={413: {}, 422: {}, 429: {}})
+async def create_embeddings(
+    request: Request, owner: Owner, body: EmbeddingRequest, service: Service
+) -> JSONResponse:
+    """Embeddings of one text or several (OpenAI's embeddings.create)."""
+    refuse_fields(body.model_extra, NOT_CARRIED)
+    texts = body.input if isinstance(body.input, list) else [body.input]
+    if not all(isinstance(text, str) for text in texts):
+        raise InputError("input", "token arrays are not served: send the text")
+    inp: dict[str, Any] = {"model": body.model, "input": texts}
+    if body.dimensions is not None:
+        inp["dimensions"] = body.dimensions
+    try:
+        job, _ = await service.submit(owner, JobCreate(kind="embed", input=inp))
+    except InputError as exc:
+        raise renamed(exc, PARAMS) from None
+    job = await wait_for_end(request, service, owner, job.id)
+    if job.status is not JobStatus.SUCCEEDED:
+        return job_failure(job, PARAMS)
+    return JSONResponse(embeddings_response(job, body), headers={"X-Job-Id": job.id})
+
+
+def embeddings_response(job: Job, body: EmbeddingRequest) -> dict[str, Any]:
+    output = job.output or {}
+    as_float = body.encoding_format == "float"
+    data = [
+        {"object": "embedding", "index": i, "embedding": decode(vector) if as_float else vector}
+        for i, vector in enumerate(output["embeddings"])
+    ]
+    return {"object": "list", "data": data, "model": body.model, "usage": output["usage"]}
+
+
+def decode(vector: str) -> list[float]:
+    """A worker's base64 little-endian float32 vector as numbers."""
+    values: list[float] = np.frombuffer(base64.b64decode(vector), dtype="<f4").tolist()
+    return values

@@ -1,0 +1,60 @@
+"""Embedding job input, and the options of an embedding pipeline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from jobs.errors import InputError
+from jobs.schemas.base import JobInput, over_limit
+from jobs.settings import Limits, PipelineConfig
+
+
+class EmbedOptions(BaseModel):
+    """`options` of an embedding pipeline (`[pipelines.NAME.options]`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    normalize: bool = True
+    """Unit-length vectors (cosine similarity is then a dot product), as OpenAI's are."""
+    truncate_dimensions: bool = False
+    """The model was trained to give useful shorter vectors (Matryoshka): a request's
+    `dimensions` keeps that many of each vector's first values (normalized again). Off: a
+    request that asks for `dimensions` is refused."""
+    truncate_input: bool = False
+    """Cut a text longer than the model's window to fit it; off: refuse it (422), as
+    OpenAI does, rather than embed less than was sent without a word."""
+    encode_batch: int = Field(default=64, ge=1)
+    """Texts per forward pass: a batch of requests is encoded together in chunks of this."""
+
+
+class EmbedInput(JobInput):
+    input: list[str] = Field(min_length=1)
+    """The texts to embed (a single string is one text); a vector for each, in order."""
+    dimensions: int | None = Field(default=None, ge=1)
+    """Fewer dimensions per vector, where the pipeline's model allows it
+    (`options.truncate_dimensions`)."""
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _one_text(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    def check_limits(self, limits: Limits) -> None:
+        if len(self.input) > limits.embed_max_inputs:
+            raise over_limit("input", len(self.input), limits.embed_max_inputs, "texts")
+        for i, text in enumerate(self.input):
+            if not text:
+                raise InputError(f"input.{i}", "an empty text has no embedding")
+            if len(text) > limits.embed_max_chars:
+                raise over_limit(f"input.{i}", len(text), limits.embed_max_chars, "characters")
+
+    def check_pipeline(self, config: PipelineConfig) -> None:
+        options = config.options_as(EmbedOptions)
+        if self.dimensions is not None and not options.truncate_dimensions:
+            raise InputError(
+                "dimensions",
+                "this pipeline's model gives vectors of one length only "
+                "(options.truncate_dimensions is off)",
+            )
