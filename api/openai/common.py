@@ -4,7 +4,7 @@ away first)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -15,7 +15,8 @@ from api.errors import error_body
 from api.service import JobService
 from api.streaming import stream_job, until_disconnected
 from jobs.errors import InputError
-from jobs.models import Event, EventType, Job
+from jobs.models import Event, EventType, Job, JobCreate
+from jobs.states import JobStatus
 
 SSE_KEEPALIVE = b": keep-alive\n\n"
 
@@ -97,3 +98,24 @@ async def wait_for_end(request: Request, service: JobService, owner: str, job_id
         async for _ in events:
             pass
     return await service.get(owner, job_id)
+
+
+async def answer_when_ended(
+    request: Request,
+    service: JobService,
+    owner: str,
+    create: JobCreate,
+    params: Mapping[str, str],
+    answer: Callable[[Job], dict[str, Any]],
+) -> JSONResponse:
+    """Submit `create`, wait for the job's end (canceled if the client goes away first) and
+    answer `answer(job)`, or OpenAI's error for a job that did not succeed; a refused
+    submit names the request's field (`params`)."""
+    try:
+        job, _ = await service.submit(owner, create)
+    except InputError as exc:
+        raise renamed(exc, params) from None
+    job = await wait_for_end(request, service, owner, job.id)
+    if job.status is not JobStatus.SUCCEEDED:
+        return job_failure(job, params)
+    return JSONResponse(answer(job), headers={"X-Job-Id": job.id})

@@ -18,10 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import Owner
 from api.deps import Service
-from api.openai.common import job_failure, refuse_fields, renamed, wait_for_end
+from api.openai.common import answer_when_ended, refuse_fields
 from jobs.errors import InputError
 from jobs.models import Job, JobCreate
-from jobs.states import JobStatus
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -52,14 +51,10 @@ async def create_embeddings(
     inp: dict[str, Any] = {"model": body.model, "input": texts}
     if body.dimensions is not None:
         inp["dimensions"] = body.dimensions
-    try:
-        job, _ = await service.submit(owner, JobCreate(kind="embed", input=inp))
-    except InputError as exc:
-        raise renamed(exc, PARAMS) from None
-    job = await wait_for_end(request, service, owner, job.id)
-    if job.status is not JobStatus.SUCCEEDED:
-        return job_failure(job, PARAMS)
-    return JSONResponse(embeddings_response(job, body), headers={"X-Job-Id": job.id})
+    create = JobCreate(kind="embed", input=inp)
+    return await answer_when_ended(
+        request, service, owner, create, PARAMS, lambda job: embeddings_response(job, body)
+    )
 
 
 def embeddings_response(job: Job, body: EmbeddingRequest) -> dict[str, Any]:

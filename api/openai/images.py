@@ -21,10 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import Owner
 from api.deps import Service
-from api.openai.common import job_failure, refuse_fields, renamed, wait_for_end
+from api.openai.common import answer_when_ended, refuse_fields
 from jobs.errors import InputError
 from jobs.models import Job, JobCreate
-from jobs.states import JobStatus
 
 router = APIRouter(prefix="/v1/images", tags=["openai"])
 
@@ -70,14 +69,9 @@ async def create_image(
     """Images from a prompt (OpenAI's images.generate); answers once they are made."""
     refuse_fields(body.model_dump(include=set(NOT_CARRIED), exclude_none=True), NOT_CARRIED)
     create = JobCreate(kind="image", input=job_input(body))
-    try:
-        job, _ = await service.submit(owner, create)
-    except InputError as exc:
-        raise renamed(exc, PARAMS) from None
-    job = await wait_for_end(request, service, owner, job.id)
-    if job.status is not JobStatus.SUCCEEDED:
-        return job_failure(job, PARAMS)
-    return JSONResponse(images_response(job, body), headers={"X-Job-Id": job.id})
+    return await answer_when_ended(
+        request, service, owner, create, PARAMS, lambda job: images_response(job, body)
+    )
 
 
 def job_input(body: ImageGenerationRequest) -> dict[str, Any]:
