@@ -23,6 +23,7 @@ from starlette.datastructures import FormData, UploadFile
 from api.auth import Owner
 from api.deps import Service
 from api.openai.common import (
+    CLOSED,
     SSE_KEEPALIVE,
     ended_badly,
     failure_body,
@@ -91,7 +92,7 @@ too)."""
 class TranscriptionForm(BaseModel):
     """The form fields of a transcription or translation request (not the file)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=CLOSED)
 
     model: str = Field(min_length=1, max_length=256)
     language: str | None = None

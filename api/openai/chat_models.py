@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from api.openai.common import refuse_fields
+from api.openai.common import CLOSED, refuse_fields
 from jobs.errors import InputError
 
 NOT_YET = "mmq does not carry it to its LLM engines yet"
@@ -53,14 +53,14 @@ def refuse_extra(extra: dict[str, Any] | None, where: str = "") -> None:
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=CLOSED)
 
     type: str
     text: str | None = None
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=CLOSED)
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
@@ -95,7 +95,7 @@ class Sampling(BaseModel):
     """What chat and completion requests share; `n` must be 1. A field it does not define
     is kept aside (`model_extra`) and refused by `refuse_what_is_not_carried`."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=CLOSED)
 
     model: str = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(default=None, ge=1)

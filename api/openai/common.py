@@ -69,6 +69,11 @@ def job_failure(job: Job, params: Mapping[str, str]) -> JSONResponse:
     return failure_response(str(job.status), error, params, {"X-Job-Id": job.id})
 
 
+CLOSED: dict[str, Any] = {"additionalProperties": False}
+"""`json_schema_extra` of a request model that keeps what it does not define aside
+(`extra="allow"`) only to refuse it by name: its schema says no other field is taken."""
+
+
 def refuse_fields(extra: Mapping[str, Any] | None, why: Mapping[str, str], where: str = "") -> None:
     """InputError (422) for the first field in `extra`, what a request model took but does
     not define (pydantic's `model_extra`): an OpenAI field mmq does not carry (`why` says

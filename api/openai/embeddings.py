@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import Owner
 from api.deps import Service
-from api.openai.common import answer_when_ended, refuse_fields
+from api.openai.common import CLOSED, answer_when_ended, refuse_fields
 from jobs.errors import InputError
 from jobs.models import Job, JobCreate
 
@@ -30,7 +30,7 @@ NOT_CARRIED = {"user": "not carried"}
 
 
 class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=CLOSED)
 
     input: str | list[str] | list[int] | list[list[int]]
     model: str = Field(min_length=1, max_length=256)
