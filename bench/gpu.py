@@ -2,6 +2,8 @@
 
     python -m bench.gpu [--device cuda|cpu] [--quick] [--sections asr,image,tts,llm]
                         [--out-dir bench/results] [--models-dir DIR] [--vllm-bin PATH]
+                        [--set KEY=VALUE ...] [--asr-audio FILE] [--build-only]
+    python -m bench.gpu --write-asr-audio FILE
 
 It starts its own deployment (a private Redis, the API, and workers section by section,
 as the other benches do) and measures, on the same device:
@@ -38,8 +40,16 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_asr import AsrSection
-from bench.gpu_common import Context, Plan, Section, SectionResult, group_key, make_plan
+from bench.gpu_asr import AsrSection, clip
+from bench.gpu_common import (
+    Context,
+    Plan,
+    Section,
+    SectionResult,
+    group_key,
+    make_plan,
+    override,
+)
 from bench.gpu_deploy import Deployment
 from bench.gpu_image import ImageSection
 from bench.gpu_llm import LlmSection, vllm_bin
@@ -69,6 +79,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out-dir", type=Path, default=default_out)
     parser.add_argument("--models-dir", type=Path, help="where models are built and kept")
     parser.add_argument("--vllm-bin", help="`vllm` executable (default: on PATH)")
+    parser.add_argument(
+        "--asr-audio",
+        default="",
+        help="the ASR clip as an mp3, made ahead with --write-asr-audio (for a host without "
+        "Piper, the voice that speaks it)",
+    )
+    parser.add_argument(
+        "--write-asr-audio",
+        type=Path,
+        metavar="FILE",
+        help="write the ASR clip --device would use to FILE (mp3) and exit",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change one field of the plan (bench/gpu_common.py Plan), e.g. asr_requests=8 "
+        "or tts_instances=1,2,4; repeatable",
+    )
+    parser.add_argument(
+        "--build-only",
+        action="store_true",
+        help="build the sections' models into --models-dir and exit: a run started meanwhile "
+        "waits for a model being built, then uses it",
+    )
     args = parser.parse_args(argv)
     args.sections = [s for s in args.sections.split(",") if s]
     if unknown := set(args.sections) - set(SECTIONS):
@@ -148,6 +184,10 @@ def meta(args: argparse.Namespace, plan: Plan, sampler: Sampler, models: Models)
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.write_asr_audio:  # no device needed: the clip is spoken on the CPU
+        args.write_asr_audio.write_bytes(clip(make_plan(args.device, args.quick)))
+        print(f"wrote {args.write_asr_audio}")
+        return 0
     if args.device == "cuda" and (reason := nvml_reason()):
         print(
             f"bench.gpu: --device cuda, but {reason}. Run it on a GPU host, or "
@@ -155,8 +195,18 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    plan = make_plan(args.device, args.quick)
+    try:
+        plan = override(make_plan(args.device, args.quick, args.asr_audio), args.set)
+    except ValueError as exc:
+        print(f"bench.gpu: {exc}", file=sys.stderr)
+        return 2
     sampler = Sampler(make_probe(args.device))
+    if args.build_only:
+        models = plan_models(plan, args.models_dir, _free_gib(sampler))
+        for section in sections_of(args):
+            build(models, section.name)
+        print(f"bench.gpu: built {models.builds} in {args.models_dir}")
+        return 0
     sampler.start()
     try:
         models, results = run(args, plan, sampler)

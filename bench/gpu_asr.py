@@ -16,6 +16,7 @@ import asyncio
 import io
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -55,10 +56,8 @@ class AsrSection:
         return [({"asr": 1}, 0)]
 
     def run(self, ctx: Context) -> SectionResult:
-        from tests.support.audio import LONG, SHORT, spoken
-
         plan = ctx.plan
-        audio = spoken(LONG if plan.asr_long else SHORT, "mp3")
+        audio = clip(plan)
         samples = _decode(audio)
         duration_s = len(samples) / 16000
         result = SectionResult("asr")
@@ -132,6 +131,16 @@ def _row(path: str, traces: list[Trace], wall_s: float, duration_s: float) -> di
         "errors": sorted({t.error for t in traces if t.error})[:3],
         "batch_sizes": sorted({t.output.get("batch_size", 0) for t in ok}),
     }
+
+
+def clip(plan: Plan) -> bytes:
+    """The request's audio: `plan.asr_audio` where given (made ahead with `python -m
+    bench.gpu --write-asr-audio FILE` on a host that has Piper), else spoken here."""
+    if plan.asr_audio:
+        return Path(plan.asr_audio).read_bytes()
+    from tests.support.audio import LONG, SHORT, spoken
+
+    return spoken(LONG if plan.asr_long else SHORT, "mp3")
 
 
 def _decode(audio: bytes) -> Any:

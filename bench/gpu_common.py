@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from bench.common import percentile_ms
@@ -34,13 +34,16 @@ class Plan:
     llm_concurrency: int
     llm_max_tokens: int
     llm_prompt_words: int
+    asr_audio: str = ""
+    """An mp3 file of the ASR clip, made ahead (`--asr-audio`): a GPU host without Piper,
+    the voice the clip is spoken with, reads it instead."""
 
     @property
     def worker_device(self) -> str:
         return "gpu:0" if self.device == "cuda" else "cpu"
 
 
-def make_plan(device: str, quick: bool) -> Plan:
+def make_plan(device: str, quick: bool, asr_audio: str = "") -> Plan:
     """The CPU runs tiny models; `quick` sends fewer requests (CI, or a short GPU check)."""
     gpu = device == "cuda"
     return Plan(
@@ -60,7 +63,34 @@ def make_plan(device: str, quick: bool) -> Plan:
         llm_concurrency=4 if quick else 32,
         llm_max_tokens=16 if quick else 128,
         llm_prompt_words=20 if quick else 100,
+        asr_audio=asr_audio,
     )
+
+
+def override(plan: Plan, settings: Sequence[str]) -> Plan:
+    """`plan` with `KEY=VALUE` settings (`--set`) applied: an int, a bool (true/false) or
+    a comma-separated tuple of ints, as the field already holds; an unknown key or a value
+    of the wrong type raises ValueError naming it."""
+    changes: dict[str, Any] = {}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or key not in plan.__dataclass_fields__ or key in {"device"}:
+            raise ValueError(f"--set {setting}: expected KEY=VALUE with KEY a field of Plan")
+        current = getattr(plan, key)
+        try:
+            if isinstance(current, bool):
+                if value not in {"true", "false"}:
+                    raise ValueError(value)
+                changes[key] = value == "true"
+            elif isinstance(current, int):
+                changes[key] = int(value)
+            elif isinstance(current, tuple):
+                changes[key] = tuple(int(v) for v in value.split(","))
+            else:
+                changes[key] = value
+        except ValueError:
+            raise ValueError(f"--set {setting}: {key} takes a {type(current).__name__}") from None
+    return replace(plan, **changes)
 
 
 @dataclass

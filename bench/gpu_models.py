@@ -12,6 +12,7 @@ can load meanwhile.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import time
 from collections.abc import Callable
@@ -104,16 +105,26 @@ def _vits(path: Path, size: str) -> object:
 
 
 def build(models: Models, section: str) -> None:
-    """Build `section`'s model unless a finished build is there; record the time."""
+    """Build `section`'s model unless a finished build is there; record the time. A build
+    holds a lock beside the model, so that a run started while `--build-only` builds it
+    waits for that build and uses it."""
     if section not in models.builders:
         return
     path, label, builder = models.builders[section]
     marker = path / ".bench-built.json"
-    if marker.exists():
-        models.builds.append({"model": label, "built_s": None, "cached": True})
-        return
-    start = time.perf_counter()
-    builder(path)
-    built_s = time.perf_counter() - start
-    marker.write_text(json.dumps({"built_s": built_s}))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        waited = time.perf_counter()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        waited_s = time.perf_counter() - waited
+        if marker.exists():
+            built = json.loads(marker.read_text()).get("built_s")
+            models.builds.append(
+                {"model": label, "built_s": built, "cached": True, "waited_s": waited_s}
+            )
+            return
+        start = time.perf_counter()
+        builder(path)
+        built_s = time.perf_counter() - start
+        marker.write_text(json.dumps({"built_s": built_s}))
     models.builds.append({"model": label, "built_s": built_s, "cached": False})

