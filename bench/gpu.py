@@ -125,7 +125,7 @@ def sections_of(args: argparse.Namespace) -> list[Section]:
 
 def run(
     args: argparse.Namespace, plan: Plan, sampler: Sampler
-) -> tuple[Models, list[SectionResult]]:
+) -> tuple[Models, list[SectionResult], list[dict[str, Any]]]:
     sections = sections_of(args)
     models = plan_models(plan, args.models_dir, _free_gib(sampler))
     results: list[SectionResult] = []
@@ -143,8 +143,13 @@ def run(
                 ctx.prestarted[group_key(instances, first)] = group
         ctx.deployment.wait_api()
         with sampler.phase("loading"):
-            for group in ctx.prestarted.values():
-                ctx.deployment.wait_loaded(group)
+            for key, group in list(ctx.prestarted.items()):
+                try:
+                    ctx.deployment.wait_loaded(group)
+                except RuntimeError as exc:  # its section fails; the others run
+                    print(f"bench.gpu: {key} failed to load: {exc}", file=sys.stderr)
+                    ctx.failed_starts[key] = str(exc)[:2000]
+                    ctx.deployment.stop(ctx.prestarted.pop(key))
         for section in sections:
             print(f"bench.gpu: {section.name} at {sampler.now_s():.0f} s", flush=True)
             try:
@@ -152,7 +157,7 @@ def run(
             except Exception as exc:  # one section's failure is reported, the rest runs
                 traceback.print_exc()
                 results.append(SectionResult(section.name, skipped=f"failed: {exc!r}"[:500]))
-    return models, results
+    return models, results, ctx.checks
 
 
 def _free_gib(sampler: Sampler) -> float:
@@ -209,10 +214,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sampler.start()
     try:
-        models, results = run(args, plan, sampler)
+        models, results, checks = run(args, plan, sampler)
     finally:
         sampler.stop()
-    paths = write(args.out_dir, meta(args, plan, sampler, models), results, sampler)
+    paths = write(
+        args.out_dir, meta(args, plan, sampler, models) | {"checks": checks}, results, sampler
+    )
     print(paths["md"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     failed = [r.name for r in results if r.skipped.startswith("failed")]

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+import httpx
+
 from bench.common import percentile_ms
 from bench.gpu_deploy import Deployment, Workers
 from bench.gpu_nvml import NvmlProbe, Sampler, Usage
@@ -127,15 +129,26 @@ class Context:
     """`bench.gpu_models.Models`."""
     prestarted: dict[str, Workers] = field(default_factory=dict)
     """Worker groups started ahead (`--quick`: all at once, to save time), by key."""
+    failed_starts: dict[str, str] = field(default_factory=dict)
+    """Groups started ahead that failed to load, by key: why (their sections fail alone)."""
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    """`Deployment.check` of each group once loaded: devices, pinning, GPU metrics."""
 
     def workers(self, instances: dict[str, int], first: int = 0) -> Workers:
         """The loaded workers of `instances`, numbered from `first` (started here unless
         started ahead)."""
-        group = self.prestarted.pop(group_key(instances, first), None)
+        key = group_key(instances, first)
+        if key in self.failed_starts:
+            raise RuntimeError(self.failed_starts[key])
+        group = self.prestarted.pop(key, None)
         if group is None:
             group = self.deployment.start(instances, first)
         with self.sampler.phase("loading"):
             self.deployment.wait_loaded(group)
+        try:
+            self.checks.append({"group": key} | self.deployment.check(group))
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            self.checks.append({"group": key, "error": repr(exc)})
         return group
 
     def stop(self, group: Workers) -> None:

@@ -10,6 +10,7 @@ start to then is its load-and-warm time (process start and imports included).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -27,8 +28,10 @@ import redis
 
 from bench.common import check_alive, child_env, wait_healthy
 from common.procs import free_port
+from host.devices import discover
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.redis_server import RedisServer
+from host.up import pinned_env
 from jobs import keys
 
 LOAD_TIMEOUT_S = 900.0
@@ -95,6 +98,15 @@ class Workers:
         return [pid for root in roots for pid in _tree(root)]
 
 
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {k: v for k, _, v in pairs}
+
+
 def _tree(pid: int) -> list[int]:
     found = [pid]
     for task in Path(f"/proc/{pid}/task").glob("*/children"):
@@ -119,6 +131,7 @@ class Deployment:
         config = self.tmp / "mmq.toml"
         config.write_text("\n".join(toml_tables(f"pipelines.{n}", t) for n, t in pipelines.items()))
         self.pipelines = pipelines
+        self.topology = discover()
         port = free_port()
         self.api_url = f"http://127.0.0.1:{port}"
         self.env = child_env(config, server.url, self.tmp / "data") | {
@@ -150,11 +163,14 @@ class Deployment:
         `first`."""
         specs = []
         for name, count in instances.items():
-            # A CPU worker sees no GPU, as the launcher would pin it.
-            env = {"CUDA_VISIBLE_DEVICES": ""} if self.pipelines[name]["device"] == "cpu" else {}
+            # Pinned as `mmq up` pins: CUDA_VISIBLE_DEVICES is the device's UUID (NVML).
+            where = self.pipelines[name]["device"]
+            device = self.topology.get(where)
+            if device is None:
+                raise RuntimeError(f"{name}: device {where} not found ({self.topology.note})")
             for i in range(first, first + count):
                 argv = mmq_command("worker", "--pipeline", name, "--instance", str(i))
-                specs.append(ProcSpec(f"{name}#{i}", argv, env))
+                specs.append(ProcSpec(f"{name}#{i}", argv, pinned_env(device)))
         supervisor = Supervisor(specs, base_env=self.env)
         self.supervisors.append(supervisor)
         log = self.tmp / "logs" / f"{'+'.join(instances)}.log"
@@ -184,6 +200,37 @@ class Deployment:
                     f"their log ends with:\n{tail(workers.log)}"
                 )
             time.sleep(0.1)
+
+    def check(self, workers: Workers) -> dict[str, Any]:
+        """What the deployment says of the group's workers, as an operator would look:
+        each worker's device and pinning (its CUDA_VISIBLE_DEVICES), the devices with
+        their last NVML reading (the admin overview) and `/metrics`' GPU series."""
+        get = functools.partial(httpx.get, timeout=30, trust_env=False)
+        overview = get(f"{self.api_url}/v1/admin/overview").json()
+        metrics = get(f"{self.api_url}/metrics").text
+        pinned: dict[str, str | None] = {}
+        for child in workers.supervisor.children:
+            if child.process is not None:
+                pinned[child.spec.name] = _environ(child.process.pid).get("CUDA_VISIBLE_DEVICES")
+        ours = {
+            f"{p}-{i}"
+            for p, n in workers.instances.items()
+            for i in range(workers.first, workers.first + n)
+        }
+        return {
+            "workers": [
+                {
+                    "name": w["name"],
+                    "device": w["device"],
+                    "cuda_visible_devices": pinned.get(f"{w['pipeline']}#{w['instance']}"),
+                    "up": w["up"],
+                }
+                for w in overview["workers"]
+                if w["name"].split("@", 1)[0] in ours
+            ],
+            "devices": overview.get("devices", []),
+            "gpu_metrics": [line for line in metrics.splitlines() if line.startswith("mmq_gpu_")],
+        }
 
     def _registered(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -84,10 +84,32 @@ def report_markdown(meta: dict[str, Any], results: list[SectionResult], sampler:
         "\nload+warm: from the worker's start (process, imports, load, warm-up) to its "
         "registration; in process: load and one warm-up call.\n\n"
     )
+    text += checks_markdown(meta.get("checks", []))
     text += f"## {sampler.probe.kind.upper()} utilisation\n\n![utilisation](gpu-util.png)\n\n"
     text += markdown_table(["phase", "seconds", "busy_pct", "mem_mib"], phase_rows(sampler))
     text += f"\n{meta['busy_note']}\n"
     return text
+
+
+def checks_markdown(checks: list[dict[str, Any]]) -> str:
+    """Each worker's device and pinning, the devices the workers report, and the GPU
+    series of `/metrics`, as read once each group had loaded."""
+    if not checks:
+        return ""
+    text = "## Deployment: devices, pinning, metrics\n\n"
+    workers = [w | {"group": c["group"]} for c in checks for w in c.get("workers", [])]
+    text += markdown_table(["group", "name", "device", "cuda_visible_devices", "up"], workers)
+    devices = {d.get("uuid") or d.get("device"): d for c in checks for d in c.get("devices", [])}
+    if devices:
+        text += "\n" + markdown_table(
+            ["device", "uuid", "name", "utilization", "memory_used_bytes", "memory_total_bytes"],
+            list(devices.values()),
+        )
+    metrics = list(dict.fromkeys(m for c in checks for m in c.get("gpu_metrics", [])))
+    if metrics:
+        text += "\n`/metrics`, the GPU series:\n\n```\n" + "\n".join(metrics[:12]) + "\n```\n"
+    text += "".join(f"\n{c['group']}: check failed: {c['error']}\n" for c in checks if "error" in c)
+    return text + "\n"
 
 
 def phase_rows(sampler: Sampler) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import typer
 from redis.exceptions import RedisError
 
-from host.devices import Topology, discover
+from host.devices import Device, Topology, discover
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.placement import Assignment, Plan, load_placement, plan_placement
 from host.redis_server import RedisServer
@@ -62,15 +62,21 @@ class StartReasons:
         return None
 
 
+def pinned_env(device: Device) -> dict[str, str]:
+    """The environment that pins a worker to `device` alone (no GPU for the CPU)."""
+    env = {"CUDA_VISIBLE_DEVICES": device.visible_devices}
+    if device.kind != "cpu":
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return env
+
+
 def worker_spec(a: Assignment, extra: list[str], reasons: StartReasons | None = None) -> ProcSpec:
     knobs = [f"--{k.replace('_', '-')}={v}" for k, v in a.overrides.items()]
     argv = mmq_command(
         "worker", "--pipeline", a.pipeline, "--instance", str(a.instance),
         "--device", a.device.id, *knobs, *extra,
     )  # fmt: skip
-    env = {"CUDA_VISIBLE_DEVICES": a.device.visible_devices}
-    if a.device.kind != "cpu":
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env = pinned_env(a.device)
     why = reasons.for_pipeline(a.pipeline) if reasons is not None else None
     return ProcSpec(f"worker {a.pipeline}#{a.instance} on {a.device.id}", argv, env, why)
 
