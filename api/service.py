@@ -62,6 +62,24 @@ def body_hash(body: JobCreate) -> str:
     return hashlib.sha256(dumps(body.model_dump(mode="json")).encode()).hexdigest()
 
 
+def deadline_of(body: JobCreate, pipeline_max_queue_s: float | None, now: float) -> float | None:
+    """The job's deadline (unix seconds): the earlier of the request's `deadline` and its
+    `max_queue_s` from now (the pipeline's where the request gives none); None for none.
+    InputError for a deadline already past, or `cancel_at_deadline` without a deadline."""
+    found = []
+    if body.deadline is not None:
+        at = body.deadline.timestamp()
+        if at <= now:
+            raise InputError("deadline", "is in the past")
+        found.append(at)
+    wait_s = body.max_queue_s if body.max_queue_s is not None else pipeline_max_queue_s
+    if wait_s is not None:
+        found.append(now + wait_s)
+    if body.cancel_at_deadline and not found:
+        raise InputError("cancel_at_deadline", "needs a deadline or max_queue_s")
+    return min(found) if found else None
+
+
 class JobService:
     def __init__(
         self,
@@ -112,6 +130,7 @@ class JobService:
         if body.webhook is not None:
             await self._check_webhook(body.webhook.url)
         now = time.time()
+        deadline = deadline_of(body, self.settings.pipelines[pipeline].max_queue_s, now)
         job = Job(
             id=job_id or new_job_id(),
             kind=body.kind,
@@ -124,6 +143,8 @@ class JobService:
             webhook=body.webhook,
             created_at=now,
             queued_at=now,
+            deadline=deadline,
+            cancel_at_deadline=body.cancel_at_deadline,
         )
         digest = body_hash(body) if idempotency_key else ""
         result = await self._store.submit(
@@ -233,7 +254,8 @@ class JobService:
 
     async def retry(self, owner: str, job_id: str) -> Job:
         """A new job of `owner` with the ended job's kind, input, priority, metadata and
-        webhook (validated and routed again, as any submit). Conflict while it has not
+        webhook (validated and routed again, as any submit; a deadline is not carried
+        over: the pipeline's `max_queue_s` applies). Conflict while it has not
         ended; QueueFull as a submit."""
         job = await self.get(owner, job_id)
         if not job.status.terminal:

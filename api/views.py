@@ -40,6 +40,10 @@ class JobView(BaseModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    deadline: datetime | None = None
+    """After it, a queued job ends `expired` (and a running one is canceled where
+    `cancel_at_deadline`)."""
+    cancel_at_deadline: bool = False
     urls: JobUrls
 
 
@@ -71,6 +75,8 @@ def job_view(job: Job, base_url: str) -> JobView:
         created_at=created,
         started_at=iso(job.started_at),
         finished_at=iso(job.finished_at),
+        deadline=iso(job.deadline),
+        cancel_at_deadline=job.cancel_at_deadline,
         urls=JobUrls(
             self=path,
             cancel=f"{path}/cancel",

@@ -4,9 +4,10 @@ A running job whose lease expired (its worker died or hung) goes back to `queued
 its new task message pushed by the same script, within about `lease.ttl_s +
 lease.reaper_interval_s`. Past `lease.max_attempts` runs it ends `failed` with the reason
 instead of looping. It forgets the liveness entries of workers silent for
-`DEAD_WORKER_BEATS` heartbeats (a killed worker never says goodbye), and gives a task
-message back to queued jobs that lack one (`cluster/stranded.py`). Several reapers may
-run at once: each change is a guarded atomic script.
+`DEAD_WORKER_BEATS` heartbeats (a killed worker never says goodbye), gives a task message
+back to queued jobs that lack one (`cluster/stranded.py`), and enforces the deadlines that
+have passed (`expire`). Several reapers may run at once: each change is a guarded atomic
+script.
 """
 
 from __future__ import annotations
@@ -76,6 +77,27 @@ class Reaper:
             return operations.fail_lost(job, error)
         return operations.requeue_lost(job, job_message(self.app, job))
 
+    def expire(self) -> int:
+        """Enforce the deadlines that have passed: a queued job ends `expired` (which frees
+        its place under the 429 bound; its task message is dropped when a worker takes
+        it), and a running one that asked for it (`cancel_at_deadline`) is asked to stop
+        (its worker ends it `canceled`). Returns how many it acted on."""
+        handled = 0
+        for job_id in self.store.past_deadline():
+            job = self.store.get(job_id)
+            if job is not None and job.status is JobStatus.QUEUED:
+                if self.store.apply(operations.expire(job)).ok:
+                    handled += 1
+                    log.info("job %s: deadline passed in the queue: expired", job_id)
+                continue  # refused: it started meanwhile; the next sweep sees it running
+            if job is not None and job.status is JobStatus.RUNNING and job.cancel_at_deadline:
+                self.store.request_cancel(job_id)
+                handled += 1
+                log.info("job %s: deadline passed while running: cancel requested", job_id)
+            # Ended, gone, running without a cancel asked for, or asked to stop: done here.
+            self.store.r.zrem(keys.DEADLINES, job_id)
+        return handled
+
     def resend(self) -> int:
         """Give a task message back to queued jobs that lack one; returns how many. Looks
         for missing ones every `MISSING_SWEEP_EVERY` calls."""
@@ -97,6 +119,7 @@ class Reaper:
         while not stop.wait(self.settings.lease.reaper_interval_s):
             try:
                 self.sweep()
+                self.expire()
                 self.resend()
                 self.forget_dead_workers()
             except FAILOVER_ERRORS as exc:  # Redis down or failing over: no traceback

@@ -10,7 +10,10 @@ import orjson
 from jobs.models import Event, EventType, Job
 
 _JSON_FIELDS = ("input", "output", "error", "metadata", "extra_timings", "webhook", "batch")
-_FLOAT_FIELDS = ("created_at", "queued_at", "started_at", "first_output_at", "finished_at")
+_FLOAT_FIELDS = (
+    "created_at", "queued_at", "started_at", "first_output_at", "finished_at", "deadline",
+)  # fmt: skip
+_BOOL_FIELDS = ("cancel_requested", "cancel_at_deadline")
 
 
 def dumps(value: Any) -> str:
@@ -24,7 +27,7 @@ def job_to_fields(job: Job) -> dict[str, str]:
     for key, value in raw.items():
         if key in _JSON_FIELDS:
             out[key] = "" if value is None else dumps(value)
-        elif key == "cancel_requested":
+        elif key in _BOOL_FIELDS:
             out[key] = "1" if value else "0"
         else:
             out[key] = "" if value is None else str(value)
@@ -38,7 +41,7 @@ def job_from_fields(fields: dict[str, str]) -> Job:
             data[key] = orjson.loads(value) if value else None
         elif key in _FLOAT_FIELDS:
             data[key] = float(value) if value else None
-        elif key == "cancel_requested":
+        elif key in _BOOL_FIELDS:
             data[key] = value == "1"
         elif key == "attempts":
             data[key] = int(value)

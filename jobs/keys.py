@@ -19,6 +19,11 @@ CANCEL_CHANNEL = f"{PREFIX}:cancel"
 RUNNING = f"{PREFIX}:running"
 """Sorted set: running job ids scored by their lease deadline (unix seconds)."""
 
+DEADLINES = f"{PREFIX}:deadlines"
+"""Sorted set: ids of jobs with a deadline that is still to be enforced, scored by it
+(unix seconds): queued ones (they expire) and running ones that asked to be canceled at
+it (`cancel_at_deadline`). The transition script keeps it; the reaper sweeps it."""
+
 WORKERS = f"{PREFIX}:workers"
 """Sorted set: worker names scored by their last heartbeat (unix seconds)."""
 

@@ -41,9 +41,13 @@ end
 # Lease deadlines are Redis's time, never a worker's: a host whose clock is off must not
 # get its jobs reaped early or late (the reaper compares them with Redis's time too).
 _DEADLINE = """
-local function deadline_after(ttl_ms)
+local function now_s()
   local now = redis.call('TIME')
-  return tonumber(now[1]) + tonumber(now[2]) / 1e6 + tonumber(ttl_ms) / 1000
+  return tonumber(now[1]) + tonumber(now[2]) / 1e6
+end
+
+local function deadline_after(ttl_ms)
+  return now_s() + tonumber(ttl_ms) / 1000
 end
 """
 
@@ -52,10 +56,10 @@ SUBMIT = (
     + PUSH_MESSAGE_LUA
     + """
 -- KEYS: job, owner index, queued set, idempotency key, events stream, task list, counter,
---   index of every owner's jobs
+--   index of every owner's jobs, deadlines
 -- ARGV[1]: JSON {job_id, max_queued, score, idem_ttl_s, idem_value ('' for none), maxlen,
 --   channel, event (JSON text), ts, message ('' for none), counter_field ('' for none),
---   fields: the job's fields as [name, value, ...]}
+--   deadline (unix seconds, '' for none), fields: the job's fields as [name, value, ...]}
 local a = cjson.decode(ARGV[1])
 -- Sent again after its connection broke (see jobs.redis_client.RESEND_ON_BROKEN): the
 -- first run made the job; a second message or queued event would be a duplicate.
@@ -70,6 +74,7 @@ redis.call('HSET', KEYS[1], unpack(a.fields))
 redis.call('ZADD', KEYS[2], a.score, a.job_id)
 redis.call('ZADD', KEYS[8], a.score, a.job_id)
 redis.call('SADD', KEYS[3], a.job_id)
+if a.deadline ~= '' then redis.call('ZADD', KEYS[9], a.deadline, a.job_id) end
 if a.idem_value ~= '' then redis.call('SET', KEYS[4], a.idem_value, 'EX', a.idem_ttl_s) end
 local id = announce(a.channel, KEYS[5], a.maxlen, a.job_id, 'status', a.event, a.ts, nil)
 if a.counter_field ~= '' then redis.call('HINCRBY', KEYS[7], a.counter_field, 1) end
@@ -82,7 +87,7 @@ TRANSITION = (
     + _DEADLINE
     + PUSH_MESSAGE_LUA
     + """
--- KEYS: job, events stream, lease, running zset, queued set, task list
+-- KEYS: job, events stream, lease, running zset, queued set, task list, deadlines zset
 -- ARGV[1]: JSON {job_id, sources: [status, ...], target, now, lease_mode, lease_token,
 --   lease_ttl_ms, end_ttl_s (0: not an end), maxlen, channel, ends_channel, event (JSON
 --   text), pre_event_type ('' for none: an output or error event written just before the
@@ -90,10 +95,12 @@ TRANSITION = (
 --   fields: {name: value}, message: a task message to push on the task list ('' for none),
 --   hold: true to return the notices instead of publishing them}
 -- Returns {'ok', event id, pre-event id, held notices (JSON [[channel, message], ...] or
--- ''), read-back values...} or {reason, status}.
+-- ''), read-back values...} or {reason, status}. A start ('acquire') is refused with
+-- 'expired' once the job's deadline has passed (Redis's time): it must never run.
 local a = cjson.decode(ARGV[1])
 if a.hold then held = {} end
-local current = redis.call('HMGET', KEYS[1], 'status', 'cancel_requested')
+local current = redis.call('HMGET', KEYS[1], 'status', 'cancel_requested', 'deadline',
+                           'cancel_at_deadline')
 local status = current[1]
 if not status then return {'missing', ''} end
 local allowed = false
@@ -108,6 +115,9 @@ elseif mode == 'absent' then
   if redis.call('EXISTS', KEYS[3]) == 1 then return {'lease', status} end
 elseif mode == 'acquire' then
   if current[2] == '1' then return {'canceled', status} end
+  if current[3] and current[3] ~= '' and now_s() > tonumber(current[3]) then
+    return {'expired', status}
+  end
   if not redis.call('SET', KEYS[3], a.lease_token, 'NX', 'PX', a.lease_ttl_ms) then
     return {'lease', status}
   end
@@ -143,6 +153,16 @@ else
   redis.call('SREM', KEYS[5], a.job_id)
   redis.call('ZREM', KEYS[4], a.job_id)
   if mode == 'check' then redis.call('DEL', KEYS[3]) end
+end
+-- A deadline is watched while the job waits, and while it runs if it asked to be
+-- canceled at it; the reaper sweeps the set.
+local deadline = current[3]
+if deadline and deadline ~= '' then
+  if target == 'queued' or (target == 'running' and current[4] == '1') then
+    redis.call('ZADD', KEYS[7], deadline, a.job_id)
+  else
+    redis.call('ZREM', KEYS[7], a.job_id)
+  end
 end
 if ttl then redis.call('EXPIRE', KEYS[1], ttl) end
 local id, notice = announce(a.channel, KEYS[2], a.maxlen, a.job_id, 'status', a.event, a.now,

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
-from jobs.settings import Priority
+from jobs.settings import MAX_QUEUE_S, Priority
 from jobs.states import JobStatus, ends_job
 from jobs.webhooks import EVENT_CHOICES
 
@@ -125,6 +125,14 @@ class JobCreate(BaseModel):
     priority: Priority = "normal"
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
     webhook: WebhookSpec | None = None
+    deadline: AwareDatetime | None = None
+    """When the answer is no longer wanted (RFC 3339 with a zone, or unix seconds): a job
+    still queued then ends `expired` and never runs."""
+    max_queue_s: float | None = Field(default=None, gt=0, le=MAX_QUEUE_S)
+    """The same, as seconds from now: the longest the job may wait for a worker (the
+    pipeline's `max_queue_s` where not given). With `deadline` too, the earlier wins."""
+    cancel_at_deadline: bool = False
+    """A job still running at its deadline is canceled too (its partial outputs stay)."""
 
 
 class Job(BaseModel):
@@ -154,6 +162,9 @@ class Job(BaseModel):
     """The worker of its last run (`pipeline-instance@host.pid`)."""
     batch: BatchInfo | None = None
     """The batch its last run ended in, where a worker ran it."""
+    deadline: float | None = None
+    """Unix seconds after which it is not run (`JobCreate.deadline`, `max_queue_s`)."""
+    cancel_at_deadline: bool = False
 
     @property
     def timings(self) -> Timings:

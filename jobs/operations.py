@@ -6,6 +6,7 @@ transition script, with its source states and its lease rule inside.
 | `start` | queued -> running | taken (`acquire`): no live lease of another run |
 | `succeed`, `fail`, `cancel_running` | running -> the end | held (`check`): only its run ends it |
 | `cancel_queued` | queued -> canceled | none (no run exists) |
+| `expire`, `expire_by_id` | queued -> expired | none (its deadline passed: it never runs) |
 | `requeue_lost`, `fail_lost` | running -> queued / failed | gone (`absent`): its worker was lost |
 | `answer_from_cache` | queued -> running -> succeeded | a lease of its own for the two steps |
 
@@ -66,6 +67,36 @@ def cancel_queued_by_id(job_id: str, kind: str) -> Transition:
     )
 
 
+DEADLINE_PASSED = {"reason": "deadline"}
+"""The data of an `expired` status event, and of the `canceled` one of a job canceled at
+its deadline (`cancel_at_deadline`)."""
+
+
+def expire(job: Job) -> Transition:
+    """End a queued job whose deadline has passed: it never runs (the reaper's sweep)."""
+    return transition(
+        job,
+        JobStatus.EXPIRED,
+        sources=QUEUED,
+        fields={"finished_at": _now()},
+        event_data=DEADLINE_PASSED,
+    )
+
+
+def expire_by_id(job_id: str, kind: str) -> Transition:
+    """`expire` for a job known by its id alone (a worker whose start was refused because
+    the deadline had passed); the script reads the job back for its webhook."""
+    return Transition(
+        job_id=job_id,
+        target=JobStatus.EXPIRED,
+        sources=QUEUED,
+        fields={"finished_at": _now()},
+        event_data=DEADLINE_PASSED,
+        kind=kind,
+        read_back=ALL_FIELDS,
+    )
+
+
 def succeed(
     job: Job, lease: Lease, output: dict[str, Any], fields: dict[str, str] | None = None
 ) -> Transition:
@@ -88,9 +119,13 @@ def fail(
     return replace(change, event_data={"error": error})
 
 
-def cancel_running(job: Job, lease: Lease, fields: dict[str, str] | None = None) -> Transition:
-    """The run holding `lease` stopped on a cancel: the job ends canceled."""
-    return _end(job, JobStatus.CANCELED, lease, fields or {}, None)
+def cancel_running(
+    job: Job, lease: Lease, fields: dict[str, str] | None = None, *, at_deadline: bool = False
+) -> Transition:
+    """The run holding `lease` stopped on a cancel: the job ends canceled (`at_deadline`:
+    the cancel was its deadline's, and the status event says so)."""
+    change = _end(job, JobStatus.CANCELED, lease, fields or {}, None)
+    return replace(change, event_data=DEADLINE_PASSED) if at_deadline else change
 
 
 def requeue_lost(job: Job, message: TaskMessage) -> Transition:

@@ -216,6 +216,10 @@ class NetSettings(BaseModel):
 OptionsT = TypeVar("OptionsT", bound=BaseModel)
 
 
+MAX_QUEUE_S = 7 * 86400.0
+"""The longest `max_queue_s` a job or a pipeline may ask for: a week."""
+
+
 class PipelineConfig(BaseModel):
     """One pipeline: a model behind a kind, with its batching knobs and workers."""
 
@@ -246,6 +250,9 @@ class PipelineConfig(BaseModel):
     memory_gb: float | None = Field(default=None, gt=0)
     """Device memory (GiB) one worker needs, for placement; unset: estimated from the
     model's files (parameters x dtype x 1.2)."""
+    max_queue_s: float | None = Field(default=None, gt=0, le=MAX_QUEUE_S)
+    """The longest its jobs wait for a worker unless the request says (`max_queue_s`,
+    `deadline`): past it a queued job ends `expired`. Unset: as long as it takes."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Pipeline-specific options."""
 

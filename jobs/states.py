@@ -4,7 +4,8 @@
 queued ──> running ──> succeeded | failed | canceled
   │  ^         │
   │  └─────────┘  (only the reaper, taking a dead worker's job back)
-  └──> canceled
+  ├──> canceled
+  └──> expired    (its deadline passed before it ran: it never runs)
 ```
 
 Every status change goes through `check_transition`; the store writes it atomically. A
@@ -26,22 +27,24 @@ class JobStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELED = "canceled"
+    EXPIRED = "expired"
 
     @property
     def terminal(self) -> bool:
         return self in TERMINAL
 
 
-TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED})
+TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED, JobStatus.EXPIRED})
 
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELED}),
+    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELED, JobStatus.EXPIRED}),
     JobStatus.RUNNING: frozenset(
         {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED, JobStatus.QUEUED}
     ),
     JobStatus.SUCCEEDED: frozenset(),
     JobStatus.FAILED: frozenset(),
     JobStatus.CANCELED: frozenset(),
+    JobStatus.EXPIRED: frozenset(),
 }
 
 

@@ -59,7 +59,7 @@ class TransitionResult:
     ok: bool
     reason: str = ""
     pre_event_id: str = ""
-    """On failure: `missing`, `status`, `lease` or `canceled`."""
+    """On failure: `missing`, `status`, `lease`, `canceled` or `expired`."""
     status: str = ""
     """On failure: the status the job had."""
     event_id: str = ""
@@ -144,6 +144,7 @@ class Transition:
             keys.RUNNING,
             keys.queued(self.kind),
             self.message.list_key if self.message else keys.job(self.job_id) + ":unused",
+            keys.DEADLINES,
         ]
         change = {
             "job_id": self.job_id,
@@ -398,6 +399,18 @@ class JobStore:
         now = self.server_time()
         return text_list(self.r.zrangebyscore(keys.RUNNING, "-inf", now, start=0, num=limit))
 
+    def past_deadline(self, limit: int = 100) -> list[str]:
+        """Ids of jobs whose deadline has passed (Redis's time), still to be enforced."""
+        now = self.server_time()
+        return text_list(self.r.zrangebyscore(keys.DEADLINES, "-inf", now, start=0, num=limit))
+
+    def request_cancel(self, job_id: str) -> None:
+        """Ask the worker running the job to stop it (as `AsyncJobStore.request_cancel`)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(keys.job(job_id), "cancel_requested", "1")
+        pipe.publish(keys.CANCEL_CHANNEL, job_id)
+        pipe.execute()
+
     def cancel_requested(self, job_ids: list[str]) -> set[str]:
         if not job_ids:
             return set()
@@ -464,6 +477,7 @@ class AsyncJobStore:
             message.list_key if message else unused,
             counter[0] if counter else unused,
             keys.ALL_JOBS,
+            keys.DEADLINES,
         ]
         submit = {
             "job_id": job.id,
@@ -477,6 +491,7 @@ class AsyncJobStore:
             "ts": repr(job.created_at),
             "message": message.envelope if message else "",
             "counter_field": counter[1] if counter else "",
+            "deadline": repr(job.deadline) if job.deadline is not None else "",
             "fields": flat_pairs(job_to_fields(job)),
         }
         (outcome, value), confirmed = await self._durably(self._submit, key_list, [dumps(submit)])

@@ -17,7 +17,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -50,6 +50,15 @@ def _check(response: httpx.Response) -> JobDict:
     return dict(response.json())
 
 
+class Deadline(TypedDict, total=False):
+    """A job's deadline fields (see `JobCreate`): unset ones are not sent."""
+
+    deadline: float | str | None
+    """Unix seconds, or RFC 3339 with a zone."""
+    max_queue_s: float | None
+    cancel_at_deadline: bool
+
+
 def _submit_request(
     kind: str,
     input: dict[str, Any],
@@ -57,10 +66,12 @@ def _submit_request(
     metadata: dict[str, str] | None,
     idempotency_key: str | None,
     wait_s: float | None,
+    deadline: Deadline,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     body: dict[str, Any] = {"kind": kind, "input": input, "priority": priority}
     if metadata:
         body["metadata"] = metadata
+    body |= {k: v for k, v in deadline.items() if v not in (None, False)}
     headers = {}
     if idempotency_key:
         headers["Idempotency-Key"] = idempotency_key
@@ -117,9 +128,11 @@ class Client:
     def submit(
         self, kind: str, input: dict[str, Any], *, priority: str = "normal",
         metadata: dict[str, str] | None = None, idempotency_key: str | None = None,
-        wait_s: float | None = None,
+        wait_s: float | None = None, **deadline: Unpack[Deadline],
     ) -> JobDict:  # fmt: skip
-        body, headers = _submit_request(kind, input, priority, metadata, idempotency_key, wait_s)
+        body, headers = _submit_request(
+            kind, input, priority, metadata, idempotency_key, wait_s, deadline
+        )
         return _check(self.http.post("/v1/jobs", json=body, headers=headers))
 
     def get(self, job_id: str) -> JobDict:
@@ -187,9 +200,11 @@ class AsyncClient:
     async def submit(
         self, kind: str, input: dict[str, Any], *, priority: str = "normal",
         metadata: dict[str, str] | None = None, idempotency_key: str | None = None,
-        wait_s: float | None = None,
+        wait_s: float | None = None, **deadline: Unpack[Deadline],
     ) -> JobDict:  # fmt: skip
-        body, headers = _submit_request(kind, input, priority, metadata, idempotency_key, wait_s)
+        body, headers = _submit_request(
+            kind, input, priority, metadata, idempotency_key, wait_s, deadline
+        )
         return _check(await self.http.post("/v1/jobs", json=body, headers=headers))
 
     async def get(self, job_id: str) -> JobDict:

@@ -25,7 +25,7 @@ from host.devices import read_usage
 from tuning.slo import Slo, meets_all, percentile
 from tuning.workload import Level, schedule
 
-TERMINAL = frozenset({"succeeded", "failed", "canceled"})
+TERMINAL = frozenset({"succeeded", "failed", "canceled", "expired"})
 FIRST_OUTPUT_METRICS = ("ttft", "first_audio", "first_segment", "first_step")
 REPORTED = ("e2e", "queue_wait", *FIRST_OUTPUT_METRICS, "tpot")
 WAIT_S = 60

@@ -8,6 +8,8 @@ never ends twice with two different results.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -58,6 +60,8 @@ class JobRunner:
         if not started.ok:
             if started.reason == "canceled":
                 self._end_canceled_in_queue(job_id)
+            elif started.reason == "expired":  # its deadline passed in the queue
+                self.store.apply(operations.expire_by_id(job_id, self.kind))
             return f"dropped:{started.status if started.reason == 'status' else started.reason}"
         job = job_from_fields(started.read_back)
         # The script refused a job whose cancel was requested before; a request from
@@ -116,7 +120,8 @@ class JobRunner:
                 ran_in["extra_timings"] = dumps(outcome.timings)
             self._end(job, operations.succeed(job, lease, outcome.output or {}, ran_in))
         elif outcome.status == "canceled":
-            self._end(job, operations.cancel_running(job, lease, ran_in))
+            at_deadline = job.cancel_at_deadline and time.time() >= (job.deadline or math.inf)
+            self._end(job, operations.cancel_running(job, lease, ran_in, at_deadline=at_deadline))
         elif outcome.status == "lost":
             log.warning(
                 "job %s: backend lost (%s); it goes back to the queue", job.id, outcome.error

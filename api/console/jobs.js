@@ -4,7 +4,7 @@ import { html, useEffect, useRef, useState } from "./vendor/preact-htm.mjs";
 import { api, followJob, ms, TERMINAL, when } from "./lib.js";
 import { Output } from "./output.js";
 
-const STATUSES = ["", "queued", "running", "succeeded", "failed", "canceled"];
+const STATUSES = ["", "queued", "running", "succeeded", "failed", "canceled", "expired"];
 const KIND_NAMES = ["", "asr", "tts", "image", "llm"];
 
 export function StatusBadge({ status }) {

@@ -128,7 +128,7 @@ export async function upload(file) {
   return api("/v1/files", { method: "POST", form });
 }
 
-export const TERMINAL = new Set(["succeeded", "failed", "canceled"]);
+export const TERMINAL = new Set(["succeeded", "failed", "canceled", "expired"]);
 
 export function ago(seconds) {
   if (seconds == null) return "";

@@ -25,6 +25,7 @@ from api.deps import Service
 from api.openai.common import (
     CLOSED,
     SSE_KEEPALIVE,
+    Deadline,
     ended_badly,
     failure_body,
     job_failure,
@@ -126,23 +127,29 @@ class TranscriptionForm(BaseModel):
 
 
 @router.post("/transcriptions", responses={413: {}, 422: {}, 429: {}}, openapi_extra=UPLOAD_BODY)
-async def create_transcription(request: Request, owner: Owner, service: Service) -> Response:
+async def create_transcription(
+    request: Request, owner: Owner, service: Service, deadline: Deadline
+) -> Response:
     """Speech to text in the audio's language (OpenAI's audio.transcriptions.create)."""
-    return await _transcribe(request, service, owner, "transcribe")
+    return await _transcribe(request, service, owner, "transcribe", deadline)
 
 
 @router.post("/translations", responses={413: {}, 422: {}, 429: {}}, openapi_extra=UPLOAD_BODY)
-async def create_translation(request: Request, owner: Owner, service: Service) -> Response:
+async def create_translation(
+    request: Request, owner: Owner, service: Service, deadline: Deadline
+) -> Response:
     """Speech to English text (OpenAI's audio.translations.create)."""
-    return await _transcribe(request, service, owner, "translate")
+    return await _transcribe(request, service, owner, "translate", deadline)
 
 
-async def _transcribe(request: Request, service: JobService, owner: str, task: str) -> Response:
+async def _transcribe(
+    request: Request, service: JobService, owner: str, task: str, deadline: dict[str, Any]
+) -> Response:
     # Parsed here, after the API key is checked, not by FastAPI before it.
     form = await request.form(max_files=1, max_fields=32)
     try:
         fields, upload = _parse(form, service.settings.limits)
-        job = await _submit(service, owner, fields, upload, task)
+        job = await _submit(service, owner, fields, upload, task, deadline)
     except InputError as exc:
         raise renamed(exc, PARAMS) from None
     finally:
@@ -188,12 +195,17 @@ def _parse(form: FormData, limits: Limits) -> tuple[TranscriptionForm, UploadFil
 
 
 async def _submit(
-    service: JobService, owner: str, fields: TranscriptionForm, upload: UploadFile, task: str
+    service: JobService,
+    owner: str,
+    fields: TranscriptionForm,
+    upload: UploadFile,
+    task: str,
+    deadline: dict[str, Any],
 ) -> Job:
     """Check the request, store the upload, submit the job naming it."""
     service.validate(JobCreate(kind="asr", input=fields.job_input(task, PENDING_KEY)))
     stored = await service.files.upload(owner, upload)
-    body = JobCreate(kind="asr", input=fields.job_input(task, stored.key))
+    body = JobCreate(kind="asr", input=fields.job_input(task, stored.key), **deadline)
     try:
         job, _ = await service.submit(owner, body)
     except MmqError:

@@ -21,6 +21,7 @@ from api.deps import Service, SettingsDep
 from api.openai.chat_models import ChatRequest, CompletionRequest
 from api.openai.common import (
     SSE_KEEPALIVE,
+    Deadline,
     ended_badly,
     failure_body,
     job_failure,
@@ -41,18 +42,18 @@ PARAMS: dict[str, str] = {}
 
 @router.post("/chat/completions", responses={422: {}, 429: {}})
 async def create_chat_completion(
-    request: Request, owner: Owner, body: ChatRequest, service: Service
+    request: Request, owner: Owner, body: ChatRequest, service: Service, deadline: Deadline
 ) -> Response:
     """A chat completion (OpenAI's chat.completions.create), streamed or not."""
-    return await _complete(request, service, owner, body, chat=True)
+    return await _complete(request, service, owner, body, deadline, chat=True)
 
 
 @router.post("/completions", responses={422: {}, 429: {}})
 async def create_completion(
-    request: Request, owner: Owner, body: CompletionRequest, service: Service
+    request: Request, owner: Owner, body: CompletionRequest, service: Service, deadline: Deadline
 ) -> Response:
     """A text completion (OpenAI's completions.create), streamed or not."""
-    return await _complete(request, service, owner, body, chat=False)
+    return await _complete(request, service, owner, body, deadline, chat=False)
 
 
 @router.get("/models")
@@ -78,12 +79,14 @@ async def _complete(
     service: JobService,
     owner: str,
     body: ChatRequest | CompletionRequest,
+    deadline: dict[str, Any],
     *,
     chat: bool,
 ) -> Response:
     try:
         body.refuse_what_is_not_carried()
-        job, _ = await service.submit(owner, JobCreate(kind="llm", input=body.job_input()))
+        create = JobCreate(kind="llm", input=body.job_input(), **deadline)
+        job, _ = await service.submit(owner, create)
     except InputError as exc:
         raise renamed(exc, PARAMS) from None
     view = _View(job, body.model, chat)

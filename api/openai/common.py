@@ -5,10 +5,10 @@ away first)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from fastapi import Request
+from fastapi import Depends, Header, Request
 from fastapi.responses import JSONResponse
 
 from api.errors import error_body
@@ -16,9 +16,30 @@ from api.service import JobService
 from api.streaming import stream_job, until_disconnected
 from jobs.errors import InputError
 from jobs.models import Event, EventType, Job, JobCreate
+from jobs.settings import MAX_QUEUE_S
 from jobs.states import JobStatus
 
 SSE_KEEPALIVE = b": keep-alive\n\n"
+
+
+def _request_timeout(
+    x_request_timeout: Annotated[
+        float | None,
+        Header(
+            gt=0,
+            le=MAX_QUEUE_S,
+            description="Seconds after which the answer is no longer wanted: a job still "
+            "queued then ends `expired` without running, a running one is canceled.",
+        ),
+    ] = None,
+) -> dict[str, Any]:
+    if x_request_timeout is None:
+        return {}
+    return {"max_queue_s": x_request_timeout, "cancel_at_deadline": True}
+
+
+Deadline = Annotated[dict[str, Any], Depends(_request_timeout)]
+"""`X-Request-Timeout: SECONDS` as the job's deadline fields (`JobCreate(**deadline)`)."""
 
 
 def renamed(exc: InputError, params: Mapping[str, str]) -> InputError:
@@ -34,8 +55,8 @@ def failure_response(
     params: Mapping[str, str],
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
-    """A job that did not succeed, as an OpenAI error: 409 canceled, 422 bad input
-    (naming the request's field), else 500."""
+    """A job that did not succeed, as an OpenAI error: 409 canceled, 408 expired (its
+    deadline passed in the queue), 422 bad input (naming the request's field), else 500."""
     return JSONResponse(
         failure_body(status, error, params),
         _failure_status(status, error),
@@ -48,6 +69,8 @@ def failure_body(
 ) -> dict[str, Any]:
     if status == "canceled":
         return error_body("canceled", "the job was canceled")
+    if status == "expired":
+        return error_body("expired", "the request's deadline passed before a worker took it")
     error = error or {}
     if error.get("type") == "invalid_input":
         # A field a worker named is the job input's own (`audio`, `input.0`), not the body's.
@@ -61,6 +84,8 @@ def failure_body(
 def _failure_status(status: str, error: Mapping[str, Any] | None) -> int:
     if status == "canceled":
         return 409
+    if status == "expired":
+        return 408
     return 422 if (error or {}).get("type") == "invalid_input" else 500
 
 
@@ -89,7 +114,11 @@ def sse(payload: Mapping[str, Any]) -> bytes:
 
 def ended_badly(event: Event) -> bool:
     """Whether the event is the terminal status of a job that failed or was canceled."""
-    return event.type is EventType.STATUS and event.data.get("status") in {"failed", "canceled"}
+    return event.type is EventType.STATUS and event.data.get("status") in {
+        "failed",
+        "canceled",
+        "expired",
+    }
 
 
 def _no_frames(event: Event) -> tuple[bytes, ...]:

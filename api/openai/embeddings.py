@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import Owner
 from api.deps import Service
-from api.openai.common import CLOSED, answer_when_ended, refuse_fields
+from api.openai.common import CLOSED, Deadline, answer_when_ended, refuse_fields
 from jobs.errors import InputError
 from jobs.models import Job, JobCreate
 
@@ -41,7 +41,7 @@ class EmbeddingRequest(BaseModel):
 
 @router.post("/embeddings", responses={413: {}, 422: {}, 429: {}})
 async def create_embeddings(
-    request: Request, owner: Owner, body: EmbeddingRequest, service: Service
+    request: Request, owner: Owner, body: EmbeddingRequest, service: Service, deadline: Deadline
 ) -> JSONResponse:
     """Embeddings of one text or several (OpenAI's embeddings.create)."""
     refuse_fields(body.model_extra, NOT_CARRIED)
@@ -51,7 +51,7 @@ async def create_embeddings(
     inp: dict[str, Any] = {"model": body.model, "input": texts}
     if body.dimensions is not None:
         inp["dimensions"] = body.dimensions
-    create = JobCreate(kind="embed", input=inp)
+    create = JobCreate(kind="embed", input=inp, **deadline)
     return await answer_when_ended(
         request, service, owner, create, PARAMS, lambda job: embeddings_response(job, body)
     )

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import Owner
 from api.deps import Service
-from api.openai.common import answer_when_ended, refuse_fields
+from api.openai.common import Deadline, answer_when_ended, refuse_fields
 from jobs.errors import InputError
 from jobs.models import Job, JobCreate
 
@@ -64,11 +64,15 @@ class ImageGenerationRequest(BaseModel):
 
 @router.post("/generations", responses={422: {}, 429: {}})
 async def create_image(
-    request: Request, owner: Owner, body: ImageGenerationRequest, service: Service
+    request: Request,
+    owner: Owner,
+    body: ImageGenerationRequest,
+    service: Service,
+    deadline: Deadline,
 ) -> JSONResponse:
     """Images from a prompt (OpenAI's images.generate); answers once they are made."""
     refuse_fields(body.model_dump(include=set(NOT_CARRIED), exclude_none=True), NOT_CARRIED)
-    create = JobCreate(kind="image", input=job_input(body))
+    create = JobCreate(kind="image", input=job_input(body), **deadline)
     return await answer_when_ended(
         request, service, owner, create, PARAMS, lambda job: images_response(job, body)
     )

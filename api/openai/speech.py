@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import Owner
 from api.deps import Service, SettingsDep
-from api.openai.common import ended_badly, failure_response, renamed, sse
+from api.openai.common import Deadline, ended_badly, failure_response, renamed, sse
 from api.streaming import prepend, stream_job
 from jobs.errors import InputError
 from jobs.models import Event, EventType, JobCreate
@@ -75,14 +75,14 @@ class SpeechRequest(BaseModel):
     responses={200: {"content": {t: {} for t in {*CONTENT_TYPES.values(), "text/event-stream"}}}},
 )
 async def create_speech(
-    owner: Owner, body: SpeechRequest, service: Service, settings: SettingsDep
+    owner: Owner, body: SpeechRequest, service: Service, settings: SettingsDep, deadline: Deadline
 ) -> StreamingResponse | JSONResponse:
     """Speech from text, streamed as it is synthesized (OpenAI's audio.speech.create)."""
     if body.instructions:
         raise InputError("instructions", "mmq's Piper and Coqui voices take no instructions")
     job_input = _job_input(settings, body)
     try:
-        job, _ = await service.submit(owner, JobCreate(kind="tts", input=job_input))
+        job, _ = await service.submit(owner, JobCreate(kind="tts", input=job_input, **deadline))
     except InputError as exc:
         raise renamed(exc, PARAMS) from None
     audio = _Frames(body)
