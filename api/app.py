@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from api import errors
 from api.apikeys import ApiKeys
+from api.batches import BatchService
 from api.cache import ResponseCache
 from api.deps import AppState
 from api.files import FileService
@@ -18,6 +19,7 @@ from api.hub import EventHub
 from api.limits import BodySizeLimit
 from api.metrics import MetricsReader
 from api.openai import audio as openai_audio
+from api.openai import batches as openai_batches
 from api.openai import chat as openai_chat
 from api.openai import embeddings as openai_embeddings
 from api.openai import images as openai_images
@@ -72,6 +74,7 @@ def create_app(settings: Settings) -> FastAPI:
             health=Health(client, settings),
             metrics=MetricsReader(client, settings),
             overview=OverviewReader(client, settings),
+            batches=BatchService(settings, client, files, service),
         )
         try:
             yield
@@ -94,6 +97,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(openai_images.router)
     app.include_router(openai_chat.router)
     app.include_router(openai_embeddings.router)
+    app.include_router(openai_batches.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(admin.router)

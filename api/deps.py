@@ -10,6 +10,7 @@ from fastapi import Depends
 from starlette.requests import HTTPConnection
 
 from api.apikeys import ApiKeys
+from api.batches import BatchService
 from api.files import FileService
 from api.health import Health
 from api.metrics import MetricsReader
@@ -27,6 +28,7 @@ class AppState:
     health: Health
     metrics: MetricsReader
     overview: OverviewReader
+    batches: BatchService
 
 
 def get_state(conn: HTTPConnection) -> AppState:
@@ -50,6 +52,10 @@ async def get_files(conn: HTTPConnection) -> FileService:
     return get_state(conn).service.files
 
 
+async def get_batches(conn: HTTPConnection) -> BatchService:
+    return get_state(conn).batches
+
+
 async def get_health(conn: HTTPConnection) -> Health:
     return get_state(conn).health
 
@@ -65,3 +71,4 @@ async def get_overview(conn: HTTPConnection) -> OverviewReader:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 Service = Annotated[JobService, Depends(get_service)]
 Files = Annotated[FileService, Depends(get_files)]
+Batches = Annotated[BatchService, Depends(get_batches)]

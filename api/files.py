@@ -3,6 +3,7 @@ in job inputs (checked at submit, and noted so that a used upload outlives its T
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -14,7 +15,9 @@ from pydantic import BaseModel
 from starlette.datastructures import UploadFile
 
 from jobs import keys
+from jobs.codec import text_list, text_map
 from jobs.errors import InputError, NotFound, TooLarge
+from jobs.file_objects import PURPOSES, FileObject, new_file_id, save_object
 from jobs.filerefs import file_ref_fields
 from jobs.netguard import NetPolicy, check_url
 from jobs.schemas import schema_for
@@ -73,6 +76,76 @@ class FileService:
             sha256=info.sha256,
             url=await anyio.to_thread.run_sync(sign),
         )
+
+    async def name_object(
+        self, owner: str, info: FileInfo, filename: str, purpose: str
+    ) -> FileObject:
+        """Record an OpenAI file object (`file-…`) for a stored upload of `owner`."""
+        if purpose not in PURPOSES:
+            raise InputError("purpose", f"must be one of {list(PURPOSES)}")
+        obj = FileObject(
+            id=new_file_id(),
+            owner=owner,
+            key=info.key,
+            bytes=info.bytes,
+            filename=filename,
+            purpose=purpose,
+            created_at=time.time(),
+        )
+        # As long as the upload is kept (the retention sweep deletes it after that).
+        await save_object(self.r, obj, int(self.settings.storage.upload_ttl_s))
+        return obj
+
+    async def get_object(self, owner: str, file_id: str) -> FileObject:
+        """`owner`'s file object `file_id`, else `NotFound`."""
+        fields = text_map(await self.r.hgetall(keys.file_object(file_id)))
+        if not fields or fields.get("owner") != owner:
+            raise NotFound(f"no file {file_id!r}")
+        return FileObject.from_fields(fields)
+
+    async def list_objects(
+        self, owner: str, purpose: str | None, limit: int, after: str | None
+    ) -> tuple[list[FileObject], bool]:
+        """`owner`'s file objects, newest first, after the one named `after`; and whether
+        there are more."""
+        index = keys.owner_files(owner)
+        start = 0
+        if after is not None:
+            rank = await self.r.zrevrank(index, after)
+            start = rank + 1 if isinstance(rank, int) else 0
+        found: list[FileObject] = []
+        more = False
+        while len(found) <= limit:
+            ids = text_list(await self.r.zrevrange(index, start, start + 99))
+            if not ids:
+                break
+            start += len(ids)
+            pipe = self.r.pipeline(transaction=False)
+            for file_id in ids:
+                pipe.hgetall(keys.file_object(file_id))
+            for raw in await pipe.execute():
+                fields = text_map(raw)
+                if fields and (purpose is None or fields.get("purpose") == purpose):
+                    found.append(FileObject.from_fields(fields))
+        if len(found) > limit:
+            found, more = found[:limit], True
+        return found, more
+
+    async def delete_object(self, owner: str, file_id: str) -> None:
+        obj = await self.get_object(owner, file_id)
+        with contextlib.suppress(NotFound):
+            await self.delete(obj.key)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.delete(keys.file_object(file_id))
+        pipe.zrem(keys.owner_files(owner), file_id)
+        await pipe.execute()
+
+    async def read(self, key: str, max_bytes: int) -> bytes:
+        """A stored file's bytes; `TooLarge` over `max_bytes`."""
+        info, chunks = await self.open(key)
+        if info.size_bytes > max_bytes:
+            raise TooLarge("input_file_id", f"is {info.size_bytes} bytes, over {max_bytes}")
+        return await anyio.to_thread.run_sync(lambda: b"".join(chunks))
 
     def owned_or_404(self, key: str, owner: str) -> str:
         """`key` if it is valid (else `InputError`) and `owner`'s (else `NotFound`)."""

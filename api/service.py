@@ -263,7 +263,7 @@ class JobService:
         body = JobCreate(
             kind=job.kind,
             input=job.input,
-            priority=job.priority,
+            priority="low" if job.priority == "batch" else job.priority,
             metadata=job.metadata,
             webhook=job.webhook,
         )

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from jobs.models import BatchInfo, Job, JobErrorInfo, Timings, iso
-from jobs.settings import Priority
+from jobs.settings import JobPriority
 from jobs.states import JobStatus
 
 
@@ -25,7 +25,7 @@ class JobView(BaseModel):
     kind: str
     model: str
     status: JobStatus
-    priority: Priority
+    priority: JobPriority
     input: dict[str, Any]
     output: dict[str, Any] | None
     error: JobErrorInfo | None

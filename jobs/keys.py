@@ -69,6 +69,59 @@ def queued(kind: str) -> str:
     return f"{PREFIX}:queued:{kind}"
 
 
+def queued_batch(kind: str) -> str:
+    """Set: the ids of a kind's queued jobs that are lines of a batch (released by the
+    release stage): kept apart from `queued`, so that a batch never counts against the
+    429 bound."""
+    return f"{PREFIX}:queued:{kind}:batch"
+
+
+BATCHES_ACTIVE = f"{PREFIX}:batches:active"
+"""Set: ids of the batches that the release stage works on (not yet ended)."""
+
+
+def batch(batch_id: str) -> str:
+    """Hash: a batch's record (see `jobs.batches.Batch`)."""
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+def batch_lines(batch_id: str) -> str:
+    """List: JSON of each valid line still to be released, in file order."""
+    return f"{PREFIX}:batch:{batch_id}:lines"
+
+
+def batch_inflight(batch_id: str) -> str:
+    """Hash: job id -> JSON of its line, for each released line whose job has not been
+    collected."""
+    return f"{PREFIX}:batch:{batch_id}:inflight"
+
+
+def batch_output(batch_id: str) -> str:
+    """List: the output file's lines (JSONL), as collected."""
+    return f"{PREFIX}:batch:{batch_id}:output"
+
+
+def batch_errors(batch_id: str) -> str:
+    """List: the error file's lines (JSONL): invalid lines, failed requests."""
+    return f"{PREFIX}:batch:{batch_id}:errors"
+
+
+def owner_batches(owner: str) -> str:
+    """Sorted set: an owner's batch ids scored by creation time."""
+    return f"{PREFIX}:owner:{owner}:batches"
+
+
+def file_object(file_id: str) -> str:
+    """Hash: an OpenAI file object (`file-…`): its storage key, owner, purpose, name,
+    size and creation time."""
+    return f"{PREFIX}:file:{file_id}"
+
+
+def owner_files(owner: str) -> str:
+    """Sorted set: an owner's OpenAI file ids scored by creation time."""
+    return f"{PREFIX}:owner:{owner}:files"
+
+
 def idempotency(owner: str, key: str) -> str:
     """String: `job_id|body_hash` of the job an Idempotency-Key created."""
     return f"{PREFIX}:idem:{owner}:{key}"

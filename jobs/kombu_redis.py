@@ -57,8 +57,9 @@ TRANSPORT = "jobs.kombu_redis:Transport"
 SENTINEL_TRANSPORT = "jobs.kombu_redis:SentinelTransport"
 """`broker_transport` for brokers found through Redis Sentinel."""
 
-PRIORITY_VALUES: dict[str, int] = {"high": 0, "normal": 3, "low": 6}
-"""mmq's priorities as kombu priority steps: lower numbers are served first."""
+PRIORITY_VALUES: dict[str, int] = {"high": 0, "normal": 3, "low": 6, "batch": 9}
+"""mmq's priorities as kombu priority steps: lower numbers are served first (`batch`, the
+lines of a batch, after everything else)."""
 PRIORITY_STEPS = [0, 3, 6, 9]
 QUEUE_SEP = ":"
 """Between a queue's name and a priority step in the names of its lists."""

@@ -87,7 +87,8 @@ TRANSITION = (
     + _DEADLINE
     + PUSH_MESSAGE_LUA
     + """
--- KEYS: job, events stream, lease, running zset, queued set, task list, deadlines zset
+-- KEYS: job, events stream, lease, running zset, queued set, task list, deadlines zset,
+--   the kind's queued set of batch lines (where a job of priority `batch` is counted)
 -- ARGV[1]: JSON {job_id, sources: [status, ...], target, now, lease_mode, lease_token,
 --   lease_ttl_ms, end_ttl_s (0: not an end), maxlen, channel, ends_channel, event (JSON
 --   text), pre_event_type ('' for none: an output or error event written just before the
@@ -100,7 +101,9 @@ TRANSITION = (
 local a = cjson.decode(ARGV[1])
 if a.hold then held = {} end
 local current = redis.call('HMGET', KEYS[1], 'status', 'cancel_requested', 'deadline',
-                           'cancel_at_deadline')
+                           'cancel_at_deadline', 'priority')
+local queued_set = KEYS[5]
+if current[5] == 'batch' then queued_set = KEYS[8] end
 local status = current[1]
 if not status then return {'missing', ''} end
 local allowed = false
@@ -144,13 +147,13 @@ if a.pre_event_type ~= '' then
                     a.now, nil)
 end
 if target == 'queued' then
-  redis.call('SADD', KEYS[5], a.job_id)
+  redis.call('SADD', queued_set, a.job_id)
   redis.call('ZREM', KEYS[4], a.job_id)
 elseif target == 'running' then
-  redis.call('SREM', KEYS[5], a.job_id)
+  redis.call('SREM', queued_set, a.job_id)
   redis.call('ZADD', KEYS[4], deadline_after(a.lease_ttl_ms), a.job_id)
 else
-  redis.call('SREM', KEYS[5], a.job_id)
+  redis.call('SREM', queued_set, a.job_id)
   redis.call('ZREM', KEYS[4], a.job_id)
   if mode == 'check' then redis.call('DEL', KEYS[3]) end
 end

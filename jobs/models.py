@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
-from jobs.settings import MAX_QUEUE_S, Priority
+from jobs.settings import MAX_QUEUE_S, JobPriority, Priority
 from jobs.states import JobStatus, ends_job
 from jobs.webhooks import EVENT_CHOICES
 
@@ -143,7 +143,7 @@ class Job(BaseModel):
     pipeline: str
     status: JobStatus
     owner: str
-    priority: Priority
+    priority: JobPriority
     input: dict[str, Any]
     output: dict[str, Any] | None = None
     error: JobErrorInfo | None = None

@@ -220,6 +220,18 @@ MAX_QUEUE_S = 7 * 86400.0
 """The longest `max_queue_s` a job or a pipeline may ask for: a week."""
 
 
+class BatchSettings(BaseModel):
+    """The Batch API and its release stage (`cluster/batches.py`)."""
+
+    max_lines: int = Field(default=50_000, ge=1)
+    """Lines a batch's input file may have (OpenAI's limit)."""
+    release_interval_s: float = Field(default=0.2, gt=0)
+    """How often the release stage looks at its batches (collects ended lines, releases
+    more)."""
+    reserve_slots: int = Field(default=0, ge=0)
+    """Worker slots of each pipeline that batch lines leave free for interactive jobs."""
+
+
 class PipelineConfig(BaseModel):
     """One pipeline: a model behind a kind, with its batching knobs and workers."""
 
@@ -302,6 +314,7 @@ class Settings(BaseSettings):
     storage: StorageSettings = Field(default_factory=StorageSettings)
     net: NetSettings = Field(default_factory=NetSettings)
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
+    batches: BatchSettings = Field(default_factory=BatchSettings)
     kinds: dict[str, KindConfig] = Field(default_factory=dict)
     """Extra job kinds and their input schemas."""
     pipelines: dict[str, PipelineConfig] = Field(default_factory=dict)
@@ -396,3 +409,6 @@ def is_loopback(host: str) -> bool:
 
 
 Priority = Literal["high", "normal", "low"]
+"""What a request may ask for."""
+JobPriority = Literal["high", "normal", "low", "batch"]
+"""What a job has: `batch` for the lines of a batch, behind every other priority."""

@@ -145,6 +145,7 @@ class Transition:
             keys.queued(self.kind),
             self.message.list_key if self.message else keys.job(self.job_id) + ":unused",
             keys.DEADLINES,
+            keys.queued_batch(self.kind),
         ]
         change = {
             "job_id": self.job_id,
@@ -219,6 +220,51 @@ def webhook_events(
     ]
 
 
+def submit_args(
+    job: Job,
+    settings: Settings,
+    *,
+    max_queued: int,
+    idempotency: tuple[str, str] | None = None,
+    message: TaskMessage | None = None,
+    counter: tuple[str, str] | None = None,
+) -> tuple[list[str], list[str]]:
+    """The submit script's keys and its one argument: store `job` queued unless its
+    queued set holds `max_queued` (a batch line's is `keys.queued_batch`, which the 429
+    bound never counts) or the Idempotency-Key was used, push its task `message` and
+    count the submit in `counter` (hash key, field)."""
+    idem_key, body_hash = idempotency or ("", "")
+    unused = keys.job(job.id) + ":unused"
+    queued = keys.queued_batch(job.kind) if job.priority == "batch" else keys.queued(job.kind)
+    key_list = [
+        keys.job(job.id),
+        keys.owner_jobs(job.owner),
+        queued,
+        keys.idempotency(job.owner, idem_key) if idem_key else unused,
+        keys.job_events(job.id),
+        message.list_key if message else unused,
+        counter[0] if counter else unused,
+        keys.ALL_JOBS,
+        keys.DEADLINES,
+    ]
+    submit = {
+        "job_id": job.id,
+        "max_queued": max_queued,
+        "score": repr(job.created_at),
+        "idem_ttl_s": settings.idempotency_ttl_s,
+        "idem_value": f"{job.id}|{body_hash}" if idem_key else "",
+        "maxlen": settings.events_maxlen,
+        "channel": keys.EVENTS_CHANNEL,
+        "event": dumps({"status": "queued"}),
+        "ts": repr(job.created_at),
+        "message": message.envelope if message else "",
+        "counter_field": counter[1] if counter else "",
+        "deadline": repr(job.deadline) if job.deadline is not None else "",
+        "fields": flat_pairs(job_to_fields(job)),
+    }
+    return key_list, [dumps(submit)]
+
+
 def _decode_result(change: Transition, raw: list[Any]) -> TransitionResult:
     outcome, value = raw[0], raw[1]
     if outcome == "ok":
@@ -252,6 +298,7 @@ class JobStore:
         self.settings = settings
         self.on_event = on_event
         self._transition = client.register_script(lua.TRANSITION)
+        self._submit = client.register_script(lua.SUBMIT)
         self.durability = Durability(settings.redis)
         self._append = client.register_script(lua.APPEND_EVENTS)
         self._renew = client.register_script(lua.RENEW_LEASE)
@@ -301,18 +348,38 @@ class JobStore:
         # A worker waits as long as its lease would last: its job has ended and the end
         # must not be lost; past that the reaper would act on the job anyway.
         timeout_ms = max(self.durability.timeout_ms, int(self.settings.lease.ttl_s * 1000))
+        raw, confirmed = self._durably(self._transition, key_list, args, timeout_ms)
+        if not confirmed:
+            log.error("%s", self.durability.not_confirmed(f"the end of job {job_id}").message)
+        return raw
+
+    def _durably(
+        self, script: Any, key_list: list[str], args: list[str], timeout_ms: int | None = None
+    ) -> tuple[Any, bool]:
+        """`script`, then this connection's writes confirmed at `redis.durability` (as
+        `AsyncJobStore._durably`): its reply, and whether they were confirmed in time."""
+        if not self.durability.waits:
+            return script(keys=key_list, args=args), True
         for attempt in range(2):
             pipe = self.r.pipeline(transaction=False)
-            self._transition(keys=key_list, args=args, client=pipe)
+            script(keys=key_list, args=args, client=pipe)
             self.durability.queue_wait(pipe, timeout_ms)
             raw, reply = pipe.execute(raise_on_error=False)
-            if not (isinstance(raw, NoScriptError) and attempt == 0):  # as in _durably
+            if not (isinstance(raw, NoScriptError) and attempt == 0):  # the server restarted
                 break
         if isinstance(raw, Exception):
             raise raw
-        if not self.durability.confirmed(reply):
-            log.error("%s", self.durability.not_confirmed(f"the end of job {job_id}").message)
-        return raw
+        return raw, self.durability.confirmed(reply)
+
+    def submit(self, job: Job, message: TaskMessage, max_queued: int) -> bool:
+        """Store a new queued job with its task message (`submit_args`), confirmed at
+        `redis.durability`; False when its queued set was full. A job that exists already
+        (a release sent again after a crash) is left as it is, and counts as stored."""
+        key_list, args = submit_args(job, self.settings, max_queued=max_queued, message=message)
+        (outcome, _value), confirmed = self._durably(self._submit, key_list, args)
+        if not confirmed and outcome == "ok":
+            raise self.durability.not_confirmed(f"job {job.id}")
+        return bool(outcome == "ok")
 
     def append_events(self, events: Sequence[NewEvent]) -> list[str]:
         """Append each event to its job's stream and publish them in one notice (one
@@ -465,36 +532,15 @@ class AsyncJobStore:
         """Store a new queued job unless its kind's queue is full or the key was used; in
         the same script, push its task `message` where given and count the submit (see
         `submit_counter`)."""
-        idem_key, body_hash = idempotency or ("", "")
-        counter = self.submit_counter(job)
-        unused = keys.job(job.id) + ":unused"
-        key_list = [
-            keys.job(job.id),
-            keys.owner_jobs(job.owner),
-            keys.queued(job.kind),
-            keys.idempotency(job.owner, idem_key) if idem_key else unused,
-            keys.job_events(job.id),
-            message.list_key if message else unused,
-            counter[0] if counter else unused,
-            keys.ALL_JOBS,
-            keys.DEADLINES,
-        ]
-        submit = {
-            "job_id": job.id,
-            "max_queued": max_queued,
-            "score": repr(job.created_at),
-            "idem_ttl_s": self.settings.idempotency_ttl_s,
-            "idem_value": f"{job.id}|{body_hash}" if idem_key else "",
-            "maxlen": self.settings.events_maxlen,
-            "channel": keys.EVENTS_CHANNEL,
-            "event": dumps({"status": "queued"}),
-            "ts": repr(job.created_at),
-            "message": message.envelope if message else "",
-            "counter_field": counter[1] if counter else "",
-            "deadline": repr(job.deadline) if job.deadline is not None else "",
-            "fields": flat_pairs(job_to_fields(job)),
-        }
-        (outcome, value), confirmed = await self._durably(self._submit, key_list, [dumps(submit)])
+        key_list, args = submit_args(
+            job,
+            self.settings,
+            max_queued=max_queued,
+            idempotency=idempotency,
+            message=message,
+            counter=self.submit_counter(job),
+        )
+        (outcome, value), confirmed = await self._durably(self._submit, key_list, args)
         if not confirmed and outcome == "ok":
             raise self.durability.not_confirmed(f"job {job.id}")
         # value: the queued event's id ('' where a resent script found the job made).

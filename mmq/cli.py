@@ -117,12 +117,14 @@ def worker(
 
 @app.command()
 def reaper(config: ConfigOpt = None) -> None:
-    """Run the reaper: requeue the jobs of dead workers.
+    """Run the reaper: requeue the jobs of dead workers, expire jobs past their deadline.
 
     A second thread runs the retention sweep every `storage.sweep_interval_s`: it deletes
     uploads that no live job used once past `storage.upload_ttl_s`, and the stored outputs
-    of jobs whose records have expired. Several reapers may run at once.
+    of jobs whose records have expired. A third runs the release stage of batches every
+    `batches.release_interval_s`. Several reapers may run at once.
     """
+    from cluster.batches import start_release_stage
     from cluster.reaper import Reaper
     from cluster.retention import start_sweeper
     from jobs.broker import make_celery, webhook_sender
@@ -136,9 +138,11 @@ def reaper(config: ConfigOpt = None) -> None:
     store = MeteredJobStore.connect(settings, on_event=webhook_sender(celery))
     store.tally.start()
     sweeper = start_sweeper(settings, stop)
+    release = start_release_stage(store, settings, celery, stop)
     try:
         Reaper(store, settings, celery).run_forever(stop)
         sweeper.join(timeout=10)
+        release.join(timeout=10)
     finally:
         store.tally.stop()
 

@@ -22,12 +22,12 @@ from starlette.datastructures import FormData, UploadFile
 
 from api.auth import Owner
 from api.deps import Service
+from api.openai.answers import failure_body
 from api.openai.common import (
     CLOSED,
     SSE_KEEPALIVE,
     Deadline,
     ended_badly,
-    failure_body,
     job_failure,
     refuse_fields,
     renamed,

@@ -18,12 +18,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from api.auth import Owner
 from api.deps import Service, SettingsDep
+from api.openai import answers
+from api.openai.answers import failure_body
 from api.openai.chat_models import ChatRequest, CompletionRequest
 from api.openai.common import (
     SSE_KEEPALIVE,
     Deadline,
     ended_badly,
-    failure_body,
     job_failure,
     renamed,
     sse,
@@ -106,30 +107,20 @@ async def _complete(
     ended = await wait_for_end(request, service, owner, job.id)
     if ended.output is None or ended.status != "succeeded":
         return job_failure(ended, PARAMS)
-    return JSONResponse(view.whole(ended.output), headers=headers)
+    return JSONResponse(view.whole(ended), headers=headers)
 
 
 class _View:
     """One job as OpenAI's chat or completion objects."""
 
     def __init__(self, job: Job, model: str, chat: bool) -> None:
-        self.id = ("chatcmpl-" if chat else "cmpl-") + job.id
+        self.id = answers.completion_id(job.id, chat=chat)
         self.created = int(job.created_at)
         self.model = model
         self.chat = chat
 
-    def whole(self, output: dict[str, Any]) -> dict[str, Any]:
-        text, reason = str(output.get("text", "")), output.get("finish_reason")
-        if self.chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": reason,
-            }
-        else:
-            choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
-        obj = "chat.completion" if self.chat else "text_completion"
-        return {**self._head(obj), "choices": [choice], "usage": output.get("usage")}
+    def whole(self, ended: Job) -> dict[str, Any]:
+        return answers.completion(ended, self.model, chat=self.chat)
 
     def chunk(self, text: str | None, reason: str | None = None, role: bool = False) -> bytes:
         if self.chat:

@@ -11,7 +11,7 @@ import orjson
 from fastapi import Depends, Header, Request
 from fastapi.responses import JSONResponse
 
-from api.errors import error_body
+from api.openai.answers import failure_body, failure_status
 from api.service import JobService
 from api.streaming import stream_job, until_disconnected
 from jobs.errors import InputError
@@ -59,34 +59,9 @@ def failure_response(
     deadline passed in the queue), 422 bad input (naming the request's field), else 500."""
     return JSONResponse(
         failure_body(status, error, params),
-        _failure_status(status, error),
+        failure_status(status, error),
         headers=dict(headers or {}),
     )
-
-
-def failure_body(
-    status: str, error: Mapping[str, Any] | None, params: Mapping[str, str]
-) -> dict[str, Any]:
-    if status == "canceled":
-        return error_body("canceled", "the job was canceled")
-    if status == "expired":
-        return error_body("expired", "the request's deadline passed before a worker took it")
-    error = error or {}
-    if error.get("type") == "invalid_input":
-        # A field a worker named is the job input's own (`audio`, `input.0`), not the body's.
-        field = str(error.get("field") or "input")
-        reason = str(error.get("message", "")).removeprefix(f"{field}: ")
-        exc = InputError(params.get(field, field), reason)
-        return error_body(exc.code, exc.message, exc.field)
-    return error_body(str(error.get("type", "error")), str(error.get("message", "the job failed")))
-
-
-def _failure_status(status: str, error: Mapping[str, Any] | None) -> int:
-    if status == "canceled":
-        return 409
-    if status == "expired":
-        return 408
-    return 422 if (error or {}).get("type") == "invalid_input" else 500
 
 
 def job_failure(job: Job, params: Mapping[str, str]) -> JSONResponse:

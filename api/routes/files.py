@@ -10,8 +10,9 @@ from starlette.datastructures import UploadFile
 
 from api.auth import Owner, current_owner
 from api.deps import Files
-from api.files import FileInfo
+from api.files import FileInfo, FileService
 from jobs.errors import InputError
+from jobs.file_objects import PURPOSES, is_file_id
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
@@ -46,19 +47,80 @@ DOWNLOAD_HEADERS = {
 async def upload_file(request: Request, owner: Owner, files: Files) -> JSONResponse:
     """Upload a file (multipart field `file`); name its `key` in a job's input.
 
-    Unused, it is deleted after `storage.upload_ttl_s`; used, it lives as long as the jobs
-    that used it."""
+    With a `purpose` field (OpenAI's `files.create`: `batch` for a batch's input), the
+    answer is also an OpenAI file object: its `id` (`file-…`) names it on the OpenAI
+    routes. Unused, it is deleted after `storage.upload_ttl_s`; used, it lives as long as
+    the jobs that used it."""
     # Parsed here, after the API key is checked, not by FastAPI before it.
     form = await request.form(max_files=1, max_fields=16)
     try:
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             raise InputError("file", "send the file as the multipart/form-data field 'file'")
+        purpose = form.get("purpose")
+        if purpose is not None and not isinstance(purpose, str):
+            raise InputError("purpose", "must be a text field")
+        if purpose is not None and purpose not in PURPOSES:
+            raise InputError("purpose", f"must be one of {list(PURPOSES)}")
         info = await files.upload(owner, upload)
+        body = info.model_dump()
+        if purpose is not None:
+            obj = await files.name_object(owner, info, upload.filename or "file", purpose)
+            body = obj.openai() | body
     finally:
         await form.close()
-    headers = {"Location": f"/v1/files/{info.key}"}
-    return JSONResponse(info.model_dump(), status_code=201, headers=headers)
+    headers = {"Location": f"/v1/files/{body.get('id', info.key)}"}
+    return JSONResponse(body, status_code=201, headers=headers)
+
+
+@router.get("", responses={401: {}})
+async def list_files(
+    owner: Owner,
+    files: Files,
+    purpose: Annotated[str | None, Query(max_length=32)] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    after: Annotated[str | None, Query(max_length=64)] = None,
+) -> dict[str, Any]:
+    """Your OpenAI file objects, newest first (OpenAI's `files.list`)."""
+    found, more = await files.list_objects(owner, purpose, limit, after)
+    data = [obj.openai() for obj in found]
+    return {
+        "object": "list",
+        "data": data,
+        "has_more": more,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }
+
+
+@router.get("/{file_id}/content", response_class=StreamingResponse, responses={401: {}, 404: {}})
+async def file_content(
+    request: Request,
+    file_id: str,
+    files: Files,
+    expires: Annotated[str | None, Query(max_length=20)] = None,
+    signature: Annotated[str | None, Query(max_length=128)] = None,
+) -> StreamingResponse:
+    """An OpenAI file object's content (OpenAI's `files.content`)."""
+    if not is_file_id(file_id):  # a storage key that ends in /content
+        return await download_file(request, f"{file_id}/content", files, expires, signature)
+    obj = await files.get_object(await current_owner(request), file_id)
+    return await _stream(files, obj.key)
+
+
+@router.get("/{file_id}", responses={401: {}, 404: {}})
+async def file_object(
+    request: Request,
+    file_id: str,
+    files: Files,
+    expires: Annotated[str | None, Query(max_length=20)] = None,
+    signature: Annotated[str | None, Query(max_length=128)] = None,
+) -> Response:
+    """An OpenAI file object (OpenAI's `files.retrieve`)."""
+    if not is_file_id(file_id):
+        return await download_file(request, file_id, files, expires, signature)
+    obj = await files.get_object(await current_owner(request), file_id)
+    return JSONResponse(obj.openai())
 
 
 @router.get("/{key:path}", response_class=StreamingResponse, responses={401: {}, 404: {}})
@@ -74,6 +136,10 @@ async def download_file(
         files.verify_signed(key, expires or "", signature or "")
     else:
         files.owned_or_404(key, await current_owner(request))
+    return await _stream(files, key)
+
+
+async def _stream(files: FileService, key: str) -> StreamingResponse:
     info, chunks = await files.open(key)
     headers = {**DOWNLOAD_HEADERS, "Content-Length": str(info.size_bytes)}
     return StreamingResponse(chunks, media_type=info.content_type, headers=headers)
@@ -81,6 +147,10 @@ async def download_file(
 
 @router.delete("/{key:path}", status_code=204, responses={401: {}, 404: {}})
 async def delete_file(key: str, owner: Owner, files: Files) -> Response:
-    """Delete one of your files."""
+    """Delete one of your files: by its storage key (204), or by its OpenAI file id
+    (OpenAI's `files.delete`: 200 with the deleted object)."""
+    if is_file_id(key):
+        await files.delete_object(owner, key)
+        return JSONResponse({"id": key, "object": "file", "deleted": True})
     await files.delete(files.owned_or_404(key, owner))
     return Response(status_code=204)

@@ -1,0 +1,196 @@
+"""The batches service: create (checking every line of the input file), get, list and
+cancel. The release stage (`cluster/batches.py`) runs what is created here.
+
+A line is checked as its endpoint's route would check it (`api.openai.batch_lines`) and
+routed to its pipeline (`JobService.validate`). A bad line becomes a line of the error
+file, naming its line number and the field; it never fails the batch. Only a file that
+cannot be read as JSONL, has no line, or has more than `batches.max_lines` fails the
+batch as a whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from typing import Any
+
+import redis.asyncio as aredis
+
+from api.files import FileService
+from api.openai.batch_lines import body_field, custom_id_of, parse_line
+from api.service import JobService
+from jobs import keys
+from jobs.batches import (
+    ENDPOINTS,
+    SET_IF,
+    Batch,
+    BatchStatus,
+    Line,
+    invalid_line,
+    window_seconds,
+)
+from jobs.codec import dumps, flat_pairs, text_list, text_map
+from jobs.errors import Conflict, InputError, NotFound
+from jobs.settings import Settings
+
+CHECK_EVERY = 200
+"""Lines checked between two yields to the event loop (a large file never stalls it)."""
+PUSH_EVERY = 1000
+
+
+def new_batch_id() -> str:
+    return "batch_" + secrets.token_hex(12)
+
+
+class BatchService:
+    def __init__(
+        self, settings: Settings, client: aredis.Redis, files: FileService, jobs: JobService
+    ) -> None:
+        self.settings = settings
+        self.r = client
+        self.files = files
+        self.jobs = jobs
+
+    async def create(
+        self,
+        owner: str,
+        input_file_id: str,
+        endpoint: str,
+        completion_window: str,
+        metadata: dict[str, str] | None,
+    ) -> Batch:
+        if endpoint not in ENDPOINTS:
+            raise InputError("endpoint", f"must be one of {list(ENDPOINTS)}")
+        window_s = window_seconds(completion_window)
+        if window_s is None:
+            raise InputError("completion_window", "must be 24h (or shorter: 90s, 30m, 2h)")
+        source = await self.files.get_object(owner, input_file_id)
+        if source.purpose != "batch":
+            raise InputError("input_file_id", f"is a file of purpose {source.purpose!r}, not batch")
+        now = time.time()
+        batch = Batch(
+            id=new_batch_id(),
+            owner=owner,
+            endpoint=endpoint,
+            input_file_id=input_file_id,
+            completion_window=completion_window,
+            status=BatchStatus.VALIDATING,
+            created_at=now,
+            expires_at=now + window_s,
+            metadata=metadata or {},
+        )
+        await self._save(batch, index=True)
+        limits = self.settings.batches
+        try:
+            content = await self.files.read(source.key, self.settings.storage.max_upload_bytes)
+            lines = [line for line in content.splitlines() if line.strip()]
+            if not lines:
+                return await self._fail(batch, "empty_file", "the input file has no line")
+            if len(lines) > limits.max_lines:
+                message = f"the input file has {len(lines)} lines, over {limits.max_lines}"
+                return await self._fail(batch, "too_many_lines", message)
+        except NotFound:
+            return await self._fail(batch, "file_not_found", "the input file is gone")
+        await self._check_lines(batch, lines)
+        await self.r.hset(keys.batch(batch.id), items=["total", len(lines), "failed", batch.failed])
+        # In progress unless it was canceled meanwhile; either way the release stage
+        # takes it on from here.
+        started = {"status": str(BatchStatus.IN_PROGRESS), "in_progress_at": repr(time.time())}
+        await self._set_if(batch.id, [BatchStatus.VALIDATING], started)
+        await self.r.sadd(keys.BATCHES_ACTIVE, batch.id)
+        return await self.get(batch.owner, batch.id)
+
+    async def _check_lines(self, batch: Batch, lines: list[bytes]) -> None:
+        """Each line to the waiting lines or, if it is bad, to the error file."""
+        good: list[str] = []
+        bad: list[str] = []
+        seen: set[str] = set()
+        for number, raw in enumerate(lines, start=1):
+            try:
+                custom_id, create, answer = parse_line(raw, batch.endpoint)
+                if custom_id in seen:
+                    raise InputError("custom_id", f"{custom_id!r} is used by an earlier line")
+                seen.add(custom_id)
+                try:
+                    pipeline, _request, normalised = self.jobs.validate(create)
+                    await self.files.check_input_refs(batch.owner, create.kind, create.input)
+                except InputError as exc:
+                    raise type(exc)(body_field(batch.endpoint, exc.field), exc.reason) from None
+            except InputError as exc:
+                message = f"line {number}: {exc.field}: {exc.reason}"
+                bad.append(invalid_line(batch.id, number, custom_id_of(raw), exc.code, message))
+            else:
+                job = {"kind": create.kind, "input": normalised, "metadata": create.metadata}
+                line = Line(
+                    line=number, custom_id=custom_id, pipeline=pipeline, job=job, answer=answer
+                )
+                good.append(line.model_dump_json())
+            if number % CHECK_EVERY == 0:
+                await asyncio.sleep(0)
+            if len(good) >= PUSH_EVERY:
+                await self.r.rpush(keys.batch_lines(batch.id), *good)
+                good.clear()
+        if good:
+            await self.r.rpush(keys.batch_lines(batch.id), *good)
+        if bad:
+            await self.r.rpush(keys.batch_errors(batch.id), *bad)
+        batch.failed = len(bad)
+
+    async def _fail(self, batch: Batch, code: str, message: str) -> Batch:
+        batch.status = BatchStatus.FAILED
+        batch.failed_at = time.time()
+        batch.errors = [{"code": code, "message": message, "param": "input_file_id"}]
+        await self._save(batch)
+        return batch
+
+    async def _save(self, batch: Batch, index: bool = False) -> None:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(keys.batch(batch.id), items=flat_pairs(batch.fields()))
+        pipe.expire(
+            keys.batch(batch.id), self.settings.job_ttl_s + int(batch.expires_at - time.time())
+        )
+        if index:
+            pipe.zadd(keys.owner_batches(batch.owner), {batch.id: batch.created_at})
+        await pipe.execute()
+
+    async def get(self, owner: str, batch_id: str) -> Batch:
+        fields = text_map(await self.r.hgetall(keys.batch(batch_id)))
+        if not fields or fields.get("owner") != owner:
+            raise NotFound(f"no batch {batch_id!r}")
+        return Batch.from_fields(fields)
+
+    async def page(self, owner: str, limit: int, after: str | None) -> tuple[list[Batch], bool]:
+        """`owner`'s batches, newest first, after the one named `after`; and whether there
+        are more."""
+        index = keys.owner_batches(owner)
+        start = 0
+        if after is not None:
+            rank = await self.r.zrevrank(index, after)
+            start = rank + 1 if isinstance(rank, int) else 0
+        ids = text_list(await self.r.zrevrange(index, start, start + limit))
+        pipe = self.r.pipeline(transaction=False)
+        for batch_id in ids[:limit]:
+            pipe.hgetall(keys.batch(batch_id))
+        found = [Batch.from_fields(f) for f in map(text_map, await pipe.execute()) if f]
+        return found, len(ids) > limit
+
+    async def cancel(self, owner: str, batch_id: str) -> Batch:
+        """Stop releasing its lines; the release stage lets the running ones end, writes
+        what finished and ends it `cancelled`."""
+        batch = await self.get(owner, batch_id)
+        if batch.status in {BatchStatus.CANCELLING, BatchStatus.CANCELLED}:
+            return batch
+        if batch.status.ended or batch.status is BatchStatus.FINALIZING:
+            raise Conflict(f"batch {batch_id} has already ended ({batch.status})")
+        cancelling = {"status": str(BatchStatus.CANCELLING), "cancelling_at": repr(time.time())}
+        # Only a batch in progress (or validating) goes to cancelling: the release stage
+        # may be finalizing it this moment.
+        await self._set_if(batch_id, [BatchStatus.IN_PROGRESS, BatchStatus.VALIDATING], cancelling)
+        return await self.get(owner, batch_id)
+
+    async def _set_if(
+        self, batch_id: str, sources: list[BatchStatus], fields: dict[str, Any]
+    ) -> bool:
+        change = dumps({"sources": [str(s) for s in sources], "fields": fields})
+        return bool(await self.r.eval(SET_IF, 1, keys.batch(batch_id), change))

@@ -1,0 +1,82 @@
+"""The bodies of the OpenAI routes' answers, built from an ended job: the same for a
+request answered as it ends and for a line of a batch's output file."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from api.errors import error_body
+from jobs.errors import InputError
+from jobs.models import Job
+
+
+def completion_id(job_id: str, *, chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + job_id
+
+
+def completion(job: Job, model: str, *, chat: bool) -> dict[str, Any]:
+    """A succeeded `llm` job as OpenAI's `chat.completion` (`chat`) or `text_completion`."""
+    output = job.output or {}
+    text, reason = str(output.get("text", "")), output.get("finish_reason")
+    if chat:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": reason,
+        }
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+    return {
+        "id": completion_id(job.id, chat=chat),
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(job.created_at),
+        "model": model,
+        "choices": [choice],
+        "usage": output.get("usage"),
+    }
+
+
+def embeddings(job: Job, model: str, encoding_format: str) -> dict[str, Any]:
+    """A succeeded `embed` job as OpenAI's embeddings list (`float` or `base64`)."""
+    output = job.output or {}
+    as_float = encoding_format == "float"
+    data = [
+        {"object": "embedding", "index": i, "embedding": decode(vector) if as_float else vector}
+        for i, vector in enumerate(output["embeddings"])
+    ]
+    return {"object": "list", "data": data, "model": model, "usage": output["usage"]}
+
+
+def decode(vector: str) -> list[float]:
+    """A worker's base64 little-endian float32 vector as numbers."""
+    values: list[float] = np.frombuffer(base64.b64decode(vector), dtype="<f4").tolist()
+    return values
+
+
+def failure_body(
+    status: str, error: Mapping[str, Any] | None, params: Mapping[str, str]
+) -> dict[str, Any]:
+    if status == "canceled":
+        return error_body("canceled", "the job was canceled")
+    if status == "expired":
+        return error_body("expired", "the request's deadline passed before a worker took it")
+    error = error or {}
+    if error.get("type") == "invalid_input":
+        # A field a worker named is the job input's own (`audio`, `input.0`), not the body's.
+        field = str(error.get("field") or "input")
+        reason = str(error.get("message", "")).removeprefix(f"{field}: ")
+        exc = InputError(params.get(field, field), reason)
+        return error_body(exc.code, exc.message, exc.field)
+    return error_body(str(error.get("type", "error")), str(error.get("message", "the job failed")))
+
+
+def failure_status(status: str, error: Mapping[str, Any] | None) -> int:
+    if status == "canceled":
+        return 409
+    if status == "expired":
+        return 408
+    return 422 if (error or {}).get("type") == "invalid_input" else 500

@@ -1,0 +1,119 @@
+"""One line of a batch's input file, checked as the route it names would check it: the
+job it becomes (`JobCreate`) and what its answer's shape needs, or `InputError` naming
+the field (`body.messages.0.content`, `custom_id`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from api.openai.chat_models import ChatRequest, CompletionRequest
+from api.openai.embedding_models import EmbeddingRequest
+from api.openai.embedding_models import job_input as embed_input
+from jobs.errors import InputError
+from jobs.models import JobCreate
+from jobs.schemas import validation_error_field
+
+Parsed = tuple[str, JobCreate, dict[str, Any]]
+"""custom_id, the job, what the answer needs."""
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validated(model: type[M], body: Any) -> M:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error_field(exc, "body") from None
+
+
+def _renamed(exc: InputError) -> InputError:
+    field = exc.field.removeprefix("input.").removeprefix("body.")
+    return type(exc)(f"body.{field}", exc.reason)
+
+
+def _completion(body: Any, *, chat: bool) -> tuple[JobCreate, dict[str, Any]]:
+    request: ChatRequest | CompletionRequest = (
+        _validated(ChatRequest, body) if chat else _validated(CompletionRequest, body)
+    )
+    if request.stream:
+        raise InputError("body.stream", "a batch's requests are not streamed")
+    try:
+        request.refuse_what_is_not_carried()
+    except InputError as exc:
+        raise _renamed(exc) from None
+    return JobCreate(kind="llm", input=request.job_input()), {"model": request.model}
+
+
+def _chat(body: Any) -> tuple[JobCreate, dict[str, Any]]:
+    return _completion(body, chat=True)
+
+
+def _text(body: Any) -> tuple[JobCreate, dict[str, Any]]:
+    return _completion(body, chat=False)
+
+
+def _embeddings(body: Any) -> tuple[JobCreate, dict[str, Any]]:
+    request = _validated(EmbeddingRequest, body)
+    try:
+        inp = embed_input(request)
+    except InputError as exc:
+        raise _renamed(exc) from None
+    answer = {"model": request.model, "encoding_format": request.encoding_format}
+    return JobCreate(kind="embed", input=inp), answer
+
+
+def _job(body: Any) -> tuple[JobCreate, dict[str, Any]]:
+    create = _validated(JobCreate, body)
+    if create.webhook is not None:
+        raise InputError("body.webhook", "a batch's lines take no webhook: the batch has one")
+    return create, {}
+
+
+PARSERS: dict[str, Callable[[Any], tuple[JobCreate, dict[str, Any]]]] = {
+    "/v1/chat/completions": _chat,
+    "/v1/completions": _text,
+    "/v1/embeddings": _embeddings,
+    "/v1/jobs": _job,
+}
+
+
+def parse_line(raw: bytes, endpoint: str) -> Parsed:
+    """A line of the input file as (custom_id, job, answer); `InputError` naming the
+    field at fault."""
+    try:
+        request = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InputError("line", f"is not JSON ({exc})") from None
+    if not isinstance(request, dict):
+        raise InputError("line", "must be a JSON object")
+    custom_id = request.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id or len(custom_id) > 512:
+        raise InputError("custom_id", "must be a string of 1 to 512 characters")
+    if request.get("method", "POST") != "POST":
+        raise InputError("method", "must be POST")
+    if request.get("url") != endpoint:
+        raise InputError("url", f"must be the batch's endpoint, {endpoint}")
+    if not isinstance(request.get("body"), dict):
+        raise InputError("body", "must be a JSON object")
+    create, answer = PARSERS[endpoint](request["body"])
+    return custom_id, create, answer
+
+
+def body_field(endpoint: str, field: str) -> str:
+    """A field of a line's job, as the line names it: `body.input.text` for `/v1/jobs`,
+    `body.max_tokens` for an OpenAI request (whose fields the job input takes)."""
+    return "body." + (field if endpoint == "/v1/jobs" else field.removeprefix("input."))
+
+
+def custom_id_of(raw: bytes) -> str | None:
+    """The line's `custom_id` where one can be read (for the error file's line)."""
+    try:
+        value = orjson.loads(raw).get("custom_id")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None

@@ -1,0 +1,73 @@
+"""OpenAI's Batch API: `POST /v1/batches`, `GET /v1/batches[/{id}]`,
+`POST /v1/batches/{id}/cancel`, as the official client calls them.
+
+The input file is an OpenAI file object of purpose `batch` (`client.files.create`); the
+output and error files are file objects too, read with `client.files.content`. The
+lines run as jobs of priority `batch`, released by the release stage when their
+pipeline has room (`cluster/batches.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.auth import Owner
+from api.deps import Batches
+
+router = APIRouter(prefix="/v1/batches", tags=["openai"])
+
+
+class BatchCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input_file_id: str = Field(min_length=1, max_length=64)
+    endpoint: str = Field(min_length=1, max_length=64)
+    """`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, or mmq's `/v1/jobs`."""
+    completion_window: str = Field(default="24h", max_length=8)
+    """`24h`; mmq also takes shorter windows (`90s`, `30m`, `2h`)."""
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+
+
+@router.post("", responses={404: {}, 422: {}})
+async def create_batch(owner: Owner, body: BatchCreate, batches: Batches) -> dict[str, Any]:
+    """Create a batch (OpenAI's batches.create): every line is checked now; the bad ones
+    go to its error file, the rest run as jobs of priority `batch`."""
+    batch = await batches.create(
+        owner, body.input_file_id, body.endpoint, body.completion_window, body.metadata
+    )
+    return batch.openai()
+
+
+@router.get("", responses={401: {}})
+async def list_batches(
+    owner: Owner,
+    batches: Batches,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: Annotated[str | None, Query(max_length=64)] = None,
+) -> dict[str, Any]:
+    """Your batches, newest first (OpenAI's batches.list)."""
+    found, more = await batches.page(owner, limit, after)
+    data = [batch.openai() for batch in found]
+    return {
+        "object": "list",
+        "data": data,
+        "has_more": more,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }
+
+
+@router.get("/{batch_id}", responses={404: {}})
+async def retrieve_batch(owner: Owner, batch_id: str, batches: Batches) -> dict[str, Any]:
+    """One batch, with its `request_counts` (OpenAI's batches.retrieve)."""
+    return (await batches.get(owner, batch_id)).openai()
+
+
+@router.post("/{batch_id}/cancel", responses={404: {}, 409: {}})
+async def cancel_batch(owner: Owner, batch_id: str, batches: Batches) -> dict[str, Any]:
+    """Stop releasing its lines: the running ones end, what finished is written out, and
+    it ends `cancelled` (OpenAI's batches.cancel)."""
+    return (await batches.cancel(owner, batch_id)).openai()

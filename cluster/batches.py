@@ -1,0 +1,372 @@
+"""The release stage: the lines of batches enter the workers' queues only when their
+pipeline has room, behind all interactive work, and end in exactly one output file.
+
+Every `batches.release_interval_s`, for each active batch (oldest first):
+
+1. **Collect**: each released line whose job has ended moves, once (`jobs.batches.COLLECT`),
+   to the output file's lines (it succeeded) or the error file's (it did not), in
+   OpenAI's shape for the batch's endpoint.
+2. **Release**: while the batch is in progress and its window is open, lines are made
+   jobs of priority `batch` (`keys.queued_batch`: the 429 bound never counts them),
+   as many as their pipeline has room for. A pipeline's room is its live workers'
+   slots (`concurrency` each, less `batches.reserve_slots`) minus the batch lines it
+   already holds, and none while an interactive job waits in its queue. The queue
+   stays shallow, so what waits can still be reordered, and an interactive job is taken
+   before any released line (priority `batch` is kombu's last step). A line's job id is
+   fixed (`Line.job_id`) and taking a line off the list is one script that checks it is
+   still the first (`RELEASE`): a crash between the job's submit and that script, or two
+   release stages at once, makes no second job and loses no line.
+3. **Finish**: a batch with nothing left to release and nothing in flight writes its two
+   files to storage (as OpenAI file objects) and ends: `completed`, or `cancelled` /
+   `expired` with every line never released in the error file. A line's job has the
+   batch's end as its deadline (`cancel_at_deadline`): past the window, a queued one
+   expires and a running one is canceled, so an expired batch ends soon after its window.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import redis
+from celery import Celery
+
+from api.openai import answers
+from api.views import job_view
+from jobs import keys
+from jobs.batches import (
+    COLLECT,
+    SET_IF,
+    Batch,
+    BatchStatus,
+    Line,
+    invalid_line,
+    output_line,
+)
+from jobs.broker import job_message
+from jobs.codec import dumps, text_list, text_map
+from jobs.file_objects import FileObject, save_object_sync
+from jobs.kombu_redis import PRIORITY_VALUES, priority_list
+from jobs.metered import MeteredJobStore
+from jobs.models import Job
+from jobs.queues import queue_name
+from jobs.redis_client import FAILOVER_ERRORS
+from jobs.settings import Settings
+from jobs.states import JobStatus
+from storage.base import Storage
+
+log = logging.getLogger(__name__)
+
+RELEASE = """
+-- KEYS: waiting lines, in-flight hash; ARGV: the line (JSON), its job id
+-- Takes the first waiting line off the list into the in-flight hash, if it is still the
+-- first (another release stage may have taken it).
+if redis.call('LINDEX', KEYS[1], 0) ~= ARGV[1] then return 0 end
+redis.call('LPOP', KEYS[1])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[1])
+return 1
+"""
+NO_LIMIT = 2**31
+"""The queued-set bound of a batch line's submit: the release stage is its bound."""
+LIVE_BEATS = 3
+WATCH_TRIES = 10
+INTERACTIVE = [p for p in PRIORITY_VALUES if p != "batch"]
+
+
+@dataclass
+class Room:
+    """Per pipeline: slots a batch line may still take."""
+
+    free: dict[str, int]
+
+    def take(self, pipeline: str) -> bool:
+        if self.free.get(pipeline, 0) <= 0:
+            return False
+        self.free[pipeline] -= 1
+        return True
+
+
+class ReleaseStage:
+    def __init__(
+        self, store: MeteredJobStore, settings: Settings, app: Celery, storage: Storage
+    ) -> None:
+        self.store = store
+        self.r = store.r
+        self.settings = settings
+        self.app = app
+        self.storage = storage
+        self._collect = self.r.register_script(COLLECT)
+        self._release = self.r.register_script(RELEASE)
+        self._set_if = self.r.register_script(SET_IF)
+
+    def step(self) -> None:
+        """One pass over the active batches, oldest first."""
+        batches = [b for b in map(self._get, text_list(self.r.smembers(keys.BATCHES_ACTIVE))) if b]
+        batches.sort(key=lambda b: b.created_at)
+        for batch in batches:
+            self._collect_ended(batch)
+        room = self._room(batches)
+        now = time.time()
+        for batch in batches:
+            if batch.status is BatchStatus.IN_PROGRESS and now < batch.expires_at:
+                self._release_lines(batch, room)
+            self._finish_if_done(batch, now)
+
+    # -- collect
+
+    def _collect_ended(self, batch: Batch) -> None:
+        inflight = text_map(self.r.hgetall(keys.batch_inflight(batch.id)))
+        if not inflight:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in inflight:
+            pipe.hget(keys.job(job_id), "status")
+        for (job_id, raw), status in zip(inflight.items(), pipe.execute(), strict=True):
+            if status is None or JobStatus(status).terminal:
+                self._collect_one(batch, Line.model_validate_json(raw), job_id)
+
+    def _collect_one(self, batch: Batch, line: Line, job_id: str) -> None:
+        job = self.store.get(job_id)
+        if job is None:  # its record is gone (deleted by hand): the line failed
+            text = invalid_line(
+                batch.id,
+                line.line,
+                line.custom_id,
+                "job_lost",
+                f"line {line.line}: its job is gone",
+            )
+            target, field = "errors", "failed"
+        elif job.status is JobStatus.SUCCEEDED:
+            text = output_line(
+                batch.id, line.line, line.custom_id, 200, self._answer(batch, line, job), job.id
+            )
+            target, field = "output", "completed"
+        else:
+            code, body = self._failure(batch, job)
+            text = output_line(batch.id, line.line, line.custom_id, code, body, job.id)
+            target, field = "errors", "failed"
+        self._collect(
+            keys=[
+                keys.batch(batch.id),
+                keys.batch_inflight(batch.id),
+                keys.batch_output(batch.id),
+                keys.batch_errors(batch.id),
+            ],
+            args=[job_id, target, text, field],
+        )
+
+    def _answer(self, batch: Batch, line: Line, job: Job) -> dict[str, object]:
+        model = str(line.answer.get("model", job.pipeline))
+        if batch.endpoint == "/v1/chat/completions":
+            return answers.completion(job, model, chat=True)
+        if batch.endpoint == "/v1/completions":
+            return answers.completion(job, model, chat=False)
+        if batch.endpoint == "/v1/embeddings":
+            return answers.embeddings(job, model, str(line.answer.get("encoding_format")))
+        return job_view(job, self.settings.public_url).model_dump(mode="json")
+
+    def _failure(self, batch: Batch, job: Job) -> tuple[int, dict[str, object]]:
+        error = job.error.model_dump() if job.error is not None else None
+        code = answers.failure_status(str(job.status), error)
+        if batch.endpoint == "/v1/jobs":
+            return code, job_view(job, self.settings.public_url).model_dump(mode="json")
+        return code, answers.failure_body(str(job.status), error, {})
+
+    # -- release
+
+    def _room(self, batches: Iterable[Batch]) -> Room:
+        """Free slots per pipeline for batch lines (none while interactive jobs wait)."""
+        live_since = self.store.server_time() - LIVE_BEATS * self.settings.lease.heartbeat_s
+        workers: dict[str, int] = {}
+        for name in text_list(self.r.zrangebyscore(keys.WORKERS, live_since, "+inf")):
+            pipeline = name.split("@", 1)[0].rsplit("-", 1)[0]
+            workers[pipeline] = workers.get(pipeline, 0) + 1
+        held: dict[str, int] = {}
+        for batch in batches:
+            for raw in text_list(self.r.hvals(keys.batch_inflight(batch.id))):
+                pipeline = Line.model_validate_json(raw).pipeline
+                held[pipeline] = held.get(pipeline, 0) + 1
+        free: dict[str, int] = {}
+        pipe = self.r.pipeline(transaction=False)
+        names = [p for p in workers if p in self.settings.pipelines]
+        for pipeline in names:
+            for priority in INTERACTIVE:
+                pipe.llen(priority_list(queue_name(pipeline), PRIORITY_VALUES[priority]))
+        lengths = pipe.execute()
+        for i, pipeline in enumerate(names):
+            waiting = sum(lengths[i * len(INTERACTIVE) : (i + 1) * len(INTERACTIVE)])
+            if waiting:
+                continue  # interactive work first
+            slots = workers[pipeline] * self.settings.pipelines[pipeline].concurrency
+            free[pipeline] = slots - self.settings.batches.reserve_slots - held.get(pipeline, 0)
+        return Room(free)
+
+    def _release_lines(self, batch: Batch, room: Room) -> None:
+        lines_key = keys.batch_lines(batch.id)
+        while True:
+            raw = self.r.lindex(lines_key, 0)
+            if raw is None:
+                return
+            line = Line.model_validate_json(str(raw))
+            if not room.take(line.pipeline):
+                return  # in file order: a line waits for its own pipeline's room
+            job = self._job(batch, line)
+            self.store.submit(job, job_message(self.app, job), NO_LIMIT)
+            self._release(keys=[lines_key, keys.batch_inflight(batch.id)], args=[raw, job.id])
+
+    def _job(self, batch: Batch, line: Line) -> Job:
+        now = time.time()
+        metadata = {**line.job.get("metadata", {}), "batch_id": batch.id}
+        metadata["batch_custom_id"] = line.custom_id
+        return Job(
+            id=line.job_id(batch.id),
+            kind=line.job["kind"],
+            pipeline=line.pipeline,
+            status=JobStatus.QUEUED,
+            owner=batch.owner,
+            priority="batch",
+            input=line.job["input"],
+            metadata=metadata,
+            created_at=now,
+            queued_at=now,
+            deadline=batch.expires_at,
+            cancel_at_deadline=True,
+        )
+
+    # -- finish
+
+    def _finish_if_done(self, batch: Batch, now: float) -> None:
+        if self.r.hlen(keys.batch_inflight(batch.id)):
+            return
+        if batch.status is BatchStatus.CANCELLING:
+            end, code = BatchStatus.CANCELLED, "batch_cancelled"
+        elif batch.status is BatchStatus.IN_PROGRESS and now >= batch.expires_at:
+            end, code = BatchStatus.EXPIRED, "batch_expired"
+        elif batch.status in {BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING}:
+            if self.r.llen(keys.batch_lines(batch.id)):
+                return
+            end, code = BatchStatus.COMPLETED, ""
+        else:
+            return
+        if code and not self._never_run(batch, code):
+            return  # its waiting lines are not in the error file yet: the next step
+        if end is BatchStatus.COMPLETED:
+            self._set(batch, [BatchStatus.IN_PROGRESS], status=str(BatchStatus.FINALIZING),
+                      finalizing_at=repr(time.time()))  # fmt: skip
+        output_id = self._write(batch, keys.batch_output(batch.id), "output")
+        error_id = self._write(batch, keys.batch_errors(batch.id), "errors")
+        stamp = {
+            BatchStatus.COMPLETED: "completed_at",
+            BatchStatus.CANCELLED: "cancelled_at",
+            BatchStatus.EXPIRED: "expired_at",
+        }[end]
+        ended = self._set(
+            batch,
+            [BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING],
+            status=str(end),
+            output_file_id=output_id,
+            error_file_id=error_id,
+            **{stamp: repr(time.time())},
+        )
+        pipe = self.r.pipeline(transaction=True)
+        pipe.srem(keys.BATCHES_ACTIVE, batch.id)
+        pipe.delete(keys.batch_output(batch.id), keys.batch_errors(batch.id))
+        pipe.delete(keys.batch_lines(batch.id), keys.batch_inflight(batch.id))
+        pipe.execute()
+        if ended:
+            log.info("batch %s: %s", batch.id, end)
+
+    def _never_run(self, batch: Batch, code: str) -> bool:
+        """Every line still waiting, to the error file (one transaction: a line is moved
+        once even if two release stages finish the batch together); False when that
+        could not be done this time."""
+        lines_key = keys.batch_lines(batch.id)
+        why = {"batch_cancelled": "the batch was cancelled", "batch_expired": "the window ended"}
+        with self.r.pipeline(transaction=True) as pipe:
+            for _ in range(WATCH_TRIES):  # another stage moving them: read again
+                try:
+                    pipe.watch(lines_key)  # type: ignore[no-untyped-call]  # redis-py: unannotated
+                    waiting = map(
+                        Line.model_validate_json, text_list(pipe.lrange(lines_key, 0, -1))
+                    )
+                    errors = [
+                        invalid_line(
+                            batch.id, w.line, w.custom_id, code, f"line {w.line}: {why[code]}"
+                        )
+                        for w in waiting
+                    ]
+                    if not errors:
+                        return True
+                    pipe.multi()
+                    pipe.rpush(keys.batch_errors(batch.id), *errors)
+                    pipe.hincrby(keys.batch(batch.id), "failed", len(errors))
+                    pipe.delete(lines_key)
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    continue
+        log.warning("batch %s: its waiting lines kept changing; next step", batch.id)
+        return False
+
+    def _write(self, batch: Batch, list_key: str, name: str) -> str:
+        """The file's lines to storage, as an OpenAI file object; '' when it has none.
+        Its id is the batch's own, so that writing it again replaces it."""
+        lines = text_list(self.r.lrange(list_key, 0, -1))
+        if not lines:
+            return ""
+        data = ("\n".join(lines) + "\n").encode()
+        key = f"{batch.owner}/batches/{batch.id}/{name}.jsonl"
+        stored = self.storage.put(key, data, "application/jsonl")
+        digest = hashlib.sha256(f"{batch.id}:{name}".encode()).hexdigest()[:24]
+        obj = FileObject(
+            id=f"file-{digest}",
+            owner=batch.owner,
+            key=key,
+            bytes=stored.size_bytes,
+            filename=f"{batch.id}_{name}.jsonl",
+            purpose="batch_output",
+            created_at=time.time(),
+        )
+        ttl_s = self.settings.job_ttl_s
+        save_object_sync(self.r, obj, ttl_s)
+        # Kept as long as a job's record: the retention sweep deletes it after that.
+        self.r.zadd(keys.UPLOADS, {key: time.time() + ttl_s})
+        return obj.id
+
+    def _get(self, batch_id: str) -> Batch | None:
+        fields = text_map(self.r.hgetall(keys.batch(batch_id)))
+        if not fields:
+            self.r.srem(keys.BATCHES_ACTIVE, batch_id)
+            return None
+        return Batch.from_fields(fields)
+
+    def _set(self, batch: Batch, sources: list[BatchStatus], **fields: str) -> bool:
+        change = dumps({"sources": [str(s) for s in sources], "fields": fields})
+        return bool(self._set_if(keys=[keys.batch(batch.id)], args=[change]))
+
+    def run_forever(self, stop: threading.Event) -> None:
+        interval_s = self.settings.batches.release_interval_s
+        log.info("release stage: every %ss", interval_s)
+        while not stop.wait(interval_s):
+            try:
+                self.step()
+            except FAILOVER_ERRORS as exc:  # Redis down or failing over: no traceback
+                log.warning("release stage: %s: %s", type(exc).__name__, exc)
+            except (redis.RedisError, OSError, ValueError):
+                log.exception("release stage: a step failed")
+
+
+def start_release_stage(
+    store: MeteredJobStore, settings: Settings, app: Celery, stop: threading.Event
+) -> threading.Thread:
+    """Run the release stage in a daemon thread until `stop` is set."""
+    from storage.factory import make_storage
+
+    stage = ReleaseStage(store, settings, app, make_storage(settings))
+    thread = threading.Thread(target=stage.run_forever, args=(stop,), name="release", daemon=True)
+    thread.start()
+    return thread

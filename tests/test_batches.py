@@ -1,0 +1,238 @@
+"""OpenAI's Batch API driven by the official `openai` client against a real deployment (API,
+reaper with its release stage, echo and sleep workers): every line ends in exactly one of
+the two files, bad lines are named by number and field without failing the batch, lines
+wait behind interactive jobs and never count against the 429 bound, cancel and the
+completion window end a batch with what finished written out."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+import redis
+
+from jobs import keys
+from tests.conftest import new_owner
+from tests.support.deploy import Deployment, flush, serving, wait_until
+
+ENV = {
+    "MMQ_BATCHES__RELEASE_INTERVAL_S": "0.1",
+    "MMQ_LEASE__REAPER_INTERVAL_S": "0.2",
+    "MMQ_LEASE__HEARTBEAT_S": "0.3",
+    "MMQ_QUEUE__MAX_QUEUED": "3",
+}
+
+
+@pytest.fixture(scope="module")
+def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    flush(redis_url)
+    deployment = Deployment(redis_url, tmp_path_factory.mktemp("batches"), ENV)
+    with serving(deployment):
+        deployment.start_api()
+        deployment.start_reaper()
+        deployment.start_worker("echo")
+        deployment.start_worker("sleep")
+        yield deployment
+
+
+def _client(dep: Deployment) -> openai.OpenAI:
+    key = new_owner(dep.redis_url, dep.base_url, f"batch{time.monotonic_ns()}").key
+    return openai.OpenAI(base_url=f"{dep.base_url}/v1", api_key=key, max_retries=0)
+
+
+def _jsonl(lines: list[Any]) -> bytes:
+    return b"".join((ln if isinstance(ln, bytes) else json.dumps(ln).encode()) + b"\n" for ln in lines)
+
+
+def _job_line(custom_id: str, kind: str, **inp: Any) -> dict[str, Any]:
+    body = {"kind": kind, "input": inp}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/jobs", "body": body}
+
+
+def _run(client: openai.OpenAI, lines: list[Any], window: str = "24h", **extra: Any) -> Any:
+    source = client.files.create(file=("requests.jsonl", _jsonl(lines)), purpose="batch")
+    return client.batches.create(
+        input_file_id=source.id,
+        endpoint="/v1/jobs",  # type: ignore[arg-type]  # mmq's own endpoint
+        completion_window=window,  # type: ignore[arg-type]  # mmq takes shorter windows
+        **extra,
+    )
+
+
+def _ended(client: openai.OpenAI, batch_id: str, timeout_s: float = 60) -> Any:
+    ended = {"completed", "failed", "cancelled", "expired"}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in ended:
+            return batch
+        time.sleep(0.2)
+    raise TimeoutError(f"batch {batch_id} did not end in {timeout_s}s")
+
+
+def _file(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+
+
+def test_a_batch_runs_every_line_once_and_names_bad_lines(dep: Deployment) -> None:
+    client = _client(dep)
+    lines: list[Any] = [_job_line(f"ok-{i}", "echo", text=f"t{i}") for i in range(24)]
+    lines.insert(2, b"{not json")
+    lines.insert(5, {"method": "POST", "url": "/v1/jobs", "body": {"kind": "echo"}})
+    lines.insert(7, _job_line("wrong-url", "echo", text="x") | {"url": "/v1/embeddings"})
+    lines.insert(9, _job_line("too-long", "echo", text="x" * 1001))
+    lines.insert(11, _job_line("ok-0", "echo", text="again"))
+    lines.append(_job_line("rejected", "echo", text="r", reject=True))
+    batch = _run(client, lines, metadata={"team": "search"})
+    assert batch.status in {"in_progress", "completed"} and batch.metadata == {"team": "search"}
+    assert batch.request_counts.total == len(lines)
+
+    batch = _ended(client, batch.id)
+    assert batch.status == "completed"
+    assert batch.request_counts.completed == 24
+    assert batch.request_counts.failed == 6
+    output, errors = _file(client, batch.output_file_id), _file(client, batch.error_file_id)
+    assert sorted(o["custom_id"] for o in output) == sorted(f"ok-{i}" for i in range(24))
+    for line in output:
+        response = line["response"]
+        assert response["status_code"] == 200 and line["error"] is None
+        assert response["body"]["status"] == "succeeded"
+        assert response["body"]["output"]["text"] == "t" + line["custom_id"].removeprefix("ok-")
+        assert response["body"]["priority"] == "batch"
+        assert response["body"]["metadata"]["batch_id"] == batch.id
+    by_message = {e["error"]["message"]: e for e in errors if e["error"]}
+    assert any(m.startswith("line 3: line: is not JSON") for m in by_message)
+    assert any(m.startswith("line 6: custom_id:") for m in by_message)
+    assert any(m.startswith("line 8: url: must be the batch's endpoint") for m in by_message)
+    assert any(m.startswith("line 10: body.input.text:") for m in by_message)
+    assert any(m.startswith("line 12: custom_id: 'ok-0' is used") for m in by_message)
+    (rejected,) = [e for e in errors if e["custom_id"] == "rejected"]
+    assert rejected["response"]["status_code"] == 422
+    assert rejected["response"]["body"]["status"] == "failed"
+    assert len(output) + len(errors) == len(lines)
+
+    assert client.files.retrieve(batch.output_file_id).purpose == "batch_output"
+    assert batch.id in [b.id for b in client.batches.list()]
+
+
+def test_lines_wait_behind_interactive_jobs_and_never_count_against_429(
+    dep: Deployment, rclient: redis.Redis
+) -> None:
+    """The sleep worker runs one job at a time; 3 jobs may queue (MMQ_QUEUE__MAX_QUEUED)."""
+    client = _client(dep)
+    lines = [_job_line(f"s{i}", "sleep", steps=1, step_ms=300) for i in range(10)]
+    batch = _run(client, lines)
+    wait_until(lambda: rclient.hlen(keys.batch_inflight(batch.id)) > 0, timeout_s=10)
+    held = []
+    http = client._client  # the same key, for mmq's own route
+    auth = {"Authorization": f"Bearer {client.api_key}"}
+    url = f"{dep.base_url}/v1/jobs"
+    body = {"kind": "sleep", "input": {"steps": 1, "step_ms": 10}}
+    interactive = []
+    for _ in range(3):  # the bound is 3: the waiting batch lines do not count
+        r = http.post(url, json=body, headers=auth)
+        assert r.status_code == 202, r.text
+        interactive.append(r.json()["id"])
+        held.append(rclient.hlen(keys.batch_inflight(batch.id)))
+    for job_id in interactive:
+        job = http.get(f"{url}/{job_id}", headers=auth | {"Prefer": "wait=10"}).json()
+        assert job["status"] == "succeeded"
+        # behind at most the line running when it came, and the interactive ones before it
+        assert job["timings"]["queue_wait_ms"] < 1500
+    assert max(held) <= 1, "the queue stays shallow: one line per free slot"
+    assert rclient.scard(keys.queued("sleep")) == 0
+    batch = _ended(client, batch.id)
+    assert batch.request_counts.completed == 10
+
+
+def test_cancel_lets_running_lines_end_and_writes_what_finished(dep: Deployment) -> None:
+    client = _client(dep)
+    lines = [_job_line(f"c{i}", "sleep", steps=3, step_ms=100) for i in range(12)]
+    batch = _run(client, lines)
+    wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1)
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status in {"cancelling", "cancelled"}
+    batch = _ended(client, batch.id)
+    assert batch.status == "cancelled"
+    output, errors = _file(client, batch.output_file_id), _file(client, batch.error_file_id)
+    assert output and errors
+    assert sorted(x["custom_id"] for x in output + errors) == sorted(f"c{i}" for i in range(12))
+    assert {e["error"]["code"] for e in errors if e["error"]} == {"batch_cancelled"}
+    assert batch.request_counts.completed == len(output)
+    assert batch.request_counts.failed == len(errors)
+
+
+def test_a_batch_past_its_window_expires_with_what_finished(dep: Deployment) -> None:
+    client = _client(dep)
+    lines = [_job_line(f"w{i}", "sleep", steps=4, step_ms=100) for i in range(20)]
+    batch = _ended(client, _run(client, lines, window="2s").id)
+    assert batch.status == "expired"
+    output, errors = _file(client, batch.output_file_id), _file(client, batch.error_file_id)
+    assert 1 <= len(output) < 20
+    assert sorted(x["custom_id"] for x in output + errors) == sorted(f"w{i}" for i in range(20))
+    assert batch.expired_at is not None and batch.expired_at - batch.created_at < 10
+
+
+def test_batches_refuse_what_they_cannot_run(dep: Deployment) -> None:
+    client = _client(dep)
+    other = _client(dep)
+    source = client.files.create(file=("r.jsonl", b"\n"), purpose="batch")
+    with pytest.raises(openai.UnprocessableEntityError, match="endpoint"):
+        client.batches.create(
+            input_file_id=source.id,
+            endpoint="/v1/images/generations",  # type: ignore[arg-type]
+            completion_window="24h",
+        )
+    with pytest.raises(openai.NotFoundError):
+        other.batches.create(
+            input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    empty = client.batches.create(
+        input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert empty.status == "failed" and empty.errors is not None
+    assert empty.errors.data is not None and empty.errors.data[0].code == "empty_file"
+    user_file = client.files.create(file=("u.txt", b"x"), purpose="user_data")
+    with pytest.raises(openai.UnprocessableEntityError, match="purpose"):
+        client.batches.create(
+            input_file_id=user_file.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    assert client.files.content(user_file.id).read() == b"x"
+    assert client.files.delete(user_file.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(user_file.id)
+
+
+def test_a_chat_batch_answers_in_openais_shape(kinds_dep: Deployment) -> None:
+    client = _client(kinds_dep)
+    lines = [
+        {
+            "custom_id": f"chat-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "llm",
+                "messages": [{"role": "user", "content": f"Count to {i}."}],
+                "max_tokens": 4,
+                "temperature": 0,
+            },
+        }
+        for i in range(3)
+    ]
+    source = client.files.create(file=("chat.jsonl", _jsonl(lines)), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    batch = _ended(client, batch.id, timeout_s=120)
+    assert batch.status == "completed" and batch.request_counts.completed == 3
+    for line in _file(client, batch.output_file_id):
+        body = line["response"]["body"]
+        assert body["object"] == "chat.completion" and body["model"] == "llm"
+        assert body["choices"][0]["message"]["role"] == "assistant"
+        assert body["usage"]["completion_tokens"] > 0
