@@ -45,7 +45,9 @@ def _client(dep: Deployment) -> openai.OpenAI:
 
 
 def _jsonl(lines: list[Any]) -> bytes:
-    return b"".join((ln if isinstance(ln, bytes) else json.dumps(ln).encode()) + b"\n" for ln in lines)
+    return b"".join(
+        (ln if isinstance(ln, bytes) else json.dumps(ln).encode()) + b"\n" for ln in lines
+    )
 
 
 def _job_line(custom_id: str, kind: str, **inp: Any) -> dict[str, Any]:
