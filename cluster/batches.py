@@ -29,7 +29,6 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import redis
@@ -107,9 +106,11 @@ class ReleaseStage:
         """One pass over the active batches, oldest first."""
         batches = [b for b in map(self._get, text_list(self.r.smembers(keys.BATCHES_ACTIVE))) if b]
         batches.sort(key=lambda b: b.created_at)
+        waiting: dict[str, int] = {}
         for batch in batches:
-            self._collect_ended(batch)
-        room = self._room(batches)
+            for pipeline in self._collect_ended(batch):
+                waiting[pipeline] = waiting.get(pipeline, 0) + 1
+        room = self._room(waiting)
         now = time.time()
         for batch in batches:
             if batch.status is BatchStatus.IN_PROGRESS and now < batch.expires_at:
@@ -118,16 +119,23 @@ class ReleaseStage:
 
     # -- collect
 
-    def _collect_ended(self, batch: Batch) -> None:
+    def _collect_ended(self, batch: Batch) -> list[str]:
+        """Collect the released lines whose jobs have ended; returns the pipelines of
+        those still queued (released, not started), one entry each."""
         inflight = text_map(self.r.hgetall(keys.batch_inflight(batch.id)))
         if not inflight:
-            return
+            return []
         pipe = self.r.pipeline(transaction=False)
         for job_id in inflight:
             pipe.hget(keys.job(job_id), "status")
+        queued = []
         for (job_id, raw), status in zip(inflight.items(), pipe.execute(), strict=True):
+            line = Line.model_validate_json(raw)
             if status is None or JobStatus(status).terminal:
-                self._collect_one(batch, Line.model_validate_json(raw), job_id)
+                self._collect_one(batch, line, job_id)
+            elif status == JobStatus.QUEUED:
+                queued.append(line.pipeline)
+        return queued
 
     def _collect_one(self, batch: Batch, line: Line, job_id: str) -> None:
         job = self.store.get(job_id)
@@ -178,32 +186,46 @@ class ReleaseStage:
 
     # -- release
 
-    def _room(self, batches: Iterable[Batch]) -> Room:
-        """Free slots per pipeline for batch lines (none while interactive jobs wait)."""
+    def _room(self, waiting: dict[str, int]) -> Room:
+        """Free slots per pipeline for batch lines: its live workers' slots, less
+        `batches.reserve_slots`, the jobs it runs (of any priority) and the batch lines
+        `waiting` in its queue; plus one line per worker queued ahead (so that a slot
+        that frees between two steps is taken at once) unless slots are reserved. None
+        while an interactive job waits in its queue."""
         live_since = self.store.server_time() - LIVE_BEATS * self.settings.lease.heartbeat_s
         workers: dict[str, int] = {}
         for name in text_list(self.r.zrangebyscore(keys.WORKERS, live_since, "+inf")):
             pipeline = name.split("@", 1)[0].rsplit("-", 1)[0]
             workers[pipeline] = workers.get(pipeline, 0) + 1
-        held: dict[str, int] = {}
-        for batch in batches:
-            for raw in text_list(self.r.hvals(keys.batch_inflight(batch.id))):
-                pipeline = Line.model_validate_json(raw).pipeline
-                held[pipeline] = held.get(pipeline, 0) + 1
-        free: dict[str, int] = {}
-        pipe = self.r.pipeline(transaction=False)
         names = [p for p in workers if p in self.settings.pipelines]
+        pipe = self.r.pipeline(transaction=False)
         for pipeline in names:
             for priority in INTERACTIVE:
                 pipe.llen(priority_list(queue_name(pipeline), PRIORITY_VALUES[priority]))
         lengths = pipe.execute()
+        running = self._running()
+        reserve = self.settings.batches.reserve_slots
+        free: dict[str, int] = {}
         for i, pipeline in enumerate(names):
-            waiting = sum(lengths[i * len(INTERACTIVE) : (i + 1) * len(INTERACTIVE)])
-            if waiting:
+            if sum(lengths[i * len(INTERACTIVE) : (i + 1) * len(INTERACTIVE)]):
                 continue  # interactive work first
             slots = workers[pipeline] * self.settings.pipelines[pipeline].concurrency
-            free[pipeline] = slots - self.settings.batches.reserve_slots - held.get(pipeline, 0)
+            ahead = 0 if reserve else workers[pipeline]
+            busy = running.get(pipeline, 0) + waiting.get(pipeline, 0)
+            free[pipeline] = slots + ahead - reserve - busy
         return Room(free)
+
+    def _running(self) -> dict[str, int]:
+        """Running jobs per pipeline (every priority)."""
+        ids = text_list(self.r.zrange(keys.RUNNING, 0, -1))
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hget(keys.job(job_id), "pipeline")
+        counts: dict[str, int] = {}
+        for pipeline in pipe.execute():
+            if pipeline:
+                counts[str(pipeline)] = counts.get(str(pipeline), 0) + 1
+        return counts
 
     def _release_lines(self, batch: Batch, room: Room) -> None:
         lines_key = keys.batch_lines(batch.id)
