@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from jobs import keys
-from jobs.codec import time_seconds
+from jobs.codec import text_list, time_seconds
 from jobs.kombu_redis import priority_lists
 from jobs.metrics import RECORDED, MetricDef
 from jobs.queues import queue_name
@@ -46,6 +46,10 @@ class Snapshot:
     running: int = 0
     workers: list[tuple[dict[str, str], float]] = field(default_factory=list)
     devices: list[dict[str, str]] = field(default_factory=list)
+    batches: dict[str, int] = field(default_factory=dict)
+    """Active batches by status."""
+    batch_lines: dict[str, int] = field(default_factory=dict)
+    """Lines of the active batches by state: waiting, in_flight, completed, failed."""
     at: float = 0.0
     """When it was read (Redis's clock, unix seconds)."""
 
@@ -104,7 +108,29 @@ async def read_snapshot(r: aredis.Redis, settings: Settings) -> Snapshot:
         if info
     ]
     snap.devices = [info for info in found[len(workers) :] if info]
+    await _read_batches(r, snap)
     return snap
+
+
+async def _read_batches(r: aredis.Redis, snap: Snapshot) -> None:
+    ids = text_list(await r.smembers(keys.BATCHES_ACTIVE))
+    pipe = r.pipeline(transaction=False)
+    for batch_id in ids:
+        pipe.hmget(keys.batch(batch_id), ["status", "completed", "failed"])
+        pipe.llen(keys.batch_lines(batch_id))
+        pipe.hlen(keys.batch_inflight(batch_id))
+    found = await pipe.execute()
+    lines = dict.fromkeys(("waiting", "in_flight", "completed", "failed"), 0)
+    for i in range(len(ids)):
+        (status, completed, failed), waiting, in_flight = found[3 * i : 3 * i + 3]
+        if status is None:
+            continue
+        snap.batches[status] = snap.batches.get(status, 0) + 1
+        lines["waiting"] += int(waiting)
+        lines["in_flight"] += int(in_flight)
+        lines["completed"] += int(completed or 0)
+        lines["failed"] += int(failed or 0)
+    snap.batch_lines = lines
 
 
 def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
@@ -125,6 +151,21 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
         queued.add_metric([kind], n)
     yield queued
     yield GaugeMetricFamily("mmq_jobs_running", "Jobs running now.", value=snap.running)
+    batches = GaugeMetricFamily(
+        "mmq_batches_active", "Batches not yet ended, by status.", labels=["status"]
+    )
+    for status, n in sorted(snap.batches.items()):
+        batches.add_metric([status], n)
+    yield batches
+    lines = GaugeMetricFamily(
+        "mmq_batch_lines",
+        "Lines of the batches not yet ended: waiting to be released, in flight (released, "
+        "not collected), completed, failed.",
+        labels=["state"],
+    )
+    for state, n in snap.batch_lines.items():
+        lines.add_metric([state], n)
+    yield lines
     yield from _workers(snap, settings.lease.heartbeat_s * 3)
     yield from _devices(snap.devices)
 

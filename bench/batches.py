@@ -11,11 +11,12 @@ submitted with `Prefer: wait` (its latency is submit to answer, as a client sees
 The second run starts a batch of `--lines` lines of the same job (`/v1/jobs`) with the
 interactive traffic, which goes on until the batch ends.
 
-Reported: interactive p50/p99 (and queue wait) alone and with the batch, and their
-ratios; the worker's busy share while the batch had work (the jobs' run time over slots
-x that time); and the batch's duration over what the idle capacity allows (lines x
-service time / (slots x (1 - load))). Goals (issue 34): p50 and p99 within 1.10x, busy
->= 95 %, duration <= 1.15x.
+First, the Redis memory a waiting line costs (a batch of `--memory-lines` lines whose
+pipeline has no worker, then canceled). Reported: interactive p50/p99 (and queue wait)
+alone and with the batch, and their ratios; the worker's busy share while the batch had
+work (the jobs' run time over slots x that time); and the batch's duration over what the
+idle capacity allows (lines x service time / (slots x (1 - load))). Goals (issue 34): p50
+and p99 within 1.10x, busy >= 95 %, duration <= 1.15x.
 """
 
 from __future__ import annotations
@@ -131,13 +132,40 @@ async def run_batch(
     return batch, windows
 
 
+async def memory_of_waiting_lines(http: httpx.AsyncClient, r: redis.Redis, lines: int) -> float:
+    """Bytes of Redis memory per waiting line: a batch of `lines` lines for a pipeline
+    with no worker (the tests' `sleep`: its lines wait), measured, then canceled."""
+    text = "".join(
+        json.dumps(
+            {
+                "custom_id": f"m{i}",
+                "method": "POST",
+                "url": "/v1/jobs",
+                "body": {"kind": "sleep", "input": {"steps": 1, "step_ms": 10}},
+            }
+        )
+        + "\n"
+        for i in range(lines)
+    )
+    files = {"file": ("m.jsonl", text.encode(), "application/jsonl")}
+    before = int(r.info("memory")["used_memory"])
+    source = (await http.post("/v1/files", files=files, data={"purpose": "batch"})).json()
+    create = {"input_file_id": source["id"], "endpoint": "/v1/jobs", "completion_window": "24h"}
+    batch = (await http.post("/v1/batches", json=create)).json()
+    after = int(r.info("memory")["used_memory"])
+    await http.post(f"/v1/batches/{batch['id']}/cancel")
+    return (after - before) / lines
+
+
 def busy_share(windows: list[tuple[float, float]], start: float, end: float, slots: int) -> float:
     """Share of `slots` x (end - start) that runs covered."""
     covered = sum(max(0.0, min(e, end) - max(s, start)) for s, e in windows)
     return covered / (slots * (end - start)) if end > start else 0.0
 
 
-async def measure(args: argparse.Namespace, base_url: str, key: str) -> dict[str, Any]:
+async def measure(
+    args: argparse.Namespace, base_url: str, key: str, r: redis.Redis
+) -> dict[str, Any]:
     capacity = args.slots / (args.service_ms / 1000)
     rate = args.load * capacity
     headers = {"Authorization": f"Bearer {key}"}
@@ -145,6 +173,8 @@ async def measure(args: argparse.Namespace, base_url: str, key: str) -> dict[str
     async with httpx.AsyncClient(
         base_url=base_url, headers=headers, timeout=120, limits=limits, trust_env=False
     ) as http:
+        per_line = await memory_of_waiting_lines(http, r, args.memory_lines)
+        console.print(f"Redis memory: {per_line:.0f} bytes per waiting line")
         console.print(f"interactive alone: {rate:.1f} jobs/s for {args.seconds} s")
         stop_at = time.monotonic() + args.seconds
         alone = await interactive_load(
@@ -183,6 +213,7 @@ async def measure(args: argparse.Namespace, base_url: str, key: str) -> dict[str
             "busy share while the batch had work": busy,
             "batch duration / idle-capacity time": duration_s / ideal_s,
         },
+        "redis_bytes_per_waiting_line": per_line,
         "batch": {
             "lines": args.lines,
             "status": batch["status"],
@@ -210,6 +241,7 @@ def print_report(result: dict[str, Any]) -> None:
     for name, value in result["ratios"].items():
         console.print(f"{name}: {value:.3f}")
     console.print(f"batch: {result['batch']}")
+    console.print(f"Redis bytes per waiting line: {result['redis_bytes_per_waiting_line']:.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=0.5)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--reserve", type=int, default=0, help="batches.reserve_slots")
+    parser.add_argument("--memory-lines", type=int, default=10_000)
     parser.add_argument("--out", type=Path, default=Path("bench/results/batches.json"))
     args = parser.parse_args(argv)
     with ExitStack() as stack:
@@ -239,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         dep.start_api()
         dep.start_reaper()
         dep.start_worker("work")
-        key = create_key(redis.Redis.from_url(server.url, decode_responses=True), "bench")
-        result = asyncio.run(measure(args, dep.base_url, key))
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        key = create_key(client, "bench")
+        result = asyncio.run(measure(args, dep.base_url, key, client))
     result["meta"] = run_meta()
     print_report(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
