@@ -40,6 +40,7 @@ from rich.table import Table
 from bench.common import percentile_ms, run_meta
 from common.procs import free_port
 from host.redis_server import RedisServer
+from jobs import keys
 from jobs.apikeys import create_key
 from tests.support.deploy import Deployment, serving
 
@@ -129,7 +130,19 @@ async def run_batch(
     for line in output.splitlines():
         job = json.loads(line)["response"]["body"]
         windows.append((_ts(job["started_at"]), _ts(job["finished_at"])))
+        batch.setdefault("job_ids", []).append(job["id"])
     return batch, windows
+
+
+def memory_of_ended_line(r: redis.Redis, job_ids: list[str]) -> float:
+    """Mean bytes that an ended line's job keeps in Redis until `job_ttl_s` (its record
+    and its events), over a sample of them."""
+    sample = job_ids[:50]
+    total = 0
+    for job_id in sample:
+        for key in (keys.job(job_id), keys.job_events(job_id)):
+            total += int(r.memory_usage(key) or 0)
+    return total / len(sample) if sample else 0.0
 
 
 async def memory_of_waiting_lines(http: httpx.AsyncClient, r: redis.Redis, lines: int) -> float:
@@ -187,6 +200,7 @@ async def measure(
         started = time.time()
         both = await interactive_load(http, rate, args.service_ms, done.is_set, 2)
         batch, batch_windows = await batch_task
+    per_ended = memory_of_ended_line(r, batch.pop("job_ids", []))
     ideal_s = args.lines * args.service_ms / 1000 / (args.slots * (1 - args.load))
     first = min((s for s, _ in batch_windows), default=started)
     last = max((e for _, e in batch_windows), default=started)
@@ -214,6 +228,7 @@ async def measure(
             "batch duration / idle-capacity time": duration_s / ideal_s,
         },
         "redis_bytes_per_waiting_line": per_line,
+        "redis_bytes_per_ended_line_job": per_ended,
         "batch": {
             "lines": args.lines,
             "status": batch["status"],
@@ -242,6 +257,8 @@ def print_report(result: dict[str, Any]) -> None:
         console.print(f"{name}: {value:.3f}")
     console.print(f"batch: {result['batch']}")
     console.print(f"Redis bytes per waiting line: {result['redis_bytes_per_waiting_line']:.0f}")
+    ended = result["redis_bytes_per_ended_line_job"]
+    console.print(f"Redis bytes an ended line's job keeps (record, events): {ended:.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
