@@ -57,14 +57,7 @@ def cancel_queued(job: Job) -> Transition:
 def cancel_queued_by_id(job_id: str, kind: str) -> Transition:
     """`cancel_queued` for a job known by its id alone (a worker that took the task of a
     job canceled in the queue); the script reads the job back for its webhook."""
-    return Transition(
-        job_id=job_id,
-        target=JobStatus.CANCELED,
-        sources=QUEUED,
-        fields={"finished_at": _now()},
-        kind=kind,
-        read_back=ALL_FIELDS,
-    )
+    return _end_queued_by_id(job_id, kind, JobStatus.CANCELED, {})
 
 
 DEADLINE_PASSED = {"reason": "deadline"}
@@ -86,12 +79,18 @@ def expire(job: Job) -> Transition:
 def expire_by_id(job_id: str, kind: str) -> Transition:
     """`expire` for a job known by its id alone (a worker whose start was refused because
     the deadline had passed); the script reads the job back for its webhook."""
+    return _end_queued_by_id(job_id, kind, JobStatus.EXPIRED, DEADLINE_PASSED)
+
+
+def _end_queued_by_id(
+    job_id: str, kind: str, target: JobStatus, event_data: dict[str, Any]
+) -> Transition:
     return Transition(
         job_id=job_id,
-        target=JobStatus.EXPIRED,
+        target=target,
         sources=QUEUED,
         fields={"finished_at": _now()},
-        event_data=DEADLINE_PASSED,
+        event_data=event_data,
         kind=kind,
         read_back=ALL_FIELDS,
     )

@@ -14,6 +14,17 @@ from jobs.errors import InputError
 from jobs.models import Job
 
 
+def page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """OpenAI's list object (files, batches) of one page."""
+    return {
+        "object": "list",
+        "data": data,
+        "has_more": has_more,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }
+
+
 def completion_id(job_id: str, *, chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + job_id
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import Owner
 from api.deps import Batches
+from api.openai import answers
 
 router = APIRouter(prefix="/v1/batches", tags=["openai"])
 
@@ -50,14 +51,7 @@ async def list_batches(
 ) -> dict[str, Any]:
     """Your batches, newest first (OpenAI's batches.list)."""
     found, more = await batches.page(owner, limit, after)
-    data = [batch.openai() for batch in found]
-    return {
-        "object": "list",
-        "data": data,
-        "has_more": more,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-    }
+    return answers.page([batch.openai() for batch in found], more)
 
 
 @router.get("/{batch_id}", responses={404: {}})

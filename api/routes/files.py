@@ -11,6 +11,7 @@ from starlette.datastructures import UploadFile
 from api.auth import Owner, current_owner
 from api.deps import Files
 from api.files import FileInfo, FileService
+from api.openai import answers
 from jobs.errors import InputError
 from jobs.file_objects import PURPOSES, is_file_id
 
@@ -83,14 +84,7 @@ async def list_files(
 ) -> dict[str, Any]:
     """Your OpenAI file objects, newest first (OpenAI's `files.list`)."""
     found, more = await files.list_objects(owner, purpose, limit, after)
-    data = [obj.openai() for obj in found]
-    return {
-        "object": "list",
-        "data": data,
-        "has_more": more,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-    }
+    return answers.page([obj.openai() for obj in found], more)
 
 
 @router.get("/{file_id}/content", response_class=StreamingResponse, responses={401: {}, 404: {}})
