@@ -32,6 +32,7 @@ from jobs.batches import (
 )
 from jobs.codec import dumps, flat_pairs, text_list, text_map
 from jobs.errors import Conflict, InputError, NotFound
+from jobs.models import WebhookSpec
 from jobs.settings import Settings
 
 CHECK_EVERY = 200
@@ -59,12 +60,15 @@ class BatchService:
         endpoint: str,
         completion_window: str,
         metadata: dict[str, str] | None,
+        webhook: WebhookSpec | None = None,
     ) -> Batch:
         if endpoint not in ENDPOINTS:
             raise InputError("endpoint", f"must be one of {list(ENDPOINTS)}")
         window_s = window_seconds(completion_window)
         if window_s is None:
             raise InputError("completion_window", "must be 24h (or shorter: 90s, 30m, 2h)")
+        if webhook is not None:
+            await self.jobs.check_webhook(webhook.url)
         source = await self.files.get_object(owner, input_file_id)
         if source.purpose != "batch":
             raise InputError("input_file_id", f"is a file of purpose {source.purpose!r}, not batch")
@@ -79,6 +83,7 @@ class BatchService:
             created_at=now,
             expires_at=now + window_s,
             metadata=metadata or {},
+            webhook=webhook,
         )
         await self._save(batch, index=True)
         limits = self.settings.batches
@@ -142,6 +147,8 @@ class BatchService:
         batch.failed_at = time.time()
         batch.errors = [{"code": code, "message": message, "param": "input_file_id"}]
         await self._save(batch)
+        if batch.webhook is not None:  # the release stage calls it and forgets the batch
+            await self.r.sadd(keys.BATCHES_ACTIVE, batch.id)
         return batch
 
     async def _save(self, batch: Batch, index: bool = False) -> None:

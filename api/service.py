@@ -128,7 +128,7 @@ class JobService:
         cached = await self._cache.lookup(owner, pipeline, request)
         used = await self.files.check_input_refs(owner, body.kind, body.input)
         if body.webhook is not None:
-            await self._check_webhook(body.webhook.url)
+            await self.check_webhook(body.webhook.url)
         now = time.time()
         deadline = deadline_of(body, self.settings.pipelines[pipeline].max_queue_s, now)
         job = Job(
@@ -171,7 +171,8 @@ class JobService:
             return await self._cache.answer(job, cached) or await self.get(owner, job.id), True
         return job, True
 
-    async def _check_webhook(self, url: str) -> None:
+    async def check_webhook(self, url: str) -> None:
+        """InputError unless webhooks are on and `url` may be called."""
         if not self.settings.webhooks.secret:
             raise InputError("webhook", "webhooks are not enabled here (no signing secret)")
         policy = NetPolicy.from_settings(self.settings.net)

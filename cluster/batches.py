@@ -43,10 +43,11 @@ from jobs.batches import (
     Batch,
     BatchStatus,
     Line,
+    end_event,
     invalid_line,
     output_line,
 )
-from jobs.broker import job_message
+from jobs.broker import enqueue_webhook, job_message
 from jobs.codec import dumps, text_list, text_map
 from jobs.file_objects import FileObject, save_object_sync
 from jobs.kombu_redis import PRIORITY_VALUES, priority_list
@@ -113,6 +114,10 @@ class ReleaseStage:
         room = self._room(waiting)
         now = time.time()
         for batch in batches:
+            if batch.status.ended:  # it failed at create: only its webhook is left
+                self._notify(batch.id)
+                self.r.srem(keys.BATCHES_ACTIVE, batch.id)
+                continue
             if batch.status is BatchStatus.IN_PROGRESS and now < batch.expires_at:
                 self._release_lines(batch, room)
             self._finish_if_done(batch, now)
@@ -301,6 +306,7 @@ class ReleaseStage:
         pipe.execute()
         if ended:
             log.info("batch %s: %s", batch.id, end)
+            self._notify(batch.id)
 
     def _never_run(self, batch: Batch, code: str) -> bool:
         """Every line still waiting, to the error file (one transaction: a line is moved
@@ -358,6 +364,13 @@ class ReleaseStage:
         # Kept as long as a job's record: the retention sweep deletes it after that.
         self.r.zadd(keys.UPLOADS, {key: time.time() + ttl_s})
         return obj.id
+
+    def _notify(self, batch_id: str) -> None:
+        """Hand the batch's end to its webhook, if it has one that wants it."""
+        batch = self._get(batch_id)
+        event = end_event(batch) if batch is not None else None
+        if batch is not None and batch.webhook is not None and event is not None:
+            enqueue_webhook(self.app, batch.id, batch.webhook.url, event)
 
     def _get(self, batch_id: str) -> Batch | None:
         fields = text_map(self.r.hgetall(keys.batch(batch_id)))

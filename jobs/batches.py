@@ -18,6 +18,7 @@ validating ──> in_progress ──> finalizing ──> completed
 from __future__ import annotations
 
 import re
+import time
 from enum import StrEnum
 from typing import Any
 
@@ -25,6 +26,7 @@ import orjson
 from pydantic import BaseModel, Field
 
 from jobs.codec import dumps
+from jobs.models import WebhookSpec
 
 
 class BatchStatus(StrEnum):
@@ -90,12 +92,14 @@ class Batch(BaseModel):
     errors: list[dict[str, Any]] = Field(default_factory=list)
     """Why the batch failed as a whole (the file unreadable, no valid line): OpenAI's
     `errors.data`."""
+    webhook: WebhookSpec | None = None
+    """Called once when the batch ends (mmq's extension)."""
 
     def fields(self) -> dict[str, str]:
         out: dict[str, str] = {}
         for key, value in self.model_dump(mode="json").items():
-            if key in {"metadata", "errors"}:
-                out[key] = dumps(value)
+            if key in {"metadata", "errors", "webhook"}:
+                out[key] = "" if value is None else dumps(value)
             else:
                 out[key] = "" if value is None else str(value)
         return out
@@ -104,7 +108,7 @@ class Batch(BaseModel):
     def from_fields(cls, fields: dict[str, str]) -> Batch:
         data: dict[str, Any] = {}
         for key, value in fields.items():
-            if key in {"metadata", "errors"}:
+            if key in {"metadata", "errors", "webhook"}:
                 data[key] = orjson.loads(value) if value else None
             else:
                 data[key] = value if value != "" else None
@@ -166,6 +170,22 @@ class Line(BaseModel):
         """Its job's id, the same however often it is released (a release sent again
         after a crash finds the job made)."""
         return f"job_{batch_id.removeprefix('batch_')}_{self.line}"
+
+
+def end_event(batch: Batch) -> dict[str, Any] | None:
+    """The event a batch's webhook gets when it ends (`batch.completed`, `batch.failed`,
+    `batch.cancelled`, `batch.expired`, as OpenAI names them), or None when its webhook
+    does not want it."""
+    spec = batch.webhook
+    if spec is None or not {"all", "status", "terminal"} & set(spec.events):
+        return None
+    return {
+        "id": f"{batch.id}.{batch.status}",
+        "batch_id": batch.id,
+        "type": f"batch.{batch.status}",
+        "data": batch.openai(),
+        "ts": time.time(),
+    }
 
 
 def request_id(batch_id: str, line: int) -> str:

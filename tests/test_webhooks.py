@@ -124,6 +124,47 @@ def test_signed_delivery_retried_on_503_until_accepted(owner: Api, receiver: Rec
         assert payload["type"] == "status" and payload["data"]["status"] == "succeeded"
 
 
+def test_a_batch_end_is_delivered_once_signed(
+    dep: Deployment, owner: Api, receiver: Receiver
+) -> None:
+    reaper = dep.start_reaper()  # its release stage runs the batch and calls the webhook
+    try:
+        lines = "".join(
+            json.dumps(
+                {
+                    "custom_id": f"b{i}",
+                    "method": "POST",
+                    "url": "/v1/jobs",
+                    "body": {"kind": "echo", "input": {"text": f"b{i}"}},
+                }
+            )
+            + "\n"
+            for i in range(3)
+        )
+        files = {"file": ("b.jsonl", lines.encode(), "application/jsonl")}
+        source = owner.http.post("/v1/files", files=files, data={"purpose": "batch"}).json()
+        path = f"batch-{time.monotonic_ns()}"
+        r = owner.http.post(
+            "/v1/batches",
+            json={
+                "input_file_id": source["id"],
+                "endpoint": "/v1/jobs",
+                "webhook": {"url": receiver.url(path)},
+            },
+        )
+        assert r.status_code == 200, r.text
+        wait_until(lambda: len(receiver.got(path)) == 1, timeout_s=30)
+        time.sleep(0.5)
+        ((headers, body),) = receiver.got(path)  # once
+        payload = Webhook(WEBHOOK_SECRET).verify(body, headers)
+        assert payload["type"] == "batch.completed" and payload["batch_id"] == r.json()["id"]
+        assert payload["data"]["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+        assert payload["data"]["output_file_id"].startswith("file-")
+    finally:
+        reaper.stop()
+        dep.procs.remove(reaper)
+
+
 def test_all_events_arrive_in_order(owner: Api, receiver: Receiver) -> None:
     name = f"all-{time.monotonic_ns()}"
     job_id = _submit(owner, receiver.url(name), events=["all"])

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.auth import Owner
 from api.deps import Batches
 from api.openai import answers
+from jobs.models import WebhookSpec
 
 router = APIRouter(prefix="/v1/batches", tags=["openai"])
 
@@ -30,6 +31,9 @@ class BatchCreate(BaseModel):
     completion_window: str = Field(default="24h", max_length=8)
     """`24h`; mmq also takes shorter windows (`90s`, `30m`, `2h`)."""
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    webhook: WebhookSpec | None = None
+    """mmq's extension: called once when the batch ends (`batch.completed`, ...), signed
+    as a job's webhooks are."""
 
 
 @router.post("", responses={404: {}, 422: {}})
@@ -37,7 +41,12 @@ async def create_batch(owner: Owner, body: BatchCreate, batches: Batches) -> dic
     """Create a batch (OpenAI's batches.create): every line is checked now; the bad ones
     go to its error file, the rest run as jobs of priority `batch`."""
     batch = await batches.create(
-        owner, body.input_file_id, body.endpoint, body.completion_window, body.metadata
+        owner,
+        body.input_file_id,
+        body.endpoint,
+        body.completion_window,
+        body.metadata,
+        body.webhook,
     )
     return batch.openai()
 
