@@ -28,12 +28,15 @@ class JobFilter:
     pipeline: str | None = None
     since: float | None = None
     until: float | None = None
+    batch: str | None = None
+    """The jobs of a batch's lines (`metadata.batch_id`)."""
 
     def matches(self, job: Job) -> bool:
         return (
             (self.status is None or job.status == self.status)
             and (self.kind is None or job.kind == self.kind)
             and (self.pipeline is None or job.pipeline == self.pipeline)
+            and (self.batch is None or job.metadata.get("batch_id") == self.batch)
         )
 
 

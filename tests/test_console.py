@@ -8,6 +8,7 @@ Each test writes a screenshot of its page to `test-results/console/` (not commit
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -229,3 +230,38 @@ def test_cancel_works_from_the_job_page(
     assert api.get(job["id"])["status"] == "canceled"
     facts = page.locator(".facts").first.inner_text()
     assert "worker tts-" in facts, facts
+
+
+def test_the_batches_page_shows_a_batch_its_counts_and_its_lines_jobs(
+    page: Page, console_dep: Deployment, keys: dict[str, str]
+) -> None:
+    alice = Api(console_dep.base_url, keys["alice"])
+    lines = "".join(
+        json.dumps(
+            {
+                "custom_id": f"p{i}",
+                "method": "POST",
+                "url": "/v1/jobs",
+                "body": {"kind": "echo", "input": {"text": f"p{i}"}},
+            }
+        )
+        + "\n"
+        for i in range(3)
+    )
+    files = {"file": ("p.jsonl", lines.encode(), "application/jsonl")}
+    source = alice.http.post("/v1/files", files=files, data={"purpose": "batch"}).json()
+    batch = alice.http.post(
+        "/v1/batches", json={"input_file_id": source["id"], "endpoint": "/v1/jobs"}
+    ).json()
+    _sign_in(page, keys["alice"], "#/batches")
+    page.get_by_role("link", name=batch["id"]).click()
+    page.get_by_role("heading", name=f"Batch {batch['id']}").wait_for()
+    page.get_by_text("3: 3 completed").wait_for()
+    page.get_by_role("button", name="output file").wait_for()
+    suffix = batch["id"].removeprefix("batch_")
+    for line in (1, 2, 3):
+        page.get_by_role("link", name=f"job_{suffix}_{line}").wait_for()
+    with page.expect_download() as download:
+        page.get_by_role("button", name="output file").click()
+    saved = Path(download.value.path()).read_text().splitlines()
+    assert sorted(json.loads(x)["custom_id"] for x in saved) == ["p0", "p1", "p2"]

@@ -1,9 +1,10 @@
-// The console: a hash router over four pages, behind the API key (when the API asks
+// The console: a hash router over its pages, behind the API key (when the API asks
 // for one). Every page talks to the public API only.
 import { html, render, useEffect, useState } from "./vendor/preact-htm.mjs";
 import { api, session } from "./lib.js";
 import { Overview } from "./overview.js";
 import { JobList, JobPage } from "./jobs.js";
+import { BatchList, BatchPage } from "./batches.js";
 import { Playground, KINDS } from "./play.js";
 
 function useRoute() {
@@ -61,6 +62,7 @@ function Nav({ route, me, onSignOut }) {
     <nav aria-label="Pages">
       ${me.admin && link("#/overview", "Overview", "overview")}
       ${link("#/jobs", "Jobs", "jobs")}
+      ${link("#/batches", "Batches", "batches")}
       ${KINDS.map((k) => html`<a href=${`#/play/${k.kind}`}
         aria-current=${here === "play" && route[1] === k.kind ? "page" : null}>${k.title}</a>`)}
     </nav>
@@ -92,6 +94,8 @@ function App() {
   const [name, arg] = route;
   if (name === "jobs" && arg) page = html`<${JobPage} jobId=${decodeURIComponent(arg)} />`;
   else if (name === "jobs" || (!name && !me.admin)) page = html`<${JobList} me=${me} />`;
+  else if (name === "batches" && arg) page = html`<${BatchPage} me=${me} batchId=${decodeURIComponent(arg)} />`;
+  else if (name === "batches") page = html`<${BatchList} />`;
   else if (name === "play") page = html`<${Playground} kind=${arg || "tts"} />`;
   else if (me.admin) page = html`<${Overview} />`;
   else page = html`<${JobList} me=${me} />`;

@@ -11,7 +11,8 @@ export function StatusBadge({ status }) {
   return html`<span class=${`badge ${status}`}>${status}</span>`;
 }
 
-export function JobList({ me }) {
+// `batch`: the jobs of that batch's lines only (its page shows them).
+export function JobList({ me, batch = "" }) {
   const [filters, setFilters] = useState({ status: "", kind: "", pipeline: "", since: "" });
   const [page, setPage] = useState({ rows: [], next: null, error: null, loading: true });
   const [tick, setTick] = useState(0);
@@ -23,6 +24,7 @@ export function JobList({ me }) {
       if (k === "since") q.set("since", String(Date.now() / 1000 - Number(v) * 60));
       else q.set(k, v);
     }
+    if (batch) q.set("batch", batch);
     if (cursor) q.set("cursor", cursor);
     return `${base}?${q}`;
   };
@@ -34,7 +36,7 @@ export function JobList({ me }) {
     return () => {
       live = false;
     };
-  }, [filters, tick]);
+  }, [filters, tick, batch]);
   useEffect(() => {
     const timer = setInterval(() => setTick((n) => n + 1), 3000);
     return () => clearInterval(timer);
@@ -49,7 +51,8 @@ export function JobList({ me }) {
       ${values.map((v) => html`<option value=${v}>${v || "any"}</option>`)}
     </select></label>`;
   return html`<section aria-labelledby="jobs-title">
-    <h1 id="jobs-title">Jobs ${me.admin ? "(every owner)" : ""}</h1>
+    ${batch ? html`<h2 id="jobs-title">The jobs of its lines</h2>`
+      : html`<h1 id="jobs-title">Jobs ${me.admin ? "(every owner)" : ""}</h1>`}
     <form class="filters" onSubmit=${(e) => e.preventDefault()}>
       ${select("status", STATUSES, "Status")} ${select("kind", KIND_NAMES, "Kind")}
       <label>Pipeline <input value=${filters.pipeline} onChange=${set("pipeline")} size="10" /></label>

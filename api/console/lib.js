@@ -53,6 +53,16 @@ export async function api(path, { method = "GET", body, form, signal, quiet = fa
   return response.status === 204 ? null : response.json();
 }
 
+// A file the API serves behind the key, saved by the browser as `name`.
+export async function download(path, name) {
+  const response = await fetch(path, { headers: headers() });
+  if (!response.ok) throw await failure(response);
+  const url = URL.createObjectURL(await response.blob());
+  const link = Object.assign(document.createElement("a"), { href: url, download: name });
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(url), 10_000);
+}
+
 // Each message of an SSE response: {id, event, data} (data parsed as JSON where it is).
 export async function* sse(path, signal) {
   const response = await fetch(path, { headers: headers({ Accept: "text/event-stream" }), signal });

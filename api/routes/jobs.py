@@ -96,9 +96,12 @@ async def job_filter(
     until: Annotated[
         datetime | None, Query(description="Created at or before (ISO 8601 or unix seconds).")
     ] = None,
+    batch: Annotated[
+        str | None, Query(max_length=64, description="The lines of this batch (its id).")
+    ] = None,
 ) -> JobFilter:
     """The filters of a job listing (a time without a zone is UTC)."""
-    return JobFilter(status, kind, pipeline, unix_seconds(since), unix_seconds(until))
+    return JobFilter(status, kind, pipeline, unix_seconds(since), unix_seconds(until), batch)
 
 
 Filter = Annotated[JobFilter, Depends(job_filter)]
