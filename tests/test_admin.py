@@ -66,7 +66,7 @@ def test_overview_shows_queues_running_workers_rates_and_gpus(
     sleep = _pipeline(now, "sleep")
     assert sleep["kind"] == "sleep" and sleep["workers"] == 1
     assert sleep["running"] == 1
-    assert sleep["queued"] == {"high": 1, "normal": 0, "low": 0}
+    assert sleep["queued"] == {"high": 1, "normal": 0, "low": 0, "batch": 0}
     assert sleep["queued_total"] == 1
     assert {"kind": "sleep", "queued": 1, "max_queued": 1000} in now["kinds"]
     # The heartbeat (every 2 s) carries the worker's jobs in flight and its batch now.

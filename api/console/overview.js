@@ -26,7 +26,7 @@ function PipelineCard({ p, history }) {
     <h3>${p.pipeline} <span class="muted">(${p.kind})</span></h3>
     <dl>
       <dt>queued</dt><dd class="queued">${p.queued_total}${" "}
-        <span class="muted">(high ${p.queued.high || 0}, normal ${p.queued.normal || 0}, low ${p.queued.low || 0})</span></dd>
+        <span class="muted">(high ${p.queued.high || 0}, normal ${p.queued.normal || 0}, low ${p.queued.low || 0}, batch ${p.queued.batch || 0})</span></dd>
       <dt>running</dt><dd class="running">${p.running}</dd>
       <dt>workers</dt><dd>${p.workers}</dd>
       <dt>jobs/s</dt><dd class="rate">${p.jobs_per_s.toFixed(2)}</dd>
