@@ -7,14 +7,18 @@ completion window end a batch with what finished written out."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 import redis
 
+from host.redis_server import RedisServer
 from jobs import keys
 from tests.conftest import new_owner
 from tests.support.deploy import Deployment, flush, serving, wait_until
@@ -261,3 +265,34 @@ def test_a_chat_batch_answers_in_openais_shape(kinds_dep: Deployment) -> None:
         assert body["object"] == "chat.completion" and body["model"] == "llm"
         assert body["choices"][0]["message"]["role"] == "assistant"
         assert body["usage"]["completion_tokens"] > 0
+
+
+def test_a_batch_keeps_every_line_across_a_redis_crash(tmp_path: Path) -> None:
+    """`redis.durability = fsync`: SIGKILL Redis mid-batch and start it again on its data
+    dir; the batch completes with every line in the output file once."""
+    server = RedisServer(tmp_path / "redis", fsync_always=True).start()
+    try:
+        env = ENV | {"MMQ_REDIS__DURABILITY": "fsync", "MMQ_LEASE__TTL_S": "3"}
+        (tmp_path / "deploy").mkdir()
+        dep = Deployment(server.url, tmp_path / "deploy", env)
+        with serving(dep):
+            dep.start_api()
+            dep.start_reaper()
+            dep.start_worker("echo")
+            client = _client(dep)
+            lines = [_job_line(f"r{i}", "echo", text=f"r{i}", sleep_ms=100) for i in range(60)]
+            batch = _run(client, lines)
+            wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 6)
+            assert client.batches.retrieve(batch.id).request_counts.completed < 60  # mid-batch
+            assert server.process is not None
+            os.kill(server.process.pid, signal.SIGKILL)
+            server.process.wait()
+            time.sleep(0.5)
+            server.start()
+            batch = _ended(client, batch.id, timeout_s=90)
+            assert batch.status == "completed", batch
+            output = _file(client, batch.output_file_id)
+            assert sorted(o["custom_id"] for o in output) == sorted(f"r{i}" for i in range(60))
+            assert batch.request_counts.completed == 60 and batch.error_file_id is None
+    finally:
+        server.stop()
