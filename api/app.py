@@ -25,6 +25,7 @@ from api.openai import embeddings as openai_embeddings
 from api.openai import images as openai_images
 from api.openai import speech as openai_speech
 from api.overview import OverviewReader
+from api.ratelimit import RateLimitHeaders
 from api.routes import admin, console, events, files, health, jobs, metrics, whoami
 from api.service import JobService
 from jobs import redis_client
@@ -112,4 +113,5 @@ def create_app(settings: Settings) -> FastAPI:
         return settings.api.max_body_bytes
 
     app.add_middleware(BodySizeLimit, limit_for=limit_for)
+    app.add_middleware(RateLimitHeaders)
     return app

@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from starlette.requests import HTTPConnection
 
+from api import ratelimit
 from api.apikeys import ApiKeys, Caller
 from api.deps import get_state
 from jobs.errors import Forbidden
@@ -24,8 +25,12 @@ async def current_caller(request: Request) -> Caller:
 
 
 async def current_owner(request: Request) -> str:
-    """FastAPI dependency: the caller's owner id."""
-    return (await current_caller(request)).owner
+    """FastAPI dependency: the caller's owner id (and its requests quota's state, for the
+    rate-limit headers of the paths that carry them)."""
+    owner = (await current_caller(request)).owner
+    if ratelimit.watching():
+        await get_state(request).service.note_usage(owner)
+    return owner
 
 
 async def current_admin(caller: Annotated[Caller, Depends(current_caller)]) -> Caller:

@@ -18,18 +18,19 @@ from typing import Any, NamedTuple
 from celery import Celery
 from pydantic import ValidationError
 
-from api import streams
+from api import ratelimit, streams
 from api.cache import ResponseCache
 from api.files import FileService
 from api.hub import EventHub
 from api.listing import JobFilter, list_jobs
-from jobs import keys, operations
+from jobs import keys, operations, quotas
 from jobs.broker import job_message
 from jobs.codec import dumps, job_from_fields
-from jobs.errors import Conflict, InputError, NotFound, QueueFull
+from jobs.errors import Conflict, InputError, NotFound, QueueFull, QuotaExceeded
 from jobs.models import Job, JobCreate
 from jobs.netguard import NetPolicy, check_url
 from jobs.queues import pipeline_for
+from jobs.quotas import Quota
 from jobs.schemas import schema_for, validation_error_field
 from jobs.schemas.base import JobInput
 from jobs.settings import Settings
@@ -160,6 +161,10 @@ class JobService:
                     "Idempotency-Key", "was already used with a different request body"
                 )
             return await self.get(owner, result.job_id), False
+        if result.outcome == "quota":
+            raise self._over_quota(owner, result.quota, result.limit, result.used, now)
+        if result.outcome == "ok" and result.limit:
+            ratelimit.note(ratelimit.Usage(result.limit, result.used, self._window_s, now))
         if result.outcome == "full":
             raise QueueFull(
                 f"the {body.kind} queue is full ({self.settings.queue.limit_for(body.kind)} "
@@ -170,6 +175,45 @@ class JobService:
         if cached is not None:
             return await self._cache.answer(job, cached) or await self.get(owner, job.id), True
         return job, True
+
+    @property
+    def _window_s(self) -> int:
+        return self.settings.quotas.window_s
+
+    def _over_quota(
+        self, owner: str, quota: str, limit: int, used: int, now: float
+    ) -> QuotaExceeded:
+        window_s = self._window_s
+        if quota == "requests":
+            ratelimit.note(ratelimit.Usage(limit, used, window_s, now))
+            wait_s = int(ratelimit.reset_after_s(window_s, now))
+            what = f"requests: {used} of {limit} in {window_s} s"
+        else:
+            wait_s = self.settings.api.retry_after_s
+            what = f"jobs queued: {used} of {limit}"
+        return QuotaExceeded(
+            f"the key {owner!r} is over its quota of {what}; retry later", wait_s, quota
+        )
+
+    async def quota(self, owner: str) -> Quota:
+        """The key's limits in effect and what it uses now."""
+        window = int(time.time() // self._window_s)
+        own, queued, used = await self._store.quota_state(owner, window)
+        return quotas.effective(self.settings.quotas, own, queued, used)
+
+    async def set_limits(self, owner: str, limits: quotas.KeyLimits) -> Quota:
+        await self._store.set_limits(owner, quotas.own_fields(limits))
+        return await self.quota(owner)
+
+    async def note_usage(self, owner: str) -> None:
+        """The key's requests this window, for the rate-limit headers (where it has a
+        requests quota)."""
+        now = time.time()
+        quota = await self.quota(owner)
+        if quota.requests:
+            ratelimit.note(
+                ratelimit.Usage(quota.requests, quota.requests_used, quota.window_s, now)
+            )
 
     async def check_webhook(self, url: str) -> None:
         """InputError unless webhooks are on and `url` may be called."""

@@ -55,6 +55,16 @@ class QueueFull(MmqError):
         self.retry_after_s = retry_after_s
 
 
+class QuotaExceeded(QueueFull):
+    """Over one of the key's quotas (`jobs.quotas`): 429, naming the quota."""
+
+    code = "quota_exceeded"
+
+    def __init__(self, message: str, retry_after_s: int, quota: str) -> None:
+        super().__init__(message, retry_after_s)
+        self.quota = quota
+
+
 class Conflict(MmqError):
     code = "conflict"
 

@@ -122,6 +122,26 @@ def owner_files(owner: str) -> str:
     return f"{PREFIX}:owner:{owner}:files"
 
 
+LIMITS = f"{PREFIX}:limits"
+"""Hash: owner -> JSON of the limits `mmq keys limits` set for it (`jobs.quotas.Limits`),
+over the deployment's `quotas` defaults."""
+
+USAGE_PREFIX = f"{PREFIX}:usage:"
+
+
+def usage(owner: str) -> str:
+    """Hash: what an owner uses now: `queued` (its jobs queued, batch lines apart). The
+    submit and transition scripts keep it (the transition script names it from the
+    job's owner and `USAGE_PREFIX`)."""
+    return f"{USAGE_PREFIX}{owner}"
+
+
+def requests_in(owner: str, window: int) -> str:
+    """String: the jobs an owner submitted in one quota window (unix seconds //
+    `quotas.window_s`), with a TTL of two windows."""
+    return f"{PREFIX}:requests:{owner}:{window}"
+
+
 def idempotency(owner: str, key: str) -> str:
     """String: `job_id|body_hash` of the job an Idempotency-Key created."""
     return f"{PREFIX}:idem:{owner}:{key}"

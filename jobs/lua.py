@@ -56,17 +56,38 @@ SUBMIT = (
     + PUSH_MESSAGE_LUA
     + """
 -- KEYS: job, owner index, queued set, idempotency key, events stream, task list, counter,
---   index of every owner's jobs, deadlines
+--   index of every owner's jobs, deadlines, limits hash, the owner's usage hash, the
+--   owner's requests in this quota window
 -- ARGV[1]: JSON {job_id, max_queued, score, idem_ttl_s, idem_value ('' for none), maxlen,
 --   channel, event (JSON text), ts, message ('' for none), counter_field ('' for none),
---   deadline (unix seconds, '' for none), fields: the job's fields as [name, value, ...]}
+--   deadline (unix seconds, '' for none), fields: the job's fields as [name, value, ...],
+--   quota: {owner, counts (false for a batch line), max_queued, requests (the
+--   deployment's defaults, 0: none), window_ttl_s}}
+-- Returns {'ok', event id, requests limit, requests used} or {'dup', value} or
+-- {'full', ''} or {'quota', name, limit, used}.
 local a = cjson.decode(ARGV[1])
 -- Sent again after its connection broke (see jobs.redis_client.RESEND_ON_BROKEN): the
 -- first run made the job; a second message or queued event would be a duplicate.
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'ok', ''} end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'ok', '', '0', '0'} end
 if a.idem_value ~= '' then
   local prev = redis.call('GET', KEYS[4])
   if prev then return {'dup', prev} end
+end
+local q = a.quota
+local limits = {max_queued = q.max_queued, requests = q.requests}
+local own = redis.call('HGET', KEYS[10], q.owner)
+if own then
+  for name, value in pairs(cjson.decode(own)) do limits[name] = value end
+end
+local used = tonumber(redis.call('GET', KEYS[12]) or '0')
+if q.counts then
+  if limits.requests > 0 and used >= limits.requests then
+    return {'quota', 'requests', tostring(limits.requests), tostring(used)}
+  end
+  local queued = tonumber(redis.call('HGET', KEYS[11], 'queued') or '0')
+  if limits.max_queued > 0 and queued >= limits.max_queued then
+    return {'quota', 'queued', tostring(limits.max_queued), tostring(queued)}
+  end
 end
 if redis.call('SCARD', KEYS[3]) >= a.max_queued then return {'full', ''} end
 if a.message ~= '' then push_message(KEYS[6], a.message) end
@@ -78,7 +99,12 @@ if a.deadline ~= '' then redis.call('ZADD', KEYS[9], a.deadline, a.job_id) end
 if a.idem_value ~= '' then redis.call('SET', KEYS[4], a.idem_value, 'EX', a.idem_ttl_s) end
 local id = announce(a.channel, KEYS[5], a.maxlen, a.job_id, 'status', a.event, a.ts, nil)
 if a.counter_field ~= '' then redis.call('HINCRBY', KEYS[7], a.counter_field, 1) end
-return {'ok', id}
+if q.counts then
+  redis.call('HINCRBY', KEYS[11], 'queued', 1)
+  used = redis.call('INCR', KEYS[12])
+  redis.call('EXPIRE', KEYS[12], q.window_ttl_s)
+end
+return {'ok', id, tostring(limits.requests), tostring(used)}
 """
 )
 
@@ -89,6 +115,9 @@ TRANSITION = (
     + """
 -- KEYS: job, events stream, lease, running zset, queued set, task list, deadlines zset,
 --   the kind's queued set of batch lines (where a job of priority `batch` is counted)
+-- The owner's usage hash (`keys.usage`) is named here from the job's owner and
+-- `usage_prefix` (ARGV): a worker that starts a job knows only its id. (One Redis, or
+-- Sentinel: not Redis Cluster.)
 -- ARGV[1]: JSON {job_id, sources: [status, ...], target, now, lease_mode, lease_token,
 --   lease_ttl_ms, end_ttl_s (0: not an end), maxlen, channel, ends_channel, event (JSON
 --   text), pre_event_type ('' for none: an output or error event written just before the
@@ -101,7 +130,7 @@ TRANSITION = (
 local a = cjson.decode(ARGV[1])
 if a.hold then held = {} end
 local current = redis.call('HMGET', KEYS[1], 'status', 'cancel_requested', 'deadline',
-                           'cancel_at_deadline', 'priority')
+                           'cancel_at_deadline', 'priority', 'owner')
 local queued_set = KEYS[5]
 if current[5] == 'batch' then queued_set = KEYS[8] end
 local status = current[1]
@@ -156,6 +185,15 @@ else
   redis.call('SREM', queued_set, a.job_id)
   redis.call('ZREM', KEYS[4], a.job_id)
   if mode == 'check' then redis.call('DEL', KEYS[3]) end
+end
+-- The owner's queued count follows the job in and out of `queued` (batch lines apart).
+if current[6] and current[5] ~= 'batch' and (status == 'queued') ~= (target == 'queued') then
+  local usage = a.usage_prefix .. current[6]
+  if target == 'queued' then
+    redis.call('HINCRBY', usage, 'queued', 1)
+  elseif redis.call('HINCRBY', usage, 'queued', -1) < 0 then
+    redis.call('HSET', usage, 'queued', 0)  -- a job queued before counts were kept
+  end
 end
 -- A deadline is watched while the job waits, and while it runs if it asked to be
 -- canceled at it; the reaper sweeps the set.

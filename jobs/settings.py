@@ -97,6 +97,17 @@ class QueueSettings(BaseModel):
         return self.max_queued_by_kind.get(kind, self.max_queued)
 
 
+class QuotaSettings(BaseModel):
+    """What one API key may use, unless `mmq keys limits` sets its own (0: no limit)."""
+
+    max_queued: int = Field(default=0, ge=0)
+    """Jobs of the key queued at once (batch lines not counted)."""
+    requests: int = Field(default=0, ge=0)
+    """Jobs the key may submit per `window_s`."""
+    window_s: int = Field(default=60, ge=1, le=3600)
+    """The window that `requests` counts (OpenAI's limits are per minute)."""
+
+
 class Limits(BaseModel):
     """Limits on job input; a request over one gets 422 naming the field."""
 
@@ -315,6 +326,7 @@ class Settings(BaseSettings):
     net: NetSettings = Field(default_factory=NetSettings)
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     batches: BatchSettings = Field(default_factory=BatchSettings)
+    quotas: QuotaSettings = Field(default_factory=QuotaSettings)
     kinds: dict[str, KindConfig] = Field(default_factory=dict)
     """Extra job kinds and their input schemas."""
     pipelines: dict[str, PipelineConfig] = Field(default_factory=dict)

@@ -90,9 +90,16 @@ class NewEvent:
 
 @dataclass
 class SubmitResult:
-    outcome: Literal["ok", "dup", "full"]
+    outcome: Literal["ok", "dup", "full", "quota"]
     job_id: str = ""
     body_hash: str = ""
+    quota: str = ""
+    """For `quota`: the one exceeded (`requests`, `queued`)."""
+    limit: int = 0
+    """For `ok`: the owner's requests limit (0: none); for `quota`: the exceeded one's."""
+    used: int = 0
+    """For `ok`: the owner's requests in this window, this one included; for `quota`:
+    what it has of the exceeded one."""
 
 
 @dataclass
@@ -168,6 +175,7 @@ class Transition:
             # An end at a durable level: its notices (what SSE clients, waiting requests
             # and the hub hear) go out only once the caller has confirmed the writes.
             "hold": self.target.terminal and settings.redis.durability != "memory",
+            "usage_prefix": keys.USAGE_PREFIX,
         }
         return key_list, [dumps(change)]
 
@@ -235,7 +243,10 @@ def submit_args(
     count the submit in `counter` (hash key, field)."""
     idem_key, body_hash = idempotency or ("", "")
     unused = keys.job(job.id) + ":unused"
-    queued = keys.queued_batch(job.kind) if job.priority == "batch" else keys.queued(job.kind)
+    batch_line = job.priority == "batch"
+    queued = keys.queued_batch(job.kind) if batch_line else keys.queued(job.kind)
+    quotas = settings.quotas
+    window = int(job.created_at // quotas.window_s)
     key_list = [
         keys.job(job.id),
         keys.owner_jobs(job.owner),
@@ -246,6 +257,9 @@ def submit_args(
         counter[0] if counter else unused,
         keys.ALL_JOBS,
         keys.DEADLINES,
+        keys.LIMITS,
+        keys.usage(job.owner),
+        keys.requests_in(job.owner, window),
     ]
     submit = {
         "job_id": job.id,
@@ -261,6 +275,13 @@ def submit_args(
         "counter_field": counter[1] if counter else "",
         "deadline": repr(job.deadline) if job.deadline is not None else "",
         "fields": flat_pairs(job_to_fields(job)),
+        "quota": {
+            "owner": job.owner,
+            "counts": not batch_line,
+            "max_queued": quotas.max_queued,
+            "requests": quotas.requests,
+            "window_ttl_s": 2 * quotas.window_s,
+        },
     }
     return key_list, [dumps(submit)]
 
@@ -376,7 +397,8 @@ class JobStore:
         `redis.durability`; False when its queued set was full. A job that exists already
         (a release sent again after a crash) is left as it is, and counts as stored."""
         key_list, args = submit_args(job, self.settings, max_queued=max_queued, message=message)
-        (outcome, _value), confirmed = self._durably(self._submit, key_list, args)
+        raw, confirmed = self._durably(self._submit, key_list, args)
+        outcome = raw[0]
         if not confirmed and outcome == "ok":
             raise self.durability.not_confirmed(f"job {job.id}")
         return bool(outcome == "ok")
@@ -540,7 +562,8 @@ class AsyncJobStore:
             message=message,
             counter=self.submit_counter(job),
         )
-        (outcome, value), confirmed = await self._durably(self._submit, key_list, args)
+        raw, confirmed = await self._durably(self._submit, key_list, args)
+        outcome, value = raw[0], raw[1]
         if not confirmed and outcome == "ok":
             raise self.durability.not_confirmed(f"job {job.id}")
         # value: the queued event's id ('' where a resent script found the job made).
@@ -551,7 +574,11 @@ class AsyncJobStore:
         if outcome == "dup":
             job_id, _, prev_hash = value.partition("|")
             return SubmitResult("dup", job_id, prev_hash)
-        return SubmitResult(outcome, job.id if outcome == "ok" else "")
+        if outcome == "quota":
+            return SubmitResult("quota", quota=value, limit=int(raw[2]), used=int(raw[3]))
+        if outcome == "ok":
+            return SubmitResult("ok", job.id, limit=int(raw[2]), used=int(raw[3]))
+        return SubmitResult(outcome)
 
     def submit_counter(self, job: Job) -> tuple[str, str] | None:
         """(hash key, field) that an accepted submit adds one to; none here."""
@@ -598,6 +625,23 @@ class AsyncJobStore:
 
     async def deliveries(self, job_id: str) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in await self.r.lrange(keys.deliveries(job_id), 0, -1)]
+
+    async def quota_state(self, owner: str, window: int) -> tuple[dict[str, Any], int, int]:
+        """The owner's own limits (`keys.LIMITS`; empty: the defaults), its jobs queued
+        and its requests in quota window `window`."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hget(keys.LIMITS, owner)
+        pipe.hget(keys.usage(owner), "queued")
+        pipe.get(keys.requests_in(owner, window))
+        own, queued, used = await pipe.execute()
+        return (json.loads(own) if own else {}), int(queued or 0), int(used or 0)
+
+    async def set_limits(self, owner: str, fields: str | None) -> None:
+        """`owner`'s own limits as JSON (`jobs.quotas.own_fields`); None clears them."""
+        if fields is None:
+            await self.r.hdel(keys.LIMITS, owner)
+        else:
+            await self.r.hset(keys.LIMITS, owner, fields)
 
     async def request_cancel(self, job_id: str) -> None:
         await self.r.hset(keys.job(job_id), "cancel_requested", "1")

@@ -416,6 +416,46 @@ def keys_revoke(name: str, config: ConfigOpt = None) -> None:
     typer.echo(f"revoked {revoke_owner(client, name)} key(s)")
 
 
+@keys_app.command("limits")
+def keys_limits(
+    name: str,
+    max_queued: Annotated[
+        int | None, typer.Option(min=0, help="Jobs queued at once (0: no limit)")
+    ] = None,
+    requests: Annotated[
+        int | None, typer.Option(min=0, help="Jobs per quotas.window_s (0: no limit)")
+    ] = None,
+    clear: Annotated[
+        bool, typer.Option("--clear", help="Back to the deployment's defaults (quotas.*)")
+    ] = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Set the limits of owner NAME's keys (the options not given are left as they are),
+    and print them with what it uses now."""
+    import json
+
+    from jobs import keys, redis_client
+    from jobs.quotas import KeyLimits, set_limits
+
+    settings = command_settings(config)
+    client = redis_client.connect(str(with_redis(settings).redis_url))
+    raw = client.hget(keys.LIMITS, name)
+    own = KeyLimits() if clear or not raw else KeyLimits.model_validate_json(raw)
+    if max_queued is not None:
+        own.max_queued = max_queued
+    if requests is not None:
+        own.requests = requests
+    set_limits(client, name, own)
+    defaults = settings.quotas
+    shown = {
+        "max_queued": own.max_queued if own.max_queued is not None else defaults.max_queued,
+        "requests": own.requests if own.requests is not None else defaults.requests,
+        "window_s": defaults.window_s,
+        "queued": int(client.hget(keys.usage(name), "queued") or 0),
+    }
+    typer.echo(json.dumps(shown))
+
+
 app.command()(tune)
 app.command()(record)
 

@@ -47,7 +47,11 @@ def kinds_dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     from tests.support.models.sd import cached_tiny_sd
 
     models = {"llm": cached_tiny_llm(tmp_path_factory), "sd": cached_tiny_sd(tmp_path_factory)}
-    env = {"MMQ_API__KEEPALIVE_S": "1", "MMQ_WEBHOOKS__SECRET": WEBHOOK_SECRET}
+    env = {
+        "MMQ_API__KEEPALIVE_S": "1",
+        "MMQ_WEBHOOKS__SECRET": WEBHOOK_SECRET,
+        "MMQ_QUOTAS__WINDOW_S": "2",  # a key given a requests quota waits 2 s at most
+    }
     with kinds_deployment(tmp_path_factory.mktemp("kinds"), models, env) as dep:
         yield dep
 

@@ -17,6 +17,7 @@ from api.deps import Service, SettingsDep, get_overview
 from api.overview import Overview, OverviewReader
 from api.routes.jobs import Filter, Limit
 from api.views import JobList, JobView, job_view
+from jobs.quotas import KeyLimits, Quota
 
 router = APIRouter(
     prefix="/v1/admin",
@@ -109,3 +110,16 @@ async def get_any_job(
 ) -> JobView:
     """Any owner's job: with its worker and batch mates (`worker`, `batch`)."""
     return job_view(await service.get_any(job_id), settings.public_url)
+
+
+@router.get("/limits/{owner}", response_model=Quota)
+async def get_limits(caller: Admin, owner: str, service: Service) -> Quota:
+    """A key's limits in effect (its own, else the deployment's) and what it uses now."""
+    return await service.quota(owner)
+
+
+@router.put("/limits/{owner}", response_model=Quota, responses={422: {}})
+async def put_limits(caller: Admin, owner: str, body: KeyLimits, service: Service) -> Quota:
+    """Set a key's own limits (`null`: the deployment's default); the next submit sees
+    them. `mmq keys limits NAME` does the same."""
+    return await service.set_limits(owner, body)

@@ -9,6 +9,8 @@ from pydantic import BaseModel
 
 from api.apikeys import Caller
 from api.auth import current_caller
+from api.deps import Service
+from jobs.quotas import Quota
 
 router = APIRouter(tags=["auth"], responses={401: {"description": "Missing or unknown key."}})
 
@@ -18,10 +20,13 @@ class Me(BaseModel):
     """The owner the key's jobs belong to (`local` without a key, auth off)."""
     admin: bool
     """Whether the key may use the `/v1/admin` routes (the overview, every owner's jobs)."""
+    quota: Quota
+    """Its limits in effect and what it uses now (its own only)."""
 
 
 @router.get("/v1/whoami", response_model=Me)
-async def whoami(caller: Annotated[Caller, Depends(current_caller)]) -> Me:
-    """The caller's owner and whether it is an admin; 401 for a missing or unknown key
-    where keys are required. Never shows the key itself."""
-    return Me(owner=caller.owner, admin=caller.admin)
+async def whoami(caller: Annotated[Caller, Depends(current_caller)], service: Service) -> Me:
+    """The caller's owner, whether it is an admin, and its quota and usage; 401 for a
+    missing or unknown key where keys are required. Never shows the key itself."""
+    quota = await service.quota(caller.owner)
+    return Me(owner=caller.owner, admin=caller.admin, quota=quota)

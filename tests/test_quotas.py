@@ -1,0 +1,174 @@
+"""Per-key quotas against real processes: jobs queued at once and jobs per window, exact
+under concurrent submits, given back whatever way a job leaves the queue (started,
+canceled, expired, a worker SIGKILLed and its job queued again), OpenAI's rate-limit
+headers, the official client's retry on 429, and one key never counting against
+another."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis
+
+from jobs.apikeys import create_key
+from jobs.quotas import KeyLimits, set_limits
+from tests.conftest import Api, new_owner
+from tests.support.deploy import Deployment, flush, serving, wait_until
+
+WINDOW_S = 3
+IDLE = """
+[pipelines.idle]
+kind = "sleep"
+impl = "tests.support.pipelines:SleepPipeline"
+"""
+"""A pipeline of the sleep kind that no worker serves: its jobs stay queued."""
+
+
+@pytest.fixture(scope="module")
+def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    flush(redis_url)
+    env = {
+        "MMQ_QUOTAS__WINDOW_S": str(WINDOW_S),
+        "MMQ_LEASE__TTL_S": "1.5",
+        "MMQ_LEASE__HEARTBEAT_S": "0.3",
+        "MMQ_LEASE__REAPER_INTERVAL_S": "0.2",
+    }
+    deployment = Deployment(redis_url, tmp_path_factory.mktemp("quotas"), env)
+    with deployment.config_path.open("a") as config:
+        config.write(IDLE)
+    with serving(deployment):
+        deployment.start_api()
+        deployment.start_reaper()
+        deployment.start_worker("sleep")
+        yield deployment
+
+
+@pytest.fixture
+def r(dep: Deployment) -> redis.Redis:
+    return redis.Redis.from_url(dep.redis_url, decode_responses=True)
+
+
+def _owner(dep: Deployment, r: redis.Redis, **limits: int) -> Api:
+    name = f"q{time.monotonic_ns()}"
+    set_limits(r, name, KeyLimits(**limits))
+    return new_owner(dep.redis_url, dep.base_url, name)
+
+
+def _quota(api: Api) -> dict[str, Any]:
+    return dict(api.http.get("/v1/whoami").json()["quota"])
+
+
+def _sleep(api: Api, model: str = "idle", **extra: Any) -> httpx.Response:
+    inp = {"model": model, "steps": 1, "step_ms": 10}
+    return api.http.post("/v1/jobs", json={"kind": "sleep", "input": inp, **extra})
+
+
+def test_jobs_queued_is_exact_under_concurrent_submits(dep: Deployment, r: redis.Redis) -> None:
+    alice = _owner(dep, r, max_queued=5)
+    headers = {"Authorization": f"Bearer {alice.key}"}
+    body = {"kind": "sleep", "input": {"model": "idle", "steps": 1}}
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=dep.base_url, headers=headers, timeout=30) as c:
+            return await asyncio.gather(*(c.post("/v1/jobs", json=body) for _ in range(40)))
+
+    answers = asyncio.run(burst())
+    accepted = [a for a in answers if a.status_code == 202]
+    refused = [a for a in answers if a.status_code == 429]
+    assert len(accepted) == 5 and len(refused) == 35
+    error = refused[0].json()["error"]
+    assert error["type"] == "quota_exceeded" and "jobs queued: 5 of 5" in error["message"]
+    assert int(refused[0].headers["retry-after"]) >= 1
+    assert _quota(alice)["queued"] == 5
+    bob = _owner(dep, r, max_queued=1)  # another key's jobs never count against bob
+    assert _sleep(bob).status_code == 202
+    for answer in accepted[:2]:
+        alice.http.post(f"/v1/jobs/{answer.json()['id']}/cancel")
+    assert _quota(alice)["queued"] == 3
+    assert [_sleep(alice).status_code for _ in range(3)] == [202, 202, 429]
+
+
+def test_a_slot_comes_back_whatever_way_a_job_leaves_the_queue(
+    dep: Deployment, r: redis.Redis
+) -> None:
+    carol = _owner(dep, r, max_queued=50)
+    ran = [_sleep(carol, "sleep").json()["id"] for _ in range(3)]  # started by the worker
+    expired = _sleep(carol, max_queue_s=0.3).json()["id"]  # no worker: the reaper ends it
+    canceled = _sleep(carol).json()["id"]
+    carol.http.post(f"/v1/jobs/{canceled}/cancel")
+    # A worker SIGKILLed mid-job: the reaper queues the job again (a slot taken again),
+    # a new worker runs it (given back).
+    long = carol.http.post(
+        "/v1/jobs", json={"kind": "sleep", "input": {"model": "sleep", "steps": 20, "step_ms": 100}}
+    ).json()["id"]
+    wait_until(lambda: carol.get(long)["status"] == "running", timeout_s=20)
+    (worker,) = [p for p in dep.procs if p.name.startswith("worker-sleep")]
+    worker.kill()
+    dep.procs.remove(worker)
+    wait_until(lambda: carol.get(long)["attempts"] == 1 and carol.get(long)["status"] == "queued")
+    assert _quota(carol)["queued"] == 1
+    dep.start_worker("sleep")
+    for job_id in [*ran, long]:
+        assert carol.wait(job_id)["status"] == "succeeded"
+    assert carol.wait(expired)["status"] == "expired"
+    assert _quota(carol)["queued"] == 0
+
+
+def test_requests_per_window_with_openais_headers(dep: Deployment, r: redis.Redis) -> None:
+    dave = _owner(dep, r, requests=3)
+    wait_until(lambda: time.time() % WINDOW_S < WINDOW_S / 2)  # a fresh window for the run
+    remaining = []
+    for _ in range(3):
+        answer = _sleep(dave)
+        assert answer.status_code == 202
+        assert answer.headers["x-ratelimit-limit-requests"] == "3"
+        assert answer.headers["x-ratelimit-reset-requests"].endswith("s")
+        remaining.append(answer.headers["x-ratelimit-remaining-requests"])
+    assert remaining == ["2", "1", "0"]
+    refused = _sleep(dave)
+    assert refused.status_code == 429
+    assert "requests: 3 of 3" in refused.json()["error"]["message"]
+    assert 1 <= int(refused.headers["retry-after"]) <= WINDOW_S
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    listed = dave.http.get("/v1/jobs")
+    assert listed.headers["x-ratelimit-remaining-requests"] == "0"
+    time.sleep(int(refused.headers["retry-after"]))
+    assert _sleep(dave).status_code == 202
+    assert "x-ratelimit-limit-requests" not in _owner(dep, r).http.get("/v1/jobs").headers
+
+
+def test_an_admin_sets_limits_and_a_key_sees_its_own(dep: Deployment, r: redis.Redis) -> None:
+    admin = Api(dep.base_url, create_key(r, f"adm{time.monotonic_ns()}", admin=True))
+    erin = _owner(dep, r)
+    name = erin.http.get("/v1/whoami").json()["owner"]
+    assert _quota(erin)["max_queued"] == 0  # the deployment's default: none
+    put = admin.http.put(f"/v1/admin/limits/{name}", json={"max_queued": 2, "requests": 9})
+    assert put.status_code == 200 and put.json()["max_queued"] == 2
+    assert _quota(erin) | {"queued": 0} == put.json() | {"queued": 0}
+    assert erin.http.put(f"/v1/admin/limits/{name}", json={"max_queued": 99}).status_code == 403
+    assert admin.http.put(f"/v1/admin/limits/{name}", json={"max_queued": -1}).status_code == 422
+    cleared = admin.http.put(f"/v1/admin/limits/{name}", json={})
+    assert cleared.json()["max_queued"] == 0 and cleared.json()["requests"] == 0
+
+
+def test_the_official_client_retries_on_429(kinds_dep: Deployment) -> None:
+    """kinds_dep's window is 2 s (conftest): the client waits for Retry-After and gets it."""
+    r = redis.Redis.from_url(kinds_dep.redis_url, decode_responses=True)
+    name = f"rt{time.monotonic_ns()}"
+    set_limits(r, name, KeyLimits(requests=1))
+    key = create_key(r, name)
+    client = openai.OpenAI(base_url=f"{kinds_dep.base_url}/v1", api_key=key)
+    speech = {"model": "tts", "voice": "joe", "input": "Hi.", "response_format": "wav"}
+    wait_until(lambda: time.time() % 2 < 1)
+    assert client.audio.speech.create(**speech).read()  # type: ignore[arg-type]
+    with pytest.raises(openai.RateLimitError):
+        client.with_options(max_retries=0).audio.speech.create(**speech)  # type: ignore[arg-type]
+    started = time.monotonic()
+    assert client.with_options(max_retries=3).audio.speech.create(**speech).read()  # type: ignore[arg-type]
+    assert time.monotonic() - started > 0.3  # it waited for the window to turn
