@@ -7,8 +7,11 @@ another."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +19,7 @@ import openai
 import pytest
 import redis
 
+from host.redis_server import RedisServer
 from jobs.apikeys import create_key
 from jobs.quotas import KeyLimits, set_limits
 from tests.conftest import Api, new_owner
@@ -172,3 +176,37 @@ def test_the_official_client_retries_on_429(kinds_dep: Deployment) -> None:
     started = time.monotonic()
     assert client.with_options(max_retries=3).audio.speech.create(**speech).read()  # type: ignore[arg-type]
     assert time.monotonic() - started > 0.3  # it waited for the window to turn
+
+
+def test_the_counts_survive_a_redis_crash_at_fsync(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis", fsync_always=True).start()
+    try:
+        (tmp_path / "deploy").mkdir()
+        env = {"MMQ_REDIS__DURABILITY": "fsync"}
+        deployment = Deployment(server.url, tmp_path / "deploy", env)
+        with deployment.config_path.open("a") as config:
+            config.write(IDLE)
+        with serving(deployment):
+            deployment.start_api()
+            r = redis.Redis.from_url(server.url, decode_responses=True)
+            frank = _owner(deployment, r, max_queued=6)
+            ids = [_sleep(frank).json()["id"] for _ in range(4)]
+            assert server.process is not None
+            os.kill(server.process.pid, signal.SIGKILL)
+            server.process.wait()
+            server.start()
+            wait_until(lambda: _whoami_ok(frank), timeout_s=30)
+            assert _quota(frank)["queued"] == 4
+            assert [_sleep(frank).status_code for _ in range(3)] == [202, 202, 429]
+            for job_id in ids:
+                frank.http.post(f"/v1/jobs/{job_id}/cancel")
+            assert _quota(frank)["queued"] == 2
+    finally:
+        server.stop()
+
+
+def _whoami_ok(api: Api) -> bool:
+    try:
+        return api.http.get("/v1/whoami").status_code == 200
+    except httpx.HTTPError:
+        return False
