@@ -31,6 +31,7 @@ from workers.leases import LeaseKeeper
 ALLOWED = {
     ("queued", "running"),
     ("queued", "canceled"),
+    ("queued", "expired"),
     ("running", "succeeded"),
     ("running", "failed"),
     ("running", "canceled"),
