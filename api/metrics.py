@@ -28,6 +28,7 @@ from jobs.codec import text_list, time_seconds
 from jobs.kombu_redis import priority_lists
 from jobs.metrics import RECORDED, MetricDef
 from jobs.queues import queue_name
+from jobs.quotas import Quota, effective
 from jobs.settings import Settings
 
 WORKER_LABELS = ("worker", "kind", "pipeline", "device", "host")
@@ -50,6 +51,8 @@ class Snapshot:
     """Active batches by status."""
     batch_lines: dict[str, int] = field(default_factory=dict)
     """Lines of the active batches by state: waiting, in_flight, completed, failed."""
+    keys: list[Quota] = field(default_factory=list)
+    """Usage and limits of each key shown (`quotas.shown_keys`), by owner (`Quota.owner`)."""
     at: float = 0.0
     """When it was read (Redis's clock, unix seconds)."""
 
@@ -109,7 +112,28 @@ async def read_snapshot(r: aredis.Redis, settings: Settings) -> Snapshot:
     ]
     snap.devices = [info for info in found[len(workers) :] if info]
     await _read_batches(r, snap)
+    await _read_keys(r, snap, settings)
     return snap
+
+
+async def _read_keys(r: aredis.Redis, snap: Snapshot, settings: Settings) -> None:
+    shown = settings.quotas.shown_keys
+    if not shown:
+        return
+    owners = sorted(text_list(await r.smembers(keys.OWNERS)))[:shown]
+    window = int(snap.at // settings.quotas.window_s)
+    pipe = r.pipeline(transaction=False)
+    for owner in owners:
+        pipe.hget(keys.LIMITS, owner)
+        pipe.hget(keys.usage(owner), "queued")
+        pipe.get(keys.requests_in(owner, window))
+    found = await pipe.execute()
+    for i, owner in enumerate(owners):
+        own, queued, used = found[3 * i : 3 * i + 3]
+        own_limits = json.loads(own) if own else {}
+        snap.keys.append(
+            effective(settings.quotas, own_limits, int(queued or 0), int(used or 0), owner)
+        )
 
 
 async def _read_batches(r: aredis.Redis, snap: Snapshot) -> None:
@@ -166,6 +190,7 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
     for state, n in snap.batch_lines.items():
         lines.add_metric([state], n)
     yield lines
+    yield from _keys(snap.keys)
     yield from _workers(snap, settings.lease.heartbeat_s * 3)
     yield from _devices(snap.devices)
 
@@ -208,6 +233,26 @@ def _workers(snap: Snapshot, stale_s: float) -> Iterable[Metric]:
         up.add_metric(labels, 1.0 if seconds <= stale_s else 0.0)
         age.add_metric(labels, max(0.0, seconds))
     return [up, age]
+
+
+def _keys(quotas: list[Quota]) -> Iterable[Metric]:
+    queued = GaugeMetricFamily(
+        "mmq_key_jobs_queued", "A key's jobs queued now (batch lines apart).", labels=["owner"]
+    )
+    used = GaugeMetricFamily(
+        "mmq_key_requests", "Jobs a key submitted in the current quota window.", labels=["owner"]
+    )
+    limit = GaugeMetricFamily(
+        "mmq_key_limit",
+        "A key's limits in effect (0: none): max_queued, requests per quotas.window_s.",
+        labels=["owner", "quota"],
+    )
+    for q in quotas:
+        queued.add_metric([q.owner], q.queued)
+        used.add_metric([q.owner], q.requests_used)
+        limit.add_metric([q.owner, "max_queued"], q.max_queued)
+        limit.add_metric([q.owner, "requests"], q.requests)
+    return [queued, used, limit]
 
 
 def _devices(readings: list[dict[str, str]]) -> Iterable[Metric]:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from api.metrics import Snapshot, read_snapshot
 from jobs import keys, recent
+from jobs.quotas import Quota
 from jobs.settings import Settings
 
 RUNNING_READ_MAX = 10_000
@@ -107,6 +108,8 @@ class Overview(BaseModel):
     workers: list[WorkerOverview]
     devices: list[DeviceOverview] = Field(default_factory=list)
     """Empty where no worker has a GPU (or NVML)."""
+    keys: list[Quota] = Field(default_factory=list)
+    """Each key's limits and usage (the first `quotas.shown_keys` owners by name)."""
 
 
 class OverviewReader:
@@ -134,6 +137,7 @@ class OverviewReader:
             running_total=snap.running,
             workers=_workers(snap, self._settings.lease.heartbeat_s * 3),
             devices=_devices(snap),
+            keys=snap.keys,
         )
 
     async def _recent_and_running(

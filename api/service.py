@@ -199,7 +199,7 @@ class JobService:
         """The key's limits in effect and what it uses now."""
         window = int(time.time() // self._window_s)
         own, queued, used = await self._store.quota_state(owner, window)
-        return quotas.effective(self.settings.quotas, own, queued, used)
+        return quotas.effective(self.settings.quotas, own, queued, used, owner)
 
     async def set_limits(self, owner: str, limits: quotas.KeyLimits) -> Quota:
         await self._store.set_limits(owner, quotas.own_fields(limits))

@@ -128,6 +128,9 @@ over the deployment's `quotas` defaults."""
 
 USAGE_PREFIX = f"{PREFIX}:usage:"
 
+OWNERS = f"{PREFIX}:owners"
+"""Set: every owner that has submitted a job (whose usage `/metrics` and the overview show)."""
+
 
 def usage(owner: str) -> str:
     """Hash: what an owner uses now: `queued` (its jobs queued, batch lines apart). The

@@ -57,7 +57,7 @@ SUBMIT = (
     + """
 -- KEYS: job, owner index, queued set, idempotency key, events stream, task list, counter,
 --   index of every owner's jobs, deadlines, limits hash, the owner's usage hash, the
---   owner's requests in this quota window
+--   owner's requests in this quota window, the set of owners
 -- ARGV[1]: JSON {job_id, max_queued, score, idem_ttl_s, idem_value ('' for none), maxlen,
 --   channel, event (JSON text), ts, message ('' for none), counter_field ('' for none),
 --   deadline (unix seconds, '' for none), fields: the job's fields as [name, value, ...],
@@ -99,6 +99,7 @@ if a.deadline ~= '' then redis.call('ZADD', KEYS[9], a.deadline, a.job_id) end
 if a.idem_value ~= '' then redis.call('SET', KEYS[4], a.idem_value, 'EX', a.idem_ttl_s) end
 local id = announce(a.channel, KEYS[5], a.maxlen, a.job_id, 'status', a.event, a.ts, nil)
 if a.counter_field ~= '' then redis.call('HINCRBY', KEYS[7], a.counter_field, 1) end
+redis.call('SADD', KEYS[13], q.owner)
 if q.counts then
   redis.call('HINCRBY', KEYS[11], 'queued', 1)
   used = redis.call('INCR', KEYS[12])

@@ -30,6 +30,8 @@ class KeyLimits(BaseModel):
 class Quota(BaseModel):
     """A key's limits in effect, and what it uses now."""
 
+    owner: str = ""
+    """Whose (in lists of several keys)."""
     max_queued: int
     """0: no limit."""
     requests: int
@@ -41,8 +43,11 @@ class Quota(BaseModel):
     """Jobs it submitted in this window."""
 
 
-def effective(defaults: QuotaSettings, own: dict[str, Any], queued: int, used: int) -> Quota:
+def effective(
+    defaults: QuotaSettings, own: dict[str, Any], queued: int, used: int, owner: str = ""
+) -> Quota:
     return Quota(
+        owner=owner,
         max_queued=int(own.get("max_queued", defaults.max_queued)),
         requests=int(own.get("requests", defaults.requests)),
         window_s=defaults.window_s,

@@ -106,6 +106,9 @@ class QuotaSettings(BaseModel):
     """Jobs the key may submit per `window_s`."""
     window_s: int = Field(default=60, ge=1, le=3600)
     """The window that `requests` counts (OpenAI's limits are per minute)."""
+    shown_keys: int = Field(default=100, ge=0, le=10_000)
+    """Keys whose usage `/metrics` (label `owner`) and the admin overview show, the
+    first by name; 0: none."""
 
 
 class Limits(BaseModel):

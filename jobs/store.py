@@ -260,6 +260,7 @@ def submit_args(
         keys.LIMITS,
         keys.usage(job.owner),
         keys.requests_in(job.owner, window),
+        keys.OWNERS,
     ]
     submit = {
         "job_id": job.id,

@@ -145,6 +145,8 @@ def test_the_overview_shows_the_workers_and_updates_when_a_job_runs(
         }""",
         arg=[before],
     )
+    owner = api.http.get("/v1/whoami").json()["owner"]  # it submitted: its key is listed
+    page.locator("table.keys tbody tr", has_text=owner).wait_for()
 
 
 def test_the_tts_playground_plays_audio_before_the_job_ends(

@@ -210,3 +210,15 @@ def _whoami_ok(api: Api) -> bool:
         return api.http.get("/v1/whoami").status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_metrics_and_the_overview_show_each_keys_usage(dep: Deployment, r: redis.Redis) -> None:
+    gina = _owner(dep, r, max_queued=7)
+    name = gina.http.get("/v1/whoami").json()["owner"]
+    assert _sleep(gina).status_code == 202
+    metrics = httpx.get(f"{dep.base_url}/metrics").text
+    assert f'mmq_key_jobs_queued{{owner="{name}"}} 1.0' in metrics
+    assert f'mmq_key_limit{{owner="{name}",quota="max_queued"}} 7.0' in metrics
+    admin = Api(dep.base_url, create_key(r, f"adm{time.monotonic_ns()}", admin=True))
+    shown = {k["owner"]: k for k in admin.http.get("/v1/admin/overview").json()["keys"]}
+    assert shown[name]["queued"] == 1 and shown[name]["max_queued"] == 7

@@ -61,6 +61,16 @@ function Devices({ devices }) {
   </article>`)}</div>`;
 }
 
+function Keys({ keys }) {
+  if (!keys.length) return html`<p class="muted">No key has submitted a job yet.</p>`;
+  const limit = (n) => (n ? n : "none");
+  return html`<table class="keys"><thead><tr><th>Key (owner)</th><th class="num">Queued</th>
+    <th class="num">Queued limit</th><th class="num">Requests this window</th><th class="num">Requests limit</th></tr></thead>
+    <tbody>${keys.map((k) => html`<tr><td>${k.owner}</td><td class="num">${k.queued}</td>
+      <td class="num">${limit(k.max_queued)}</td><td class="num">${k.requests_used}</td>
+      <td class="num">${k.requests ? `${k.requests} / ${k.window_s} s` : "none"}</td></tr>`)}</tbody></table>`;
+}
+
 export function Overview() {
   const [now, setNow] = useState(null);
   const history = useRef([]);
@@ -84,5 +94,7 @@ export function Overview() {
     <${Workers} workers=${now.workers} />
     <h2>GPUs</h2>
     <${Devices} devices=${now.devices} />
+    <h2>Keys</h2>
+    <${Keys} keys=${now.keys || []} />
   </section>`;
 }
