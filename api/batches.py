@@ -1,5 +1,5 @@
 """The batches service: create (checking every line of the input file), get, list and
-cancel. The release stage (`cluster/batches.py`) runs what is created here.
+cancel. The release stage (`cluster/release.py`) runs what is created here.
 
 A line is checked as its endpoint's route would check it (`api.openai.batch_lines`) and
 routed to its pipeline (`JobService.validate`). A bad line becomes a line of the error

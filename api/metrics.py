@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from jobs import keys
-from jobs.codec import text_list, time_seconds
+from jobs.codec import text_list, text_map, time_seconds
 from jobs.kombu_redis import priority_lists
 from jobs.metrics import RECORDED, MetricDef
 from jobs.queues import queue_name
@@ -51,6 +51,8 @@ class Snapshot:
     """Active batches by status."""
     batch_lines: dict[str, int] = field(default_factory=dict)
     """Lines of the active batches by state: waiting, in_flight, completed, failed."""
+    held: dict[str, int] = field(default_factory=dict)
+    """Jobs held by fair share, by `pipeline|priority`."""
     keys: list[Quota] = field(default_factory=list)
     """Usage and limits of each key shown (`quotas.shown_keys`), by owner (`Quota.owner`)."""
     at: float = 0.0
@@ -113,6 +115,7 @@ async def read_snapshot(r: aredis.Redis, settings: Settings) -> Snapshot:
     snap.devices = [info for info in found[len(workers) :] if info]
     await _read_batches(r, snap)
     await _read_keys(r, snap, settings)
+    snap.held = {k: int(v) for k, v in text_map(await r.hgetall(keys.HELD)).items()}
     return snap
 
 
@@ -191,6 +194,15 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
         lines.add_metric([state], n)
     yield lines
     yield from _keys(snap.keys)
+    held = GaugeMetricFamily(
+        "mmq_jobs_held",
+        "Jobs held by fair share until their key's turn, by pipeline and priority.",
+        labels=["pipeline", "priority"],
+    )
+    for field_name, n in sorted(snap.held.items()):
+        pipeline, _, priority = field_name.partition("|")
+        held.add_metric([pipeline, priority], max(0, n))
+    yield held
     yield from _workers(snap, settings.lease.heartbeat_s * 3)
     yield from _devices(snap.devices)
 

@@ -93,7 +93,8 @@ def resend_missing(app: Celery, store: MeteredJobStore, grace_s: float) -> int:
 
 
 def _queued_since(store: MeteredJobStore, before: float) -> list[str]:
-    """Queued job ids (every kind) whose last queueing was before `before`."""
+    """Queued job ids (every kind) whose last queueing was before `before`, but those
+    held by fair share (their message waits in a hold list for the release stage)."""
     ids = [
         job_id
         for key in text_list(store.r.scan_iter(match=keys.queued("*"), count=BATCH))
@@ -101,9 +102,13 @@ def _queued_since(store: MeteredJobStore, before: float) -> list[str]:
     ]
     pipe = store.r.pipeline(transaction=False)
     for job_id in ids:
-        pipe.hget(keys.job(job_id), "queued_at")
-    stamps = pipe.execute()
-    return [j for j, at in zip(ids, stamps, strict=True) if at and float(at) < before]
+        pipe.hmget(keys.job(job_id), ["queued_at", "held"])
+    found = pipe.execute()
+    return [
+        j
+        for j, (at, held) in zip(ids, found, strict=True)
+        if at and float(at) < before and not held
+    ]
 
 
 def _resent(reason: str, count: int) -> list[Sample]:

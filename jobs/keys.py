@@ -145,6 +145,39 @@ def requests_in(owner: str, window: int) -> str:
     return f"{PREFIX}:requests:{owner}:{window}"
 
 
+HOLD_PREFIX = f"{PREFIX}:hold:"
+
+
+def hold(pipeline: str, priority: str, owner: str) -> str:
+    """List: an owner's held jobs of one pipeline and priority, oldest first, each as JSON
+    {job_id, list, envelope}: the task message that the release stage pushes when it is
+    the owner's turn (fair share, `fairness.enabled`)."""
+    return f"{HOLD_PREFIX}{pipeline}|{priority}|{owner}"
+
+
+def holders(pipeline: str, priority: str) -> str:
+    """Sorted set: the owners with held jobs of one pipeline and priority, scored by their
+    pass (stride scheduling: the lowest goes next)."""
+    return f"{PREFIX}:holders:{pipeline}|{priority}"
+
+
+def passes(pipeline: str, priority: str) -> str:
+    """Hash: owner -> its pass at one pipeline and priority; field `""` is the pass of the
+    last release (the virtual time an owner that starts holding joins at)."""
+    return f"{PREFIX}:passes:{pipeline}|{priority}"
+
+
+HELD = f"{PREFIX}:held"
+"""Hash: `pipeline|priority` -> jobs held there now."""
+
+
+def room(pipeline: str) -> str:
+    """String: slots of a pipeline that a submit may still fill at once, written by the
+    release stage every step with a short TTL (absent: no release stage runs, and
+    submits push their messages at once)."""
+    return f"{PREFIX}:room:{pipeline}"
+
+
 def idempotency(owner: str, key: str) -> str:
     """String: `job_id|body_hash` of the job an Idempotency-Key created."""
     return f"{PREFIX}:idem:{owner}:{key}"

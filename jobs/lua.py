@@ -62,7 +62,12 @@ SUBMIT = (
 --   channel, event (JSON text), ts, message ('' for none), counter_field ('' for none),
 --   deadline (unix seconds, '' for none), fields: the job's fields as [name, value, ...],
 --   quota: {owner, counts (false for a batch line), max_queued, requests (the
---   deployment's defaults, 0: none), window_ttl_s}}
+--   deployment's defaults, 0: none), window_ttl_s},
+--   hold: fair share's (absent: push the message at once) {entry: JSON of the held job
+--   for its hold list, field: `pipeline|priority`}}
+-- More KEYS with `hold`: the pipeline's room, the holders of priorities high, normal and
+--   low (those below the job's: unused names), the job's own holders, its hold list, the
+--   passes, the held counts.
 -- Returns {'ok', event id, requests limit, requests used} or {'dup', value} or
 -- {'full', ''} or {'quota', name, limit, used}.
 local a = cjson.decode(ARGV[1])
@@ -90,8 +95,35 @@ if q.counts then
   end
 end
 if redis.call('SCARD', KEYS[3]) >= a.max_queued then return {'full', ''} end
-if a.message ~= '' then push_message(KEYS[6], a.message) end
+-- Fair share: a job that finds no free slot of its pipeline (the release stage's `room`),
+-- or a job of another key waiting at its priority or above, is held for the release
+-- stage; the owner joins the turn at the last release's pass if it was not waiting.
+local hold_job = false
+if a.message ~= '' and a.hold then
+  local room = redis.call('GET', KEYS[14])
+  if room then
+    local waiting = 0
+    for i = 15, 17 do waiting = waiting + redis.call('ZCARD', KEYS[i]) end
+    if waiting == 0 and tonumber(room) > 0 then
+      redis.call('DECR', KEYS[14])
+    else
+      hold_job = true
+    end
+  end
+end
+if hold_job then
+  redis.call('RPUSH', KEYS[19], a.hold.entry)
+  if not redis.call('ZSCORE', KEYS[18], q.owner) then
+    local mine = tonumber(redis.call('HGET', KEYS[20], q.owner) or '0')
+    local now_pass = tonumber(redis.call('HGET', KEYS[20], '') or '0')
+    redis.call('ZADD', KEYS[18], math.max(mine, now_pass), q.owner)
+  end
+  redis.call('HINCRBY', KEYS[21], a.hold.field, 1)
+elseif a.message ~= '' then
+  push_message(KEYS[6], a.message)
+end
 redis.call('HSET', KEYS[1], unpack(a.fields))
+if hold_job then redis.call('HSET', KEYS[1], 'held', '1') end
 redis.call('ZADD', KEYS[2], a.score, a.job_id)
 redis.call('ZADD', KEYS[8], a.score, a.job_id)
 redis.call('SADD', KEYS[3], a.job_id)
@@ -302,5 +334,51 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], deadline_after(ARGV[2]), ARGV[3])
 return 1
+"""
+)
+
+RELEASE_HELD = (
+    PUSH_MESSAGE_LUA
+    + """
+-- KEYS: holders of one pipeline and priority, its passes, the limits hash, the held counts
+-- ARGV: the hold lists' prefix with `pipeline|priority|`, the jobs' key prefix, the held
+--   counts' field (`pipeline|priority`), how many to release at most
+-- Releases up to N held jobs, one at a time to the owner with the lowest pass (stride
+-- scheduling: each release adds 1 / weight to its owner's pass). A held job that left
+-- `queued` meanwhile (canceled, expired) is dropped, not pushed. The hold lists and job
+-- hashes are named from their prefixes (one Redis or Sentinel, not Redis Cluster).
+-- Returns the ids pushed.
+local pushed = {}
+local tries = 0
+while #pushed < tonumber(ARGV[4]) and tries < 10 * tonumber(ARGV[4]) + 10 do
+  tries = tries + 1
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if #first == 0 then break end
+  local owner, pass = first[1], tonumber(first[2])
+  local list = ARGV[1] .. owner
+  local raw = redis.call('LPOP', list)
+  if raw then
+    redis.call('HINCRBY', KEYS[4], ARGV[3], -1)
+    local entry = cjson.decode(raw)
+    local job = ARGV[2] .. entry.job_id
+    if redis.call('HGET', job, 'status') == 'queued' then
+      push_message(entry.list, entry.envelope)
+      redis.call('HDEL', job, 'held')
+      pushed[#pushed + 1] = entry.job_id
+      local weight = 1
+      local own = redis.call('HGET', KEYS[3], owner)
+      if own then weight = tonumber(cjson.decode(own).weight or 1) end
+      pass = pass + 1 / weight
+      redis.call('HSET', KEYS[2], '', tostring(first[2]))
+    end
+  end
+  redis.call('HSET', KEYS[2], owner, tostring(pass))
+  if redis.call('LLEN', list) > 0 then
+    redis.call('ZADD', KEYS[1], pass, owner)
+  else
+    redis.call('ZREM', KEYS[1], owner)
+  end
+end
+return pushed
 """
 )

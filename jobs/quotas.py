@@ -25,6 +25,8 @@ class KeyLimits(BaseModel):
 
     max_queued: int | None = Field(default=None, ge=0)
     requests: int | None = Field(default=None, ge=0)
+    weight: float | None = Field(default=None, gt=0, le=1000)
+    """Its share under fair share, against other keys' (1 by default)."""
 
 
 class Quota(BaseModel):

@@ -97,6 +97,15 @@ class QueueSettings(BaseModel):
         return self.max_queued_by_kind.get(kind, self.max_queued)
 
 
+class FairnessSettings(BaseModel):
+    """Fair share between keys (`cluster/release.py`'s release stage)."""
+
+    enabled: bool = False
+    """Within a priority, keys take turns (weighted: `mmq keys limits NAME --weight`) for a
+    busy pipeline's free slots: a job that finds no free slot is held, and the release
+    stage picks whose goes next. A job that finds a free slot goes at once, as without."""
+
+
 class QuotaSettings(BaseModel):
     """What one API key may use, unless `mmq keys limits` sets its own (0: no limit)."""
 
@@ -235,7 +244,7 @@ MAX_QUEUE_S = 7 * 86400.0
 
 
 class BatchSettings(BaseModel):
-    """The Batch API and its release stage (`cluster/batches.py`)."""
+    """The Batch API and its release stage (`cluster/release.py`)."""
 
     max_lines: int = Field(default=50_000, ge=1)
     """Lines a batch's input file may have (OpenAI's limit)."""
@@ -330,6 +339,7 @@ class Settings(BaseSettings):
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     batches: BatchSettings = Field(default_factory=BatchSettings)
     quotas: QuotaSettings = Field(default_factory=QuotaSettings)
+    fairness: FairnessSettings = Field(default_factory=FairnessSettings)
     kinds: dict[str, KindConfig] = Field(default_factory=dict)
     """Extra job kinds and their input schemas."""
     pipelines: dict[str, PipelineConfig] = Field(default_factory=dict)

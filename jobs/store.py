@@ -30,7 +30,7 @@ from jobs.codec import (
     time_seconds,
 )
 from jobs.durability import Durability
-from jobs.kombu_redis import TaskMessage
+from jobs.kombu_redis import PRIORITY_VALUES, TaskMessage
 from jobs.models import Event, EventType, Job, WebhookSpec
 from jobs.schemas.base import CachePolicy
 from jobs.settings import Settings
@@ -262,6 +262,23 @@ def submit_args(
         keys.requests_in(job.owner, window),
         keys.OWNERS,
     ]
+    hold = None
+    if settings.fairness.enabled and message is not None and not batch_line:
+        mine = PRIORITY_VALUES[job.priority]
+        above = [
+            keys.holders(job.pipeline, p) if PRIORITY_VALUES[p] <= mine else unused
+            for p in ("high", "normal", "low")
+        ]
+        key_list += [
+            keys.room(job.pipeline),
+            *above,
+            keys.holders(job.pipeline, job.priority),
+            keys.hold(job.pipeline, job.priority, job.owner),
+            keys.passes(job.pipeline, job.priority),
+            keys.HELD,
+        ]
+        entry = {"job_id": job.id, "list": message.list_key, "envelope": message.envelope}
+        hold = {"entry": dumps(entry), "field": f"{job.pipeline}|{job.priority}"}
     submit = {
         "job_id": job.id,
         "max_queued": max_queued,
@@ -284,6 +301,8 @@ def submit_args(
             "window_ttl_s": 2 * quotas.window_s,
         },
     }
+    if hold is not None:
+        submit["hold"] = hold
     return key_list, [dumps(submit)]
 
 

@@ -124,8 +124,8 @@ def reaper(config: ConfigOpt = None) -> None:
     of jobs whose records have expired. A third runs the release stage of batches every
     `batches.release_interval_s`. Several reapers may run at once.
     """
-    from cluster.batches import start_release_stage
     from cluster.reaper import Reaper
+    from cluster.release import start_release_stage
     from cluster.retention import start_sweeper
     from jobs.broker import make_celery, webhook_sender
     from jobs.metered import MeteredJobStore
@@ -425,6 +425,9 @@ def keys_limits(
     requests: Annotated[
         int | None, typer.Option(min=0, help="Jobs per quotas.window_s (0: no limit)")
     ] = None,
+    weight: Annotated[
+        float | None, typer.Option(min=0.001, help="Its share under fair share (default 1)")
+    ] = None,
     clear: Annotated[
         bool, typer.Option("--clear", help="Back to the deployment's defaults (quotas.*)")
     ] = False,
@@ -445,12 +448,15 @@ def keys_limits(
         own.max_queued = max_queued
     if requests is not None:
         own.requests = requests
+    if weight is not None:
+        own.weight = weight
     set_limits(client, name, own)
     defaults = settings.quotas
     shown = {
         "max_queued": own.max_queued if own.max_queued is not None else defaults.max_queued,
         "requests": own.requests if own.requests is not None else defaults.requests,
         "window_s": defaults.window_s,
+        "weight": own.weight if own.weight is not None else 1,
         "queued": int(client.hget(keys.usage(name), "queued") or 0),
     }
     typer.echo(json.dumps(shown))

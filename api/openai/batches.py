@@ -4,7 +4,7 @@
 The input file is an OpenAI file object of purpose `batch` (`client.files.create`); the
 output and error files are file objects too, read with `client.files.content`. The
 lines run as jobs of priority `batch`, released by the release stage when their
-pipeline has room (`cluster/batches.py`).
+pipeline has room (`cluster/release.py`).
 """
 
 from __future__ import annotations

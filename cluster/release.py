@@ -1,7 +1,15 @@
-"""The release stage: the lines of batches enter the workers' queues only when their
-pipeline has room, behind all interactive work, and end in exactly one output file.
+"""The release stage: what waits enters the workers' queues only when its pipeline has
+room. Held jobs go by fair share between keys; the lines of batches go behind all
+interactive work, and end in exactly one output file.
 
-Every `batches.release_interval_s`, for each active batch (oldest first):
+Every `batches.release_interval_s`, it reads each pipeline's slots (`Slots`: its live
+workers' `concurrency`, less running jobs and messages waiting in its queue). With
+`fairness.enabled`, a submit that finds no room (the `keys.room` this stage wrote, or
+another key's job held at its priority or above) is held, and here each pipeline's free
+slots go to its held jobs, highest priority first, and within a priority to the key
+with the lowest pass (stride scheduling, `RELEASE_HELD`: a release adds 1 / weight to
+its key's pass, so a key with one job goes before another key's thousandth). Then, for
+each active batch (oldest first):
 
 1. **Collect**: each released line whose job has ended moves, once (`jobs.batches.COLLECT`),
    to the output file's lines (it succeeded) or the error file's (it did not), in
@@ -51,6 +59,7 @@ from jobs.broker import enqueue_webhook, job_message
 from jobs.codec import dumps, text_list, text_map
 from jobs.file_objects import FileObject, save_object_sync
 from jobs.kombu_redis import PRIORITY_VALUES, priority_list
+from jobs.lua import RELEASE_HELD
 from jobs.metered import MeteredJobStore
 from jobs.models import Job
 from jobs.queues import queue_name
@@ -74,7 +83,41 @@ NO_LIMIT = 2**31
 """The queued-set bound of a batch line's submit: the release stage is its bound."""
 LIVE_BEATS = 3
 WATCH_TRIES = 10
-INTERACTIVE = [p for p in PRIORITY_VALUES if p != "batch"]
+PRIORITIES = list(PRIORITY_VALUES)
+"""In order: high, normal, low, batch."""
+INTERACTIVE = PRIORITIES[:-1]
+ROOM_STEPS = 3
+"""A pipeline's room is kept this many steps: past that (no release stage runs), submits
+push their messages at once."""
+
+
+@dataclass
+class Slots:
+    """One pipeline's worker slots and what holds them: running jobs, messages waiting in
+    its queue (interactive, and batch lines), jobs held by fair share."""
+
+    total: int
+    ahead: int
+    """Messages that may wait beyond the slots (one per worker), so that a slot that
+    frees between two steps is taken at once."""
+    running: int
+    interactive_queued: int
+    batch_queued: int
+    held: int
+
+    def interactive_room(self) -> int:
+        """Interactive messages that may still be pushed: a round of the slots ahead (a
+        slot that frees between two steps takes the next at once, and a key whose turn
+        comes waits behind at most one round); queued batch lines do not count (a worker
+        takes interactive ones first)."""
+        return 2 * self.total - self.running - self.interactive_queued
+
+    def batch_room(self, reserve: int) -> int:
+        """Batch lines that may still be released: none while interactive work waits."""
+        if self.interactive_queued or self.held > 0:
+            return 0
+        ahead = 0 if reserve else self.ahead
+        return self.total + ahead - reserve - self.running - self.batch_queued
 
 
 @dataclass
@@ -102,16 +145,21 @@ class ReleaseStage:
         self._collect = self.r.register_script(COLLECT)
         self._release = self.r.register_script(RELEASE)
         self._set_if = self.r.register_script(SET_IF)
+        self._release_held_script = self.r.register_script(RELEASE_HELD)
 
     def step(self) -> None:
-        """One pass over the active batches, oldest first."""
+        """One pass: held jobs released by fair share, then the active batches (oldest
+        first) collected and fed, then each pipeline's room written for submits."""
         batches = [b for b in map(self._get, text_list(self.r.smembers(keys.BATCHES_ACTIVE))) if b]
         batches.sort(key=lambda b: b.created_at)
-        waiting: dict[str, int] = {}
         for batch in batches:
-            for pipeline in self._collect_ended(batch):
-                waiting[pipeline] = waiting.get(pipeline, 0) + 1
-        room = self._room(waiting)
+            self._collect_ended(batch)
+        slots = self._slots()
+        if self.settings.fairness.enabled:
+            self._release_held(slots)
+        room = Room(
+            {p: s.batch_room(self.settings.batches.reserve_slots) for p, s in slots.items()}
+        )
         now = time.time()
         for batch in batches:
             if batch.status.ended:  # it failed at create: only its webhook is left
@@ -121,26 +169,22 @@ class ReleaseStage:
             if batch.status is BatchStatus.IN_PROGRESS and now < batch.expires_at:
                 self._release_lines(batch, room)
             self._finish_if_done(batch, now)
+        if self.settings.fairness.enabled:
+            self._write_room(slots)
 
     # -- collect
 
-    def _collect_ended(self, batch: Batch) -> list[str]:
-        """Collect the released lines whose jobs have ended; returns the pipelines of
-        those still queued (released, not started), one entry each."""
+    def _collect_ended(self, batch: Batch) -> None:
+        """Collect the released lines whose jobs have ended."""
         inflight = text_map(self.r.hgetall(keys.batch_inflight(batch.id)))
         if not inflight:
-            return []
+            return
         pipe = self.r.pipeline(transaction=False)
         for job_id in inflight:
             pipe.hget(keys.job(job_id), "status")
-        queued = []
         for (job_id, raw), status in zip(inflight.items(), pipe.execute(), strict=True):
-            line = Line.model_validate_json(raw)
             if status is None or JobStatus(status).terminal:
-                self._collect_one(batch, line, job_id)
-            elif status == JobStatus.QUEUED:
-                queued.append(line.pipeline)
-        return queued
+                self._collect_one(batch, Line.model_validate_json(raw), job_id)
 
     def _collect_one(self, batch: Batch, line: Line, job_id: str) -> None:
         job = self.store.get(job_id)
@@ -191,12 +235,8 @@ class ReleaseStage:
 
     # -- release
 
-    def _room(self, waiting: dict[str, int]) -> Room:
-        """Free slots per pipeline for batch lines: its live workers' slots, less
-        `batches.reserve_slots`, the jobs it runs (of any priority) and the batch lines
-        `waiting` in its queue; plus one line per worker queued ahead (so that a slot
-        that frees between two steps is taken at once) unless slots are reserved. None
-        while an interactive job waits in its queue."""
+    def _slots(self) -> dict[str, Slots]:
+        """Each pipeline with live workers: its slots and what holds them now."""
         live_since = self.store.server_time() - LIVE_BEATS * self.settings.lease.heartbeat_s
         workers: dict[str, int] = {}
         for name in text_list(self.r.zrangebyscore(keys.WORKERS, live_since, "+inf")):
@@ -205,20 +245,24 @@ class ReleaseStage:
         names = [p for p in workers if p in self.settings.pipelines]
         pipe = self.r.pipeline(transaction=False)
         for pipeline in names:
-            for priority in INTERACTIVE:
+            for priority in PRIORITIES:
                 pipe.llen(priority_list(queue_name(pipeline), PRIORITY_VALUES[priority]))
-        lengths = pipe.execute()
+            pipe.hmget(keys.HELD, [f"{pipeline}|{p}" for p in INTERACTIVE])
+        found = iter(pipe.execute())
         running = self._running()
-        reserve = self.settings.batches.reserve_slots
-        free: dict[str, int] = {}
-        for i, pipeline in enumerate(names):
-            if sum(lengths[i * len(INTERACTIVE) : (i + 1) * len(INTERACTIVE)]):
-                continue  # interactive work first
-            slots = workers[pipeline] * self.settings.pipelines[pipeline].concurrency
-            ahead = 0 if reserve else workers[pipeline]
-            busy = running.get(pipeline, 0) + waiting.get(pipeline, 0)
-            free[pipeline] = slots + ahead - reserve - busy
-        return Room(free)
+        slots: dict[str, Slots] = {}
+        for pipeline in names:
+            lengths = [int(next(found)) for _ in PRIORITIES]
+            held = sum(int(n or 0) for n in next(found))
+            slots[pipeline] = Slots(
+                total=workers[pipeline] * self.settings.pipelines[pipeline].concurrency,
+                ahead=workers[pipeline],
+                running=running.get(pipeline, 0),
+                interactive_queued=sum(lengths[:-1]),
+                batch_queued=lengths[-1],
+                held=max(0, held),
+            )
+        return slots
 
     def _running(self) -> dict[str, int]:
         """Running jobs per pipeline (every priority)."""
@@ -231,6 +275,41 @@ class ReleaseStage:
             if pipeline:
                 counts[str(pipeline)] = counts.get(str(pipeline), 0) + 1
         return counts
+
+    def _release_held(self, slots: dict[str, Slots]) -> None:
+        """Fair share: each pipeline's free slots go to its held jobs, highest priority
+        first, and within a priority to the key whose turn it is (`RELEASE_HELD`)."""
+        for pipeline, slot in slots.items():
+            for priority in INTERACTIVE:
+                if slot.held <= 0 or slot.interactive_room() <= 0:
+                    break
+                pushed = self._release_held_script(
+                    keys=[
+                        keys.holders(pipeline, priority),
+                        keys.passes(pipeline, priority),
+                        keys.LIMITS,
+                        keys.HELD,
+                    ],
+                    args=[
+                        f"{keys.HOLD_PREFIX}{pipeline}|{priority}|",
+                        keys.job(""),
+                        f"{pipeline}|{priority}",
+                        slot.interactive_room(),
+                    ],
+                )
+                slot.interactive_queued += len(pushed)
+                slot.held -= len(pushed)
+
+    def _write_room(self, slots: dict[str, Slots]) -> None:
+        """What a submit may still push at once, per pipeline, for a few steps; a
+        pipeline without live workers has none (its jobs are held until one comes)."""
+        ttl_ms = int(ROOM_STEPS * self.settings.batches.release_interval_s * 1000) + 100
+        pipe = self.r.pipeline(transaction=False)
+        for pipeline in self.settings.enabled_pipelines:
+            slot = slots.get(pipeline)
+            free = max(0, slot.interactive_room()) if slot and slot.held <= 0 else 0
+            pipe.set(keys.room(pipeline), free, px=ttl_ms)
+        pipe.execute()
 
     def _release_lines(self, batch: Batch, room: Room) -> None:
         lines_key = keys.batch_lines(batch.id)

@@ -1,0 +1,141 @@
+"""Fair share between keys against real processes (`fairness.enabled`): on a busy pipeline,
+a key's one job goes before another key's burst, weights share the slots, priorities
+keep their meaning, a held job canceled never runs, and without a release stage submits
+go straight to the queue."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from jobs import keys
+from jobs.quotas import KeyLimits, set_limits
+from tests.conftest import Api, new_owner
+from tests.support.deploy import Deployment, flush, serving, wait_until
+
+STEP_MS = 100
+"""One sleep job's time: the worker runs one at a time."""
+ENV = {
+    "MMQ_FAIRNESS__ENABLED": "true",
+    "MMQ_BATCHES__RELEASE_INTERVAL_S": "0.05",
+    "MMQ_LEASE__HEARTBEAT_S": "0.3",
+}
+
+
+@pytest.fixture(scope="module")
+def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    flush(redis_url)
+    deployment = Deployment(redis_url, tmp_path_factory.mktemp("fair"), ENV)
+    with serving(deployment):
+        deployment.start_api()
+        deployment.start_reaper()
+        deployment.start_worker("sleep")
+        yield deployment
+
+
+@pytest.fixture
+def r(dep: Deployment) -> redis.Redis:
+    return redis.Redis.from_url(dep.redis_url, decode_responses=True)
+
+
+def _key(dep: Deployment, r: redis.Redis, weight: float | None = None) -> Api:
+    name = f"f{time.monotonic_ns()}"
+    set_limits(r, name, KeyLimits(weight=weight))
+    return new_owner(dep.redis_url, dep.base_url, name)
+
+
+def _sleep(api: Api, priority: str = "normal", steps: int = 1) -> str:
+    return api.submit("sleep", priority=priority, steps=steps, step_ms=STEP_MS)["id"]
+
+
+def _started(api: Api, job_ids: list[str]) -> list[tuple[float, str]]:
+    jobs = [api.wait(j, timeout_s=60) for j in job_ids]
+    return [(_ts(j["started_at"]), j["id"]) for j in jobs]
+
+
+def _ts(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def _idle(r: redis.Redis) -> None:
+    wait_until(
+        lambda: r.zcard(keys.RUNNING) == 0 and not any(int(v) for v in r.hvals(keys.HELD)),
+        timeout_s=60,
+    )
+
+
+def test_one_jobs_key_goes_before_another_keys_burst(dep: Deployment, r: redis.Redis) -> None:
+    a, b = _key(dep, r), _key(dep, r)
+    burst = [_sleep(a) for _ in range(20)]
+    time.sleep(0.3)  # A's burst is held behind the worker's one slot
+    assert int(r.hget(keys.HELD, "sleep|normal") or 0) > 10
+    metrics = a.http.get("/metrics").text
+    held = [ln for ln in metrics.splitlines() if ln.startswith('mmq_jobs_held{pipeline="sleep"')]
+    assert held and float(held[0].split()[-1]) > 5
+    mine = _sleep(b)
+    job = b.wait(mine, timeout_s=30)
+    assert job["status"] == "succeeded"
+    # behind the job running and the one queued ahead when it came, not A's burst
+    assert job["timings"]["queue_wait_ms"] < 6 * STEP_MS, job["timings"]
+    still = [a.get(j)["status"] for j in burst]
+    assert still.count("queued") > 5, still
+    assert {a.wait(j)["status"] for j in burst} == {"succeeded"}
+    _idle(r)
+
+
+def test_weights_share_the_slots(dep: Deployment, r: redis.Redis) -> None:
+    heavy, light = _key(dep, r, weight=3), _key(dep, r)
+    blocker = _sleep(light, steps=5)  # holds the slot while both bursts are held
+    ids = {}
+    for _ in range(12):
+        ids[_sleep(heavy)] = "heavy"
+        ids[_sleep(light)] = "light"
+    order = [
+        ids[j]
+        for _, j in sorted(
+            _started(heavy, [j for j, w in ids.items() if w == "heavy"])
+            + _started(light, [j for j, w in ids.items() if w == "light"])
+        )
+    ]
+    first = order[:8]
+    assert 5 <= first.count("heavy") <= 7, order  # 3 to 1 of the slot while both wait
+    assert light.wait(blocker)["status"] == "succeeded"
+    _idle(r)
+
+
+def test_priorities_keep_their_meaning_and_a_canceled_held_job_never_runs(
+    dep: Deployment, r: redis.Redis
+) -> None:
+    a, b = _key(dep, r), _key(dep, r)
+    burst = [_sleep(a) for _ in range(10)]
+    time.sleep(0.3)
+    canceled = burst[-1]
+    a.http.post(f"/v1/jobs/{canceled}/cancel")
+    urgent = _sleep(b, priority="high")
+    high = b.wait(urgent, timeout_s=30)
+    assert high["timings"]["queue_wait_ms"] < 6 * STEP_MS
+    done = {j: a.wait(j) for j in burst}
+    assert done[canceled]["status"] == "canceled" and done[canceled]["started_at"] is None
+    assert all(done[j]["status"] == "succeeded" for j in burst[:-1])
+    _idle(r)
+    assert int(r.hget(keys.HELD, "sleep|normal") or 0) == 0
+
+
+def test_without_a_release_stage_submits_go_straight_to_the_queue(
+    dep: Deployment, r: redis.Redis
+) -> None:
+    (reaper,) = [p for p in dep.procs if p.name == "reaper"]
+    reaper.stop()
+    dep.procs.remove(reaper)
+    try:
+        wait_until(lambda: not r.exists(keys.room("sleep")), timeout_s=10)
+        a = _key(dep, r)
+        ids = [_sleep(a) for _ in range(5)]
+        assert {a.wait(j, timeout_s=30)["status"] for j in ids} == {"succeeded"}
+    finally:
+        dep.start_reaper()
