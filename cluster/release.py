@@ -155,8 +155,8 @@ class ReleaseStage:
         for batch in batches:
             self._collect_ended(batch)
         slots = self._slots()
-        if self.settings.fairness.enabled:
-            self._release_held(slots)
+        # Held jobs are released even with fair share turned off since: none is stranded.
+        self._release_held(slots)
         room = Room(
             {p: s.batch_room(self.settings.batches.reserve_slots) for p, s in slots.items()}
         )
