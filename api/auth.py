@@ -28,7 +28,8 @@ async def current_owner(request: Request) -> str:
     """FastAPI dependency: the caller's owner id (and its requests quota's state, for the
     rate-limit headers of the paths that carry them)."""
     owner = (await current_caller(request)).owner
-    if ratelimit.watching():
+    # A submit learns the usage from its own script; other requests read it (one trip).
+    if request.method != "POST" and ratelimit.watching():
         await get_state(request).service.note_usage(owner)
     return owner
 
