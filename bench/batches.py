@@ -25,9 +25,7 @@ import argparse
 import asyncio
 import json
 import random
-import tempfile
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,21 +36,11 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import percentile_ms, run_meta
-from common.procs import free_port
-from host.redis_server import RedisServer
+from bench.sleepwork import job_body, job_input, sleep_deployment
 from jobs import keys
 from jobs.apikeys import create_key
-from tests.support.deploy import Deployment, serving
 
 console = Console(width=140)
-PIPELINE = """
-[pipelines.work]
-kind = "sleep"
-impl = "tests.support.pipelines:SleepPipeline"
-max_batch = 1
-concurrency = {slots}
-runners = {slots}
-"""
 
 
 @dataclass
@@ -69,11 +57,7 @@ async def interactive_load(
 ) -> Interactive:
     """Poisson arrivals at `rate` per second until `until()` is true."""
     rng = random.Random(seed)
-    steps = max(1, service_ms // 50)
-    body = {
-        "kind": "sleep",
-        "input": {"model": "work", "steps": steps, "step_ms": service_ms // steps},
-    }
+    body = job_body(service_ms)
     result = Interactive([], [], 0, [])
 
     async def one() -> None:
@@ -104,8 +88,7 @@ def _ts(iso: str) -> float:
 async def run_batch(
     http: httpx.AsyncClient, lines: int, service_ms: int
 ) -> tuple[dict[str, Any], list[tuple[float, float]]]:
-    steps = max(1, service_ms // 50)
-    inp = {"model": "work", "steps": steps, "step_ms": service_ms // steps}
+    inp = job_input(service_ms)
     text = "".join(
         json.dumps(
             {
@@ -272,26 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-lines", type=int, default=10_000)
     parser.add_argument("--out", type=Path, default=Path("bench/results/batches.json"))
     args = parser.parse_args(argv)
-    with ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-batches-")))
-        server = RedisServer(tmp / "redis", port=free_port(), persist=False)
-        server.start()
-        stack.callback(server.stop)
-        env = {
-            "MMQ_BATCHES__RELEASE_INTERVAL_S": "0.05",
-            "MMQ_QUEUE__MAX_QUEUED": "100000",
-            "MMQ_BATCHES__RESERVE_SLOTS": str(args.reserve),
-        }
-        (tmp / "deploy").mkdir()
-        dep = Deployment(server.url, tmp / "deploy", env)
-        dep.config_path.write_text(dep.config_path.read_text() + PIPELINE.format(slots=args.slots))
-        stack.enter_context(serving(dep))
-        dep.start_api()
-        dep.start_reaper()
-        dep.start_worker("work")
-        client = redis.Redis.from_url(server.url, decode_responses=True)
+    env = {"MMQ_BATCHES__RESERVE_SLOTS": str(args.reserve)}
+    with sleep_deployment(args.slots, env) as (base_url, client):
         key = create_key(client, "bench")
-        result = asyncio.run(measure(args, dep.base_url, key, client))
+        result = asyncio.run(measure(args, base_url, key, client))
     result["meta"] = run_meta()
     print_report(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)

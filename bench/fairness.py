@@ -17,37 +17,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import tempfile
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 from rich.console import Console
 from rich.table import Table
 
 from bench.common import percentile_ms, run_meta
-from common.procs import free_port
-from host.redis_server import RedisServer
+from bench.sleepwork import job_body, sleep_deployment
 from jobs.apikeys import create_key
-from tests.support.deploy import Deployment, serving
 
 console = Console(width=140)
-PIPELINE = """
-[pipelines.work]
-kind = "sleep"
-impl = "tests.support.pipelines:SleepPipeline"
-max_batch = 1
-concurrency = {slots}
-runners = {slots}
-"""
-
-
-def _body(service_ms: int) -> dict[str, Any]:
-    steps = max(1, service_ms // 50)
-    inp = {"model": "work", "steps": steps, "step_ms": service_ms // steps}
-    return {"kind": "sleep", "input": inp}
 
 
 async def _burst(http: httpx.AsyncClient, key: str, n: int, body: dict[str, Any]) -> list[str]:
@@ -81,7 +62,7 @@ def _span_s(jobs: list[dict[str, Any]]) -> float:
 async def _measure(
     base_url: str, a_key: str, b_key: str, args: argparse.Namespace
 ) -> dict[str, Any]:
-    body = _body(args.service_ms)
+    body = job_body(args.service_ms)
     limits = httpx.Limits(max_connections=1024)
     async with httpx.AsyncClient(
         base_url=base_url, timeout=120, limits=limits, trust_env=False
@@ -113,29 +94,13 @@ async def _measure(
 
 
 def run_setting(args: argparse.Namespace, fair: bool) -> dict[str, Any]:
-    with ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-fair-")))
-        server = RedisServer(tmp / "redis", port=free_port(), persist=False)
-        server.start()
-        stack.callback(server.stop)
-        env = {
-            "MMQ_FAIRNESS__ENABLED": "true" if fair else "false",
-            "MMQ_BATCHES__RELEASE_INTERVAL_S": "0.05",
-            "MMQ_QUEUE__MAX_QUEUED": "100000",
-        }
-        (tmp / "deploy").mkdir()
-        dep = Deployment(server.url, tmp / "deploy", env)
-        dep.config_path.write_text(dep.config_path.read_text() + PIPELINE.format(slots=args.slots))
-        stack.enter_context(serving(dep))
-        dep.start_api()
-        dep.start_reaper()
-        dep.start_worker("work")
-        client = redis.Redis.from_url(server.url, decode_responses=True)
+    env = {"MMQ_FAIRNESS__ENABLED": "true" if fair else "false"}
+    with sleep_deployment(args.slots, env) as (base_url, client):
         a_key, b_key = create_key(client, "team-a"), create_key(client, "team-b")
         console.print(
             f"fair share {'on' if fair else 'off'}: A's {args.burst} jobs, B one a second"
         )
-        return {"fairness": fair} | asyncio.run(_measure(dep.base_url, a_key, b_key, args))
+        return {"fairness": fair} | asyncio.run(_measure(base_url, a_key, b_key, args))
 
 
 def main(argv: list[str] | None = None) -> int:

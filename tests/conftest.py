@@ -105,6 +105,16 @@ def new_owner(redis_url: str, base_url: str, name: str) -> Api:
     return Api(base_url, create_key(client, name))
 
 
+def limited_owner(redis_url: str, base_url: str, **limits: Any) -> Api:
+    """A new owner with its own limits (`jobs.quotas.KeyLimits`: max_queued, requests,
+    weight)."""
+    from jobs.quotas import KeyLimits, set_limits
+
+    name = f"k{time.monotonic_ns()}"
+    set_limits(redis.Redis.from_url(redis_url, decode_responses=True), name, KeyLimits(**limits))
+    return new_owner(redis_url, base_url, name)
+
+
 @pytest.fixture
 def api(deployment: Deployment, request: pytest.FixtureRequest) -> Api:
     """A client with a fresh owner for this test."""

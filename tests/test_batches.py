@@ -21,6 +21,7 @@ import redis
 from host.redis_server import RedisServer
 from jobs import keys
 from tests.conftest import new_owner
+from tests.support.batches import job_line, jsonl
 from tests.support.deploy import Deployment, flush, serving, wait_until
 
 ENV = {
@@ -48,19 +49,8 @@ def _client(dep: Deployment) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{dep.base_url}/v1", api_key=key, max_retries=0)
 
 
-def _jsonl(lines: list[Any]) -> bytes:
-    return b"".join(
-        (ln if isinstance(ln, bytes) else json.dumps(ln).encode()) + b"\n" for ln in lines
-    )
-
-
-def _job_line(custom_id: str, kind: str, **inp: Any) -> dict[str, Any]:
-    body = {"kind": kind, "input": inp}
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/jobs", "body": body}
-
-
 def _run(client: openai.OpenAI, lines: list[Any], window: str = "24h", **extra: Any) -> Any:
-    source = client.files.create(file=("requests.jsonl", _jsonl(lines)), purpose="batch")
+    source = client.files.create(file=("requests.jsonl", jsonl(lines)), purpose="batch")
     return client.batches.create(
         input_file_id=source.id,
         endpoint="/v1/jobs",  # type: ignore[arg-type]  # mmq's own endpoint
@@ -88,13 +78,13 @@ def _file(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
 
 def test_a_batch_runs_every_line_once_and_names_bad_lines(dep: Deployment) -> None:
     client = _client(dep)
-    lines: list[Any] = [_job_line(f"ok-{i}", "echo", text=f"t{i}") for i in range(24)]
+    lines: list[Any] = [job_line(f"ok-{i}", "echo", text=f"t{i}") for i in range(24)]
     lines.insert(2, b"{not json")
     lines.insert(5, {"method": "POST", "url": "/v1/jobs", "body": {"kind": "echo"}})
-    lines.insert(7, _job_line("wrong-url", "echo", text="x") | {"url": "/v1/embeddings"})
-    lines.insert(9, _job_line("too-long", "echo", text="x" * 1001))
-    lines.insert(11, _job_line("ok-0", "echo", text="again"))
-    lines.append(_job_line("rejected", "echo", text="r", reject=True))
+    lines.insert(7, job_line("wrong-url", "echo", text="x") | {"url": "/v1/embeddings"})
+    lines.insert(9, job_line("too-long", "echo", text="x" * 1001))
+    lines.insert(11, job_line("ok-0", "echo", text="again"))
+    lines.append(job_line("rejected", "echo", text="r", reject=True))
     batch = _run(client, lines, metadata={"team": "search"})
     assert batch.status in {"in_progress", "completed"} and batch.metadata == {"team": "search"}
     assert batch.request_counts.total == len(lines)
@@ -132,7 +122,7 @@ def test_lines_wait_behind_interactive_jobs_and_never_count_against_429(
 ) -> None:
     """The sleep worker runs one job at a time; 3 jobs may queue (MMQ_QUEUE__MAX_QUEUED)."""
     client = _client(dep)
-    lines = [_job_line(f"s{i}", "sleep", steps=1, step_ms=300) for i in range(10)]
+    lines = [job_line(f"s{i}", "sleep", steps=1, step_ms=300) for i in range(10)]
     batch = _run(client, lines)
     wait_until(lambda: rclient.hlen(keys.batch_inflight(batch.id)) > 0, timeout_s=10)
     held = []
@@ -166,7 +156,7 @@ def test_lines_wait_behind_interactive_jobs_and_never_count_against_429(
 
 def test_every_line_ends_once_when_the_release_stage_is_killed(dep: Deployment) -> None:
     client = _client(dep)
-    lines = [_job_line(f"k{i}", "echo", text=f"k{i}", sleep_ms=40) for i in range(80)]
+    lines = [job_line(f"k{i}", "echo", text=f"k{i}", sleep_ms=40) for i in range(80)]
     batch = _run(client, lines)
     wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 8)
     (reaper,) = [p for p in dep.procs if p.name == "reaper"]
@@ -182,7 +172,7 @@ def test_every_line_ends_once_when_the_release_stage_is_killed(dep: Deployment) 
 
 def test_cancel_lets_running_lines_end_and_writes_what_finished(dep: Deployment) -> None:
     client = _client(dep)
-    lines = [_job_line(f"c{i}", "sleep", steps=3, step_ms=100) for i in range(12)]
+    lines = [job_line(f"c{i}", "sleep", steps=3, step_ms=100) for i in range(12)]
     batch = _run(client, lines)
     wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1)
     cancelling = client.batches.cancel(batch.id)
@@ -199,7 +189,7 @@ def test_cancel_lets_running_lines_end_and_writes_what_finished(dep: Deployment)
 
 def test_a_batch_past_its_window_expires_with_what_finished(dep: Deployment) -> None:
     client = _client(dep)
-    lines = [_job_line(f"w{i}", "sleep", steps=4, step_ms=100) for i in range(20)]
+    lines = [job_line(f"w{i}", "sleep", steps=4, step_ms=100) for i in range(20)]
     batch = _ended(client, _run(client, lines, window="2s").id)
     assert batch.status == "expired"
     output, errors = _file(client, batch.output_file_id), _file(client, batch.error_file_id)
@@ -254,7 +244,7 @@ def test_a_chat_batch_answers_in_openais_shape(kinds_dep: Deployment) -> None:
         }
         for i in range(3)
     ]
-    source = client.files.create(file=("chat.jsonl", _jsonl(lines)), purpose="batch")
+    source = client.files.create(file=("chat.jsonl", jsonl(lines)), purpose="batch")
     batch = client.batches.create(
         input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
@@ -280,7 +270,7 @@ def test_a_batch_keeps_every_line_across_a_redis_crash(tmp_path: Path) -> None:
             dep.start_reaper()
             dep.start_worker("echo")
             client = _client(dep)
-            lines = [_job_line(f"r{i}", "echo", text=f"r{i}", sleep_ms=100) for i in range(60)]
+            lines = [job_line(f"r{i}", "echo", text=f"r{i}", sleep_ms=100) for i in range(60)]
             batch = _run(client, lines)
             wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 6)
             assert client.batches.retrieve(batch.id).request_counts.completed < 60  # mid-batch

@@ -21,6 +21,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from jobs.apikeys import create_key
 from tests.conftest import Api
 from tests.support.audio import LONG, SHORT, encode, speech
+from tests.support.batches import job_line, jsonl, upload
 from tests.support.deploy import REPO, Deployment
 from tests.support.models.sd import TINY_SIZE
 
@@ -238,22 +239,9 @@ def test_the_batches_page_shows_a_batch_its_counts_and_its_lines_jobs(
     page: Page, console_dep: Deployment, keys: dict[str, str]
 ) -> None:
     alice = Api(console_dep.base_url, keys["alice"])
-    lines = "".join(
-        json.dumps(
-            {
-                "custom_id": f"p{i}",
-                "method": "POST",
-                "url": "/v1/jobs",
-                "body": {"kind": "echo", "input": {"text": f"p{i}"}},
-            }
-        )
-        + "\n"
-        for i in range(3)
-    )
-    files = {"file": ("p.jsonl", lines.encode(), "application/jsonl")}
-    source = alice.http.post("/v1/files", files=files, data={"purpose": "batch"}).json()
+    source = upload(alice.http, jsonl([job_line(f"p{i}", "echo", text=f"p{i}") for i in range(3)]))
     batch = alice.http.post(
-        "/v1/batches", json={"input_file_id": source["id"], "endpoint": "/v1/jobs"}
+        "/v1/batches", json={"input_file_id": source, "endpoint": "/v1/jobs"}
     ).json()
     _sign_in(page, keys["alice"], "#/batches")
     page.get_by_role("link", name=batch["id"]).click()

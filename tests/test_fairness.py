@@ -12,8 +12,7 @@ import pytest
 import redis
 
 from jobs import keys
-from jobs.quotas import KeyLimits, set_limits
-from tests.conftest import Api, new_owner
+from tests.conftest import Api, limited_owner
 from tests.support.deploy import Deployment, flush, serving, wait_until
 
 STEP_MS = 100
@@ -42,9 +41,7 @@ def r(dep: Deployment) -> redis.Redis:
 
 
 def _key(dep: Deployment, r: redis.Redis, weight: float | None = None) -> Api:
-    name = f"f{time.monotonic_ns()}"
-    set_limits(r, name, KeyLimits(weight=weight))
-    return new_owner(dep.redis_url, dep.base_url, name)
+    return limited_owner(dep.redis_url, dep.base_url, weight=weight)
 
 
 def _sleep(api: Api, priority: str = "normal", steps: int = 1) -> str:

@@ -22,7 +22,7 @@ import redis
 from host.redis_server import RedisServer
 from jobs.apikeys import create_key
 from jobs.quotas import KeyLimits, set_limits
-from tests.conftest import Api, new_owner
+from tests.conftest import Api, limited_owner
 from tests.support.deploy import Deployment, flush, serving, wait_until
 
 WINDOW_S = 3
@@ -59,9 +59,7 @@ def r(dep: Deployment) -> redis.Redis:
 
 
 def _owner(dep: Deployment, r: redis.Redis, **limits: int) -> Api:
-    name = f"q{time.monotonic_ns()}"
-    set_limits(r, name, KeyLimits(**limits))
-    return new_owner(dep.redis_url, dep.base_url, name)
+    return limited_owner(dep.redis_url, dep.base_url, **limits)
 
 
 def _quota(api: Api) -> dict[str, Any]:

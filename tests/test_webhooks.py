@@ -17,6 +17,7 @@ from common.procs import free_port
 from jobs.errors import InputError
 from jobs.netguard import NetPolicy, check_url
 from tests.conftest import WEBHOOK_SECRET, Api, new_owner
+from tests.support.batches import job_line, jsonl, upload
 from tests.support.deploy import Deployment, flush, serving, wait_until
 
 TIMEOUT_S = 5
@@ -129,25 +130,13 @@ def test_a_batch_end_is_delivered_once_signed(
 ) -> None:
     reaper = dep.start_reaper()  # its release stage runs the batch and calls the webhook
     try:
-        lines = "".join(
-            json.dumps(
-                {
-                    "custom_id": f"b{i}",
-                    "method": "POST",
-                    "url": "/v1/jobs",
-                    "body": {"kind": "echo", "input": {"text": f"b{i}"}},
-                }
-            )
-            + "\n"
-            for i in range(3)
-        )
-        files = {"file": ("b.jsonl", lines.encode(), "application/jsonl")}
-        source = owner.http.post("/v1/files", files=files, data={"purpose": "batch"}).json()
+        lines = [job_line(f"b{i}", "echo", text=f"b{i}") for i in range(3)]
+        source = upload(owner.http, jsonl(lines))
         path = f"batch-{time.monotonic_ns()}"
         r = owner.http.post(
             "/v1/batches",
             json={
-                "input_file_id": source["id"],
+                "input_file_id": source,
                 "endpoint": "/v1/jobs",
                 "webhook": {"url": receiver.url(path)},
             },
