@@ -86,6 +86,8 @@ WATCH_TRIES = 10
 PRIORITIES = list(PRIORITY_VALUES)
 """In order: high, normal, low, batch."""
 INTERACTIVE = PRIORITIES[:-1]
+MAX_DEPTH_ROUNDS = 64
+"""Interactive messages waiting ahead of a pipeline's slots, at most, in rounds of them."""
 ROOM_STEPS = 3
 """A pipeline's room is kept this many steps: past that (no release stage runs), submits
 push their messages at once."""
@@ -105,12 +107,15 @@ class Slots:
     batch_queued: int
     held: int
 
+    depth: int = 0
+    """Interactive messages allowed to wait in the queue beyond the slots (`Depth`)."""
+
     def interactive_room(self) -> int:
-        """Interactive messages that may still be pushed: a round of the slots ahead (a
-        slot that frees between two steps takes the next at once, and a key whose turn
-        comes waits behind at most one round); queued batch lines do not count (a worker
+        """Interactive messages that may still be pushed: the slots, and `depth` waiting
+        ahead (a slot that frees between two steps takes the next at once; a key whose
+        turn comes waits behind at most that); queued batch lines do not count (a worker
         takes interactive ones first)."""
-        return 2 * self.total - self.running - self.interactive_queued
+        return self.total + (self.depth or self.total) - self.running - self.interactive_queued
 
     def batch_room(self, reserve: int) -> int:
         """Batch lines that may still be released: none while interactive work waits."""
@@ -146,6 +151,8 @@ class ReleaseStage:
         self._release = self.r.register_script(RELEASE)
         self._set_if = self.r.register_script(SET_IF)
         self._release_held_script = self.r.register_script(RELEASE_HELD)
+        self._depth: dict[str, int] = {}
+        """Per pipeline: interactive messages allowed to wait ahead (`_release_held`)."""
 
     def step(self) -> None:
         """One pass: held jobs released by fair share, then the active batches (oldest
@@ -278,8 +285,21 @@ class ReleaseStage:
 
     def _release_held(self, slots: dict[str, Slots]) -> None:
         """Fair share: each pipeline's free slots go to its held jobs, highest priority
-        first, and within a priority to the key whose turn it is (`RELEASE_HELD`)."""
+        first, and within a priority to the key whose turn it is (`RELEASE_HELD`).
+
+        How many may wait in the queue ahead adapts to the jobs' length: it doubles when
+        the queue ran dry and slots idled between two steps while jobs were held (short
+        jobs: the workers would wait for the next step), and halves back toward one round
+        of the slots when what was queued was not taken (long jobs: a key whose turn
+        comes waits behind less)."""
         for pipeline, slot in slots.items():
+            depth = self._depth.get(pipeline, slot.total)
+            idle = slot.running < slot.total
+            if slot.held > 0 and slot.interactive_queued == 0 and idle:
+                depth = min(MAX_DEPTH_ROUNDS * slot.total, 2 * depth)
+            elif slot.interactive_queued >= depth:
+                depth = max(slot.total, depth // 2)
+            self._depth[pipeline] = slot.depth = depth
             for priority in INTERACTIVE:
                 if slot.held <= 0 or slot.interactive_room() <= 0:
                     break
