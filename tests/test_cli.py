@@ -78,6 +78,29 @@ def test_keys_create_prints_a_key_that_is_stored_only_as_a_hash(
     assert bad.returncode != 0
 
 
+def test_keys_limits_sets_a_keys_limits_that_the_api_applies(deployment: Deployment) -> None:
+    key = _mmq("keys", "create", "erin", redis_url=deployment.redis_url).stdout.split()[-1]
+    set_ = _mmq("keys", "limits", "erin", "--max-queued", "1", "--weight", "2",
+                redis_url=deployment.redis_url)  # fmt: skip
+    assert set_.returncode == 0, set_.stderr
+    shown = json.loads(set_.stdout.strip().splitlines()[-1])
+    assert shown["max_queued"] == 1 and shown["weight"] == 2 and shown["requests"] == 0
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"kind": "sleep", "input": {"steps": 40, "step_ms": 50}}
+    answers = [httpx.post(f"{deployment.base_url}/v1/jobs", json=body, headers=headers)
+               for _ in range(3)]  # fmt: skip
+    assert 429 in [a.status_code for a in answers]  # one may run, one waits, one is refused
+    me = httpx.get(f"{deployment.base_url}/v1/whoami", headers=headers).json()
+    assert me["quota"]["max_queued"] == 1
+    cleared = _mmq("keys", "limits", "erin", "--clear", redis_url=deployment.redis_url)
+    assert json.loads(cleared.stdout.strip().splitlines()[-1])["max_queued"] == 0
+    for answer in answers:
+        if answer.status_code == 202:
+            httpx.post(
+                f"{deployment.base_url}/v1/jobs/{answer.json()['id']}/cancel", headers=headers
+            )
+
+
 def test_keys_without_a_redis_url_or_a_running_up_say_so(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MMQ_")}
     env |= {"MMQ_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(REPO)}
