@@ -21,12 +21,12 @@ from celery import Celery
 from cluster.stranded import resend_missing, restore_stranded
 from jobs import keys, operations
 from jobs.broker import job_message
+from jobs.changes import Transition
 from jobs.metered import MeteredJobStore
 from jobs.models import Job
 from jobs.redis_client import FAILOVER_ERRORS
 from jobs.settings import Settings
 from jobs.states import JobStatus
-from jobs.store import Transition
 
 log = logging.getLogger(__name__)
 

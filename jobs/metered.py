@@ -20,6 +20,7 @@ from dataclasses import replace
 import redis
 
 from jobs import keys, recent
+from jobs.changes import ALL_FIELDS, SubmitResult, Transition, TransitionResult
 from jobs.kombu_redis import TaskMessage
 from jobs.metrics import (
     END_FIELDS,
@@ -32,15 +33,7 @@ from jobs.metrics import (
 )
 from jobs.models import Job
 from jobs.settings import Settings
-from jobs.store import (
-    ALL_FIELDS,
-    AsyncJobStore,
-    EventListener,
-    JobStore,
-    SubmitResult,
-    Transition,
-    TransitionResult,
-)
+from jobs.store import AsyncJobStore, EventListener, JobStore
 from jobs.tally import MetricsTally
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The Redis job store: a hash per job, an owner index, leases, events.
 
 `JobStore` (sync: workers, reaper, CLI) and `AsyncJobStore` (the API) share the Lua
-scripts and the argument builders below, so a transition is written in one place.
+scripts and the changes of `jobs.changes`, so a transition is written in one place.
 """
 
 from __future__ import annotations
@@ -12,63 +12,42 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 import redis
 import redis.asyncio as aredis
 from redis.exceptions import NoScriptError
 
 from jobs import keys, lua, redis_client
+from jobs.changes import (
+    Lease,
+    SubmitResult,
+    Transition,
+    TransitionResult,
+    decode_result,
+    event_dict,
+    submit_args,
+    webhook_events,
+)
 from jobs.codec import (
     dumps,
     event_from_entry,
-    flat_pairs,
     job_from_fields,
-    job_to_fields,
     text_list,
     text_map,
     time_seconds,
 )
 from jobs.durability import Durability
-from jobs.kombu_redis import PRIORITY_VALUES, TaskMessage
+from jobs.kombu_redis import TaskMessage
 from jobs.models import Event, EventType, Job, WebhookSpec
 from jobs.schemas.base import CachePolicy
 from jobs.settings import Settings
-from jobs.states import JobStatus, allowed_sources, check_transition
 from jobs.webhooks import wants
-
-LeaseMode = Literal["", "check", "absent", "acquire"]
-
-ALL_FIELDS = ("*",)
-"""`Transition.read_back` for every field of the job."""
 
 EventListener = Callable[[str, str, dict[str, Any]], None]
 """(job_id, webhook url, event) -> None: hands an event to webhook delivery."""
 
 log = logging.getLogger("mmq.store")
-
-
-@dataclass(frozen=True)
-class Lease:
-    token: str
-    ttl_ms: int
-
-
-@dataclass
-class TransitionResult:
-    ok: bool
-    reason: str = ""
-    pre_event_id: str = ""
-    """On failure: `missing`, `status`, `lease`, `canceled` or `expired`."""
-    status: str = ""
-    """On failure: the status the job had."""
-    event_id: str = ""
-    read_back: dict[str, str] = field(default_factory=dict)
-    """On success: the fields named in `Transition.read_back`, as they are after it
-    ('' for a field the job does not have)."""
-    held: list[tuple[str, str]] = field(default_factory=list)
-    """(channel, message) of the notices the script held back (`Transition.hold`), for
-    the caller to publish once the writes are confirmed."""
 
 
 @dataclass(frozen=True)
@@ -86,238 +65,6 @@ class NewEvent:
     lease_token: str = ""
     """The lease of the run that made it ('' for none): the event is written only while
     its job still has that lease (an abandoned run's late events are dropped)."""
-
-
-@dataclass
-class SubmitResult:
-    outcome: Literal["ok", "dup", "full", "quota"]
-    job_id: str = ""
-    body_hash: str = ""
-    quota: str = ""
-    """For `quota`: the one exceeded (`requests`, `queued`)."""
-    limit: int = 0
-    """For `ok`: the owner's requests limit (0: none); for `quota`: the exceeded one's."""
-    used: int = 0
-    """For `ok`: the owner's requests in this window, this one included; for `quota`:
-    what it has of the exceeded one."""
-
-
-@dataclass
-class Transition:
-    """Everything a status change writes: built once, run by either store."""
-
-    job_id: str
-    target: JobStatus
-    sources: frozenset[JobStatus]
-    fields: dict[str, str] = field(default_factory=dict)
-    event_data: dict[str, Any] = field(default_factory=dict)
-    lease_mode: LeaseMode = ""
-    lease: Lease | None = None
-    kind: str = ""
-    pre_event: tuple[EventType, dict[str, Any]] | None = None
-    """An output or error event written atomically just before the status event."""
-    webhook: WebhookSpec | None = None
-    read_back: tuple[str, ...] = ()
-    """Fields the script returns after a successful change (no second read); `ALL_FIELDS`
-    for the whole job."""
-    message: TaskMessage | None = None
-    """A requeue's task message, pushed by the same script (a queued job always has one)."""
-
-    def webhook_after(self, result: TransitionResult) -> WebhookSpec | None:
-        """The job's webhook: as given, else as read back with `ALL_FIELDS`."""
-        if self.webhook is not None or self.read_back != ALL_FIELDS:
-            return self.webhook
-        raw = result.read_back.get("webhook")
-        return WebhookSpec.model_validate_json(raw) if raw else None
-
-    def written_events(self, result: TransitionResult, now: float) -> list[dict[str, Any]]:
-        """The events a successful transition wrote, as dicts."""
-        events = []
-        if self.pre_event is not None:
-            etype, data = self.pre_event
-            events.append(_event(result.pre_event_id, self.job_id, str(etype), data, now))
-        status = {"status": str(self.target), **self.event_data}
-        events.append(_event(result.event_id, self.job_id, "status", status, now))
-        return events
-
-    def script_args(self, settings: Settings, now: float) -> tuple[list[str], list[str]]:
-        """The transition script's keys and its one argument."""
-        for source in self.sources:
-            check_transition(source, self.target)
-        key_list = [
-            keys.job(self.job_id),
-            keys.job_events(self.job_id),
-            keys.lease(self.job_id),
-            keys.RUNNING,
-            keys.queued(self.kind),
-            self.message.list_key if self.message else keys.job(self.job_id) + ":unused",
-            keys.DEADLINES,
-            keys.queued_batch(self.kind),
-        ]
-        change = {
-            "job_id": self.job_id,
-            "sources": sorted(self.sources),
-            "target": str(self.target),
-            "now": repr(now),
-            "lease_mode": self.lease_mode,
-            "lease_token": self.lease.token if self.lease else "",
-            "lease_ttl_ms": self.lease.ttl_ms if self.lease else 0,
-            "end_ttl_s": settings.job_ttl_s if self.target.terminal else 0,
-            "maxlen": settings.events_maxlen,
-            "channel": keys.EVENTS_CHANNEL,
-            "ends_channel": keys.ENDS_CHANNEL,
-            "event": dumps({"status": str(self.target), **self.event_data}),
-            "pre_event_type": str(self.pre_event[0]) if self.pre_event else "",
-            "pre_event": dumps(self.pre_event[1]) if self.pre_event else "",
-            "read_back": list(self.read_back),
-            "fields": self.fields,
-            "message": self.message.envelope if self.message else "",
-            # An end at a durable level: its notices (what SSE clients, waiting requests
-            # and the hub hear) go out only once the caller has confirmed the writes.
-            "hold": self.target.terminal and settings.redis.durability != "memory",
-            "usage_prefix": keys.USAGE_PREFIX,
-        }
-        return key_list, [dumps(change)]
-
-
-def transition(
-    job: Job,
-    target: JobStatus,
-    *,
-    fields: dict[str, str] | None = None,
-    event_data: dict[str, Any] | None = None,
-    lease_mode: LeaseMode = "",
-    lease: Lease | None = None,
-    sources: frozenset[JobStatus] | None = None,
-    pre_event: tuple[EventType, dict[str, Any]] | None = None,
-    message: TaskMessage | None = None,
-) -> Transition:
-    """A transition of `job` to `target` from any status the table allows (or `sources`)."""
-    return Transition(
-        job_id=job.id,
-        target=target,
-        sources=sources if sources is not None else allowed_sources(target),
-        fields=fields or {},
-        event_data=event_data or {},
-        lease_mode=lease_mode,
-        lease=lease,
-        kind=job.kind,
-        pre_event=pre_event,
-        webhook=job.webhook,
-        message=message,
-    )
-
-
-def _event(
-    event_id: str, job_id: str, etype: str, data: dict[str, Any], ts: float
-) -> dict[str, Any]:
-    return {"id": event_id, "job_id": job_id, "type": etype, "data": data, "ts": ts}
-
-
-def webhook_events(
-    change: Transition, result: TransitionResult, now: float
-) -> list[tuple[str, dict[str, Any]]]:
-    """(webhook url, event) for each event of a transition that its job's webhook wants."""
-    spec = change.webhook_after(result) if result.ok else None
-    if spec is None:
-        return []
-    return [
-        (spec.url, e)
-        for e in change.written_events(result, now)
-        if wants(spec.events, e["type"], e["data"])
-    ]
-
-
-def submit_args(
-    job: Job,
-    settings: Settings,
-    *,
-    max_queued: int,
-    idempotency: tuple[str, str] | None = None,
-    message: TaskMessage | None = None,
-    counter: tuple[str, str] | None = None,
-) -> tuple[list[str], list[str]]:
-    """The submit script's keys and its one argument: store `job` queued unless its
-    queued set holds `max_queued` (a batch line's is `keys.queued_batch`, which the 429
-    bound never counts) or the Idempotency-Key was used, push its task `message` and
-    count the submit in `counter` (hash key, field)."""
-    idem_key, body_hash = idempotency or ("", "")
-    unused = keys.job(job.id) + ":unused"
-    batch_line = job.priority == "batch"
-    queued = keys.queued_batch(job.kind) if batch_line else keys.queued(job.kind)
-    quotas = settings.quotas
-    window = int(job.created_at // quotas.window_s)
-    key_list = [
-        keys.job(job.id),
-        keys.owner_jobs(job.owner),
-        queued,
-        keys.idempotency(job.owner, idem_key) if idem_key else unused,
-        keys.job_events(job.id),
-        message.list_key if message else unused,
-        counter[0] if counter else unused,
-        keys.ALL_JOBS,
-        keys.DEADLINES,
-        keys.LIMITS,
-        keys.usage(job.owner),
-        keys.requests_in(job.owner, window),
-        keys.OWNERS,
-    ]
-    hold = None
-    if settings.fairness.enabled and message is not None and not batch_line:
-        mine = PRIORITY_VALUES[job.priority]
-        above = [
-            keys.holders(job.pipeline, p) if PRIORITY_VALUES[p] <= mine else unused
-            for p in ("high", "normal", "low")
-        ]
-        key_list += [
-            keys.room(job.pipeline),
-            *above,
-            keys.holders(job.pipeline, job.priority),
-            keys.hold(job.pipeline, job.priority, job.owner),
-            keys.passes(job.pipeline, job.priority),
-            keys.HELD,
-        ]
-        entry = {"job_id": job.id, "list": message.list_key, "envelope": message.envelope}
-        hold = {"entry": dumps(entry), "field": f"{job.pipeline}|{job.priority}"}
-    submit = {
-        "job_id": job.id,
-        "max_queued": max_queued,
-        "score": repr(job.created_at),
-        "idem_ttl_s": settings.idempotency_ttl_s,
-        "idem_value": f"{job.id}|{body_hash}" if idem_key else "",
-        "maxlen": settings.events_maxlen,
-        "channel": keys.EVENTS_CHANNEL,
-        "event": dumps({"status": "queued"}),
-        "ts": repr(job.created_at),
-        "message": message.envelope if message else "",
-        "counter_field": counter[1] if counter else "",
-        "deadline": repr(job.deadline) if job.deadline is not None else "",
-        "fields": flat_pairs(job_to_fields(job)),
-        "quota": {
-            "owner": job.owner,
-            "counts": not batch_line,
-            "max_queued": quotas.max_queued,
-            "requests": quotas.requests,
-            "window_ttl_s": 2 * quotas.window_s,
-        },
-    }
-    if hold is not None:
-        submit["hold"] = hold
-    return key_list, [dumps(submit)]
-
-
-def _decode_result(change: Transition, raw: list[Any]) -> TransitionResult:
-    outcome, value = raw[0], raw[1]
-    if outcome == "ok":
-        if change.read_back == ALL_FIELDS:
-            read_back = dict(zip(raw[4::2], raw[5::2], strict=True))
-        else:
-            read_back = dict(zip(change.read_back, raw[4:], strict=True))
-        held = [(str(c), str(m)) for c, m in json.loads(raw[3])] if raw[3] else []
-        return TransitionResult(
-            ok=True, event_id=value, pre_event_id=raw[2], read_back=read_back, held=held
-        )
-    return TransitionResult(ok=False, reason=outcome, status=value)
 
 
 def _events_from(job_id: str, entries: Any) -> list[Event]:
@@ -371,7 +118,7 @@ class JobStore:
             raw = self._durable_transition(change.job_id, key_list, args)
         else:
             raw = self._transition(keys=key_list, args=args)
-        result = _decode_result(change, raw)
+        result = decode_result(change, raw)
         self._publish(result.held)
         if self.on_event is not None:
             for url, event in webhook_events(change, result, now):
@@ -454,7 +201,7 @@ class JobStore:
         if self.on_event is not None:
             for event_id, e in zip(ids, events, strict=True):
                 if event_id and e.webhook is not None and wants(e.webhook.events, e.type, e.data):
-                    as_dict = _event(event_id, e.job_id, str(e.type), e.data, e.ts)
+                    as_dict = event_dict(event_id, e.job_id, str(e.type), e.data, e.ts)
                     self.on_event(e.job_id, e.webhook.url, as_dict)
         return ids
 
@@ -588,7 +335,7 @@ class AsyncJobStore:
             raise self.durability.not_confirmed(f"job {job.id}")
         # value: the queued event's id ('' where a resent script found the job made).
         if outcome == "ok" and value and job.webhook is not None and self.on_event is not None:
-            queued = _event(value, job.id, "status", {"status": "queued"}, job.created_at)
+            queued = event_dict(value, job.id, "status", {"status": "queued"}, job.created_at)
             if wants(job.webhook.events, "status", queued["data"]):
                 await asyncio.to_thread(self.on_event, job.id, job.webhook.url, queued)
         if outcome == "dup":
@@ -629,7 +376,7 @@ class AsyncJobStore:
             raw, confirmed = await self._durably(self._transition, key_list, args)
         else:
             raw = await self._transition(keys=key_list, args=args)
-        result = _decode_result(change, raw)
+        result = decode_result(change, raw)
         await self._publish(result.held)  # the end is written: heard of, confirmed or not
         if not confirmed:
             raise self.durability.not_confirmed(f"the end of job {change.job_id}")

@@ -215,11 +215,12 @@ def test_an_end_is_announced_only_once_its_writes_are_confirmed(tmp_path: Path) 
     """At `replica` with no replica, a worker's end waits its whole confirmation time
     (a lease's length) before anyone hears of it, and is announced then; at `memory`,
     at once."""
+    from jobs.changes import Lease, transition
     from jobs.codec import job_to_fields
     from jobs.models import Job
     from jobs.settings import LeaseSettings, Settings
     from jobs.states import JobStatus
-    from jobs.store import JobStore, Lease, transition
+    from jobs.store import JobStore
 
     # The lease, and so the longest confirmation: 1 s at `replica` (waited out), and a
     # minute at `memory`, where hearing at once is told from waiting by a wide margin.

@@ -15,13 +15,14 @@ import redis.asyncio as aredis
 from pydantic import ValidationError
 
 from jobs import keys
+from jobs.changes import ALL_FIELDS, Lease, transition
 from jobs.codec import job_from_fields, job_to_fields
 from jobs.lua import NOTICE_JOB_MAX_BYTES
 from jobs.models import EventType, Job, WebhookSpec
 from jobs.schemas.llm import LlmOptions
 from jobs.settings import PipelineConfig, Settings, load_settings
 from jobs.states import TRANSITIONS, InvalidTransition, JobStatus, check_transition
-from jobs.store import ALL_FIELDS, AsyncJobStore, JobStore, Lease, transition
+from jobs.store import AsyncJobStore, JobStore
 from tests.support.pipelines import EchoInput, EchoPipeline
 from workers.engine import Engine
 from workers.events import EventWriter

@@ -16,12 +16,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from jobs import operations
+from jobs.changes import Transition
 from jobs.codec import dumps, job_from_fields
 from jobs.errors import InputError
 from jobs.models import EventType, Job
 from jobs.schemas import validation_error_field
 from jobs.schemas.base import JobInput
-from jobs.store import JobStore, NewEvent, Transition
+from jobs.store import JobStore, NewEvent
 from pipelines.base import Files
 from workers.engine import Engine, Outcome
 from workers.events import EventWriter

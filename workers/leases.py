@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 import redis
 
 from jobs import keys
+from jobs.changes import Lease
 from jobs.codec import flat_pairs
 from jobs.redis_client import FAILOVER_ERRORS
 from jobs.settings import Settings
-from jobs.store import JobStore, Lease
+from jobs.store import JobStore
 
 log = logging.getLogger(__name__)
 
