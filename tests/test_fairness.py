@@ -111,6 +111,7 @@ def test_priorities_keep_their_meaning_and_a_canceled_held_job_never_runs(
     dep: Deployment, r: redis.Redis
 ) -> None:
     a, b = _key(dep, r), _key(dep, r)
+    blocker = _sleep(b, steps=20)  # holds the slot until the burst and the urgent job wait
     burst = [_sleep(a) for _ in range(10)]
     time.sleep(0.3)
     canceled = burst[-1]
@@ -122,6 +123,7 @@ def test_priorities_keep_their_meaning_and_a_canceled_held_job_never_runs(
     assert len(after) >= 5, after  # taken before the normal jobs still held when it came
     assert done[canceled]["status"] == "canceled" and done[canceled]["started_at"] is None
     assert all(done[j]["status"] == "succeeded" for j in burst[:-1])
+    assert b.wait(blocker)["status"] == "succeeded"
     _idle(r)
     assert int(r.hget(keys.HELD, "sleep|normal") or 0) == 0
 
