@@ -103,23 +103,42 @@ class Slots:
     """Messages that may wait beyond the slots (one per worker), so that a slot that
     frees between two steps is taken at once."""
     running: int
-    interactive_queued: int
+    queued: list[int]
+    """Interactive messages waiting in its queue, per priority (high, normal, low)."""
     batch_queued: int
-    held: int
+    held: list[int]
+    """Jobs held by fair share, per priority (high, normal, low)."""
 
     depth: int = 0
     """Interactive messages allowed to wait in the queue beyond the slots (`Depth`)."""
 
-    def interactive_room(self) -> int:
-        """Interactive messages that may still be pushed: the slots, and `depth` waiting
-        ahead (a slot that frees between two steps takes the next at once; a key whose
-        turn comes waits behind at most that); queued batch lines do not count (a worker
-        takes interactive ones first)."""
-        return self.total + (self.depth or self.total) - self.running - self.interactive_queued
+    @property
+    def interactive_queued(self) -> int:
+        return sum(self.queued)
+
+    @property
+    def held_total(self) -> int:
+        return sum(self.held)
+
+    def interactive_room(self, level: int = len(INTERACTIVE) - 1) -> int:
+        """Messages of priority `INTERACTIVE[level]` that may still be pushed: the slots,
+        and `depth` waiting ahead (a slot that frees between two steps takes the next at
+        once; a key whose turn comes waits behind at most that). Messages of lower
+        priorities and batch lines waiting in the queue do not count: a worker takes the
+        higher one first."""
+        ahead = sum(self.queued[: level + 1])
+        return self.total + (self.depth or self.total) - self.running - ahead
+
+    def submit_room(self, level: int) -> int:
+        """What a submit at `INTERACTIVE[level]` may push at once: none while a job is
+        held at that priority or above (it goes first)."""
+        if sum(self.held[: level + 1]) > 0:
+            return 0
+        return max(0, self.interactive_room(level))
 
     def batch_room(self, reserve: int) -> int:
         """Batch lines that may still be released: none while interactive work waits."""
-        if self.interactive_queued or self.held > 0:
+        if self.interactive_queued or self.held_total > 0:
             return 0
         ahead = 0 if reserve else self.ahead
         return self.total + ahead - reserve - self.running - self.batch_queued
@@ -260,14 +279,14 @@ class ReleaseStage:
         slots: dict[str, Slots] = {}
         for pipeline in names:
             lengths = [int(next(found)) for _ in PRIORITIES]
-            held = sum(int(n or 0) for n in next(found))
+            held = [max(0, int(n or 0)) for n in next(found)]
             slots[pipeline] = Slots(
                 total=workers[pipeline] * self.settings.pipelines[pipeline].concurrency,
                 ahead=workers[pipeline],
                 running=running.get(pipeline, 0),
-                interactive_queued=sum(lengths[:-1]),
+                queued=lengths[:-1],
                 batch_queued=lengths[-1],
-                held=max(0, held),
+                held=held,
             )
         return slots
 
@@ -295,13 +314,15 @@ class ReleaseStage:
         for pipeline, slot in slots.items():
             depth = self._depth.get(pipeline, slot.total)
             idle = slot.running < slot.total
-            if slot.held > 0 and slot.interactive_queued == 0 and idle:
+            if slot.held_total > 0 and slot.interactive_queued == 0 and idle:
                 depth = min(MAX_DEPTH_ROUNDS * slot.total, 2 * depth)
             elif slot.interactive_queued >= depth:
                 depth = max(slot.total, depth // 2)
             self._depth[pipeline] = slot.depth = depth
-            for priority in INTERACTIVE:
-                if slot.held <= 0 or slot.interactive_room() <= 0:
+            for level, priority in enumerate(INTERACTIVE):
+                if slot.held[level] <= 0:
+                    continue
+                if slot.interactive_room(level) <= 0:
                     break
                 pushed = self._release_held_script(
                     keys=[
@@ -314,11 +335,11 @@ class ReleaseStage:
                         f"{keys.HOLD_PREFIX}{pipeline}|{priority}|",
                         keys.job(""),
                         f"{pipeline}|{priority}",
-                        slot.interactive_room(),
+                        slot.interactive_room(level),
                     ],
                 )
-                slot.interactive_queued += len(pushed)
-                slot.held -= len(pushed)
+                slot.queued[level] += len(pushed)
+                slot.held[level] -= len(pushed)
 
     def _write_room(self, slots: dict[str, Slots]) -> None:
         """What a submit may still push at once, per pipeline, for a few steps; a
@@ -327,8 +348,11 @@ class ReleaseStage:
         pipe = self.r.pipeline(transaction=False)
         for pipeline in self.settings.enabled_pipelines:
             slot = slots.get(pipeline)
-            free = max(0, slot.interactive_room()) if slot and slot.held <= 0 else 0
-            pipe.set(keys.room(pipeline), free, px=ttl_ms)
+            pipe.hset(
+                keys.room(pipeline),
+                mapping={p: slot.submit_room(i) if slot else 0 for i, p in enumerate(INTERACTIVE)},
+            )
+            pipe.pexpire(keys.room(pipeline), ttl_ms)
         pipe.execute()
 
     def _release_lines(self, batch: Batch, room: Room) -> None:

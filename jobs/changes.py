@@ -235,7 +235,12 @@ def submit_args(
             keys.HELD,
         ]
         entry = {"job_id": job.id, "list": message.list_key, "envelope": message.envelope}
-        hold = {"entry": dumps(entry), "field": f"{job.pipeline}|{job.priority}"}
+        hold = {
+            "entry": dumps(entry),
+            "field": f"{job.pipeline}|{job.priority}",
+            "priority": job.priority,
+            "takes": [p for p in ("high", "normal", "low") if PRIORITY_VALUES[p] >= mine],
+        }
     submit = {
         "job_id": job.id,
         "max_queued": max_queued,

@@ -172,9 +172,11 @@ HELD = f"{PREFIX}:held"
 
 
 def room(pipeline: str) -> str:
-    """String: slots of a pipeline that a submit may still fill at once, written by the
-    release stage every step with a short TTL (absent: no release stage runs, and
-    submits push their messages at once)."""
+    """Hash: priority (high, normal, low) -> slots of a pipeline that a submit at that
+    priority may still fill at once (messages of lower priorities waiting in the queue do
+    not count: a worker takes the higher one first), written by the release stage every
+    step with a short TTL (absent: no release stage runs, and submits push their
+    messages at once)."""
     return f"{PREFIX}:room:{pipeline}"
 
 

@@ -64,10 +64,11 @@ SUBMIT = (
 --   quota: {owner, counts (false for a batch line), max_queued, requests (the
 --   deployment's defaults, 0: none), window_ttl_s},
 --   hold: fair share's (absent: push the message at once) {entry: JSON of the held job
---   for its hold list, field: `pipeline|priority`}}
--- More KEYS with `hold`: the pipeline's room, the holders of priorities high, normal and
---   low (those below the job's: unused names), the job's own holders, its hold list, the
---   passes, the held counts.
+--   for its hold list, field: `pipeline|priority`, priority, takes: the priorities whose
+--   room a pushed message takes (its own and those below)}}
+-- More KEYS with `hold`: the pipeline's room (hash by priority), the holders of
+--   priorities high, normal and low (those below the job's: unused names), the job's own
+--   holders, its hold list, the passes, the held counts.
 -- Returns {'ok', event id, requests limit, requests used} or {'dup', value} or
 -- {'full', ''} or {'quota', name, limit, used}.
 local a = cjson.decode(ARGV[1])
@@ -95,17 +96,18 @@ if q.counts then
   end
 end
 if redis.call('SCARD', KEYS[3]) >= a.max_queued then return {'full', ''} end
--- Fair share: a job that finds no free slot of its pipeline (the release stage's `room`),
--- or a job of another key waiting at its priority or above, is held for the release
--- stage; the owner joins the turn at the last release's pass if it was not waiting.
+-- Fair share: a job that finds no free slot of its pipeline at its priority (the release
+-- stage's `room`), or a job of another key waiting at its priority or above, is held for
+-- the release stage; the owner joins the turn at the last release's pass if it was not
+-- waiting.
 local hold_job = false
 if a.message ~= '' and a.hold then
-  local room = redis.call('GET', KEYS[14])
+  local room = redis.call('HGET', KEYS[14], a.hold.priority)
   if room then
     local waiting = 0
     for i = 15, 17 do waiting = waiting + redis.call('ZCARD', KEYS[i]) end
     if waiting == 0 and tonumber(room) > 0 then
-      redis.call('DECR', KEYS[14])
+      for _, p in ipairs(a.hold.takes) do redis.call('HINCRBY', KEYS[14], p, -1) end
     else
       hold_job = true
     end

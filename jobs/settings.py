@@ -100,7 +100,7 @@ class QueueSettings(BaseModel):
 class FairnessSettings(BaseModel):
     """Fair share between keys (`cluster/release.py`'s release stage)."""
 
-    enabled: bool = False
+    enabled: bool = True
     """Within a priority, keys take turns (weighted: `mmq keys limits NAME --weight`) for a
     busy pipeline's free slots: a job that finds no free slot is held, and the release
     stage picks whose goes next. A job that finds a free slot goes at once, as without."""

@@ -1,7 +1,7 @@
-"""Fair share between keys against real processes (`fairness.enabled`): on a busy pipeline,
-a key's one job goes before another key's burst, weights share the slots, priorities
-keep their meaning, a held job canceled never runs, and without a release stage submits
-go straight to the queue."""
+"""Fair share between keys against real processes (`fairness.enabled`, on by default): on
+a busy pipeline, a key's one job goes before another key's burst, weights share the
+slots, priorities keep their meaning, a held job canceled never runs, and without a
+release stage submits go straight to the queue."""
 
 from __future__ import annotations
 
