@@ -23,12 +23,12 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from jobs import keys
+from jobs import keys, quotas
 from jobs.codec import text_list, text_map, time_seconds
 from jobs.kombu_redis import priority_lists
 from jobs.metrics import RECORDED, MetricDef
 from jobs.queues import queue_name
-from jobs.quotas import Quota, effective
+from jobs.quotas import READS, Quota
 from jobs.settings import Settings
 
 WORKER_LABELS = ("worker", "kind", "pipeline", "device", "host")
@@ -127,16 +127,11 @@ async def _read_keys(r: aredis.Redis, snap: Snapshot, settings: Settings) -> Non
     window = int(snap.at // settings.quotas.window_s)
     pipe = r.pipeline(transaction=False)
     for owner in owners:
-        pipe.hget(keys.LIMITS, owner)
-        pipe.hget(keys.usage(owner), "queued")
-        pipe.get(keys.requests_in(owner, window))
+        quotas.reads(pipe, owner, window)
     found = await pipe.execute()
     for i, owner in enumerate(owners):
-        own, queued, used = found[3 * i : 3 * i + 3]
-        own_limits = json.loads(own) if own else {}
-        snap.keys.append(
-            effective(settings.quotas, own_limits, int(queued or 0), int(used or 0), owner)
-        )
+        replies = found[READS * i : READS * (i + 1)]
+        snap.keys.append(quotas.from_reads(settings.quotas, replies, owner))
 
 
 async def _read_batches(r: aredis.Redis, snap: Snapshot) -> None:
@@ -254,17 +249,35 @@ def _keys(quotas: list[Quota]) -> Iterable[Metric]:
     used = GaugeMetricFamily(
         "mmq_key_requests", "Jobs a key submitted in the current quota window.", labels=["owner"]
     )
+    running = GaugeMetricFamily(
+        "mmq_key_jobs_running",
+        "A key's jobs released to the workers now (running, or next in a queue).",
+        labels=["owner"],
+    )
+    cost = GaugeMetricFamily(
+        "mmq_key_cost",
+        "What a key's jobs of a kind cost in the current quota window (its unit: "
+        "LLM and embedding tokens, ASR audio seconds, TTS characters, image "
+        "megapixel-steps).",
+        labels=["owner", "kind"],
+    )
     limit = GaugeMetricFamily(
         "mmq_key_limit",
-        "A key's limits in effect (0: none): max_queued, requests per quotas.window_s.",
+        "A key's limits in effect (0: none): max_queued, requests per quotas.window_s, "
+        "max_running, and cost.KIND per quotas.window_s.",
         labels=["owner", "quota"],
     )
     for q in quotas:
         queued.add_metric([q.owner], q.queued)
         used.add_metric([q.owner], q.requests_used)
+        running.add_metric([q.owner], q.running)
         limit.add_metric([q.owner, "max_queued"], q.max_queued)
         limit.add_metric([q.owner, "requests"], q.requests)
-    return [queued, used, limit]
+        limit.add_metric([q.owner, "max_running"], q.max_running)
+        for kind, use in q.costs.items():
+            cost.add_metric([q.owner, kind], use.used)
+            limit.add_metric([q.owner, f"cost.{kind}"], use.limit)
+    return [queued, used, running, cost, limit]
 
 
 def _devices(readings: list[dict[str, str]]) -> Iterable[Metric]:

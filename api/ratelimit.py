@@ -1,6 +1,7 @@
 """OpenAI's rate-limit headers (`x-ratelimit-limit-requests`, `-remaining-requests`,
 `-reset-requests`) on the answers of `/v1/jobs` and the OpenAI routes, for a key with a
-requests quota (`jobs.quotas`).
+requests quota (`jobs.quotas`), and the `-tokens` trio on the answer of an LLM request
+for a key with a token quota (`quotas.costs.llm`).
 
 A pure ASGI middleware gives each request a holder (a context variable set before the
 app runs, so the holder is shared whatever tasks the app starts); the code that learns
@@ -25,14 +26,16 @@ class Usage:
     used: int
     window_s: int
     at: float
+    name: str = "requests"
+    """What is counted: `requests` or `tokens` (the headers' suffix)."""
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         remaining = max(0, self.limit - self.used)
         reset = f"{reset_after_s(self.window_s, self.at):g}s"
         return [
-            (b"x-ratelimit-limit-requests", str(self.limit).encode()),
-            (b"x-ratelimit-remaining-requests", str(remaining).encode()),
-            (b"x-ratelimit-reset-requests", reset.encode()),
+            (f"x-ratelimit-limit-{self.name}".encode(), str(self.limit).encode()),
+            (f"x-ratelimit-remaining-{self.name}".encode(), str(remaining).encode()),
+            (f"x-ratelimit-reset-{self.name}".encode(), reset.encode()),
         ]
 
 
@@ -41,14 +44,15 @@ def reset_after_s(window_s: int, at: float) -> float:
     return max(1.0, math.ceil(window_s - at % window_s))
 
 
-_holder: ContextVar[list[Usage] | None] = ContextVar("mmq_ratelimit", default=None)
+_holder: ContextVar[dict[str, Usage] | None] = ContextVar("mmq_ratelimit", default=None)
 
 
 def note(usage: Usage) -> None:
-    """The key's usage, for this request's answer (no-op outside a watched path)."""
+    """The key's usage of `usage.name`, for this request's answer (no-op outside a
+    watched path)."""
     holder = _holder.get()
     if holder is not None:
-        holder[:] = [usage]
+        holder[usage.name] = usage
 
 
 def watching() -> bool:
@@ -64,12 +68,13 @@ class RateLimitHeaders:
         if scope["type"] != "http" or not scope["path"].startswith(PATHS):
             await self.app(scope, receive, send)
             return
-        holder: list[Usage] = []
+        holder: dict[str, Usage] = {}
         token = _holder.set(holder)
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start" and holder:
-                message["headers"] = [*message.get("headers", []), *holder[0].headers()]
+                added = [h for usage in holder.values() for h in usage.headers()]
+                message["headers"] = [*message.get("headers", []), *added]
             await send(message)
 
         try:

@@ -25,6 +25,7 @@ from api.hub import EventHub
 from api.listing import JobFilter, list_jobs
 from jobs import keys, operations, quotas
 from jobs.broker import job_message
+from jobs.changes import SubmitResult
 from jobs.codec import dumps, job_from_fields
 from jobs.errors import Conflict, InputError, NotFound, QueueFull, QuotaExceeded
 from jobs.models import Job, JobCreate
@@ -154,6 +155,7 @@ class JobService:
             idempotency=(idempotency_key, digest) if idempotency_key else None,
             # Stored and queued in one script: a job never exists without its message.
             message=None if cached is not None else job_message(self._celery, job),
+            cost=request.cost(),
         )
         if result.outcome == "dup":
             if result.body_hash != digest:
@@ -162,9 +164,15 @@ class JobService:
                 )
             return await self.get(owner, result.job_id), False
         if result.outcome == "quota":
-            raise self._over_quota(owner, result.quota, result.limit, result.used, now)
+            raise self._over_quota(owner, body.kind, request.cost(), result, now)
         if result.outcome == "ok" and result.limit:
             ratelimit.note(ratelimit.Usage(result.limit, result.used, self._window_s, now))
+        if result.outcome == "ok" and result.cost_limit and body.kind == "llm":
+            ratelimit.note(
+                ratelimit.Usage(
+                    result.cost_limit, result.cost_used, self._window_s, now, name="tokens"
+                )
+            )
         if result.outcome == "full":
             raise QueueFull(
                 f"the {body.kind} queue is full ({self.settings.queue.limit_for(body.kind)} "
@@ -181,25 +189,36 @@ class JobService:
         return self.settings.quotas.window_s
 
     def _over_quota(
-        self, owner: str, quota: str, limit: int, used: int, now: float
+        self, owner: str, kind: str, cost: int, result: SubmitResult, now: float
     ) -> QuotaExceeded:
-        window_s = self._window_s
-        if quota == "requests":
+        window_s, limit, used = self._window_s, result.limit, result.used
+        wait_s = int(ratelimit.reset_after_s(window_s, now))
+        if result.quota == "requests":
             ratelimit.note(ratelimit.Usage(limit, used, window_s, now))
-            wait_s = int(ratelimit.reset_after_s(window_s, now))
             what = f"requests: {used} of {limit} in {window_s} s"
+        elif result.quota == "cost":
+            unit = quotas.COST_UNITS[kind]
+            if kind == "llm":
+                ratelimit.note(ratelimit.Usage(limit, used, window_s, now, name="tokens"))
+            if cost > limit:
+                return QuotaExceeded(
+                    f"the request alone costs {cost} {unit} ({kind}), over the key "
+                    f"{owner!r}'s quota of {limit} per {window_s} s: make it smaller",
+                    wait_s, f"cost.{kind}",
+                )  # fmt: skip
+            what = f"{kind} {unit}: {used} of {limit} in {window_s} s (this request: {cost})"
         else:
             wait_s = self.settings.api.retry_after_s
             what = f"jobs queued: {used} of {limit}"
         return QuotaExceeded(
-            f"the key {owner!r} is over its quota of {what}; retry later", wait_s, quota
+            f"the key {owner!r} is over its quota of {what}; retry later", wait_s, result.quota
         )
 
     async def quota(self, owner: str) -> Quota:
         """The key's limits in effect and what it uses now."""
         window = int(time.time() // self._window_s)
-        own, queued, used = await self._store.quota_state(owner, window)
-        return quotas.effective(self.settings.quotas, own, queued, used, owner)
+        found = await self._store.quota_state(owner, window)
+        return quotas.from_reads(self.settings.quotas, found, owner)
 
     async def set_limits(self, owner: str, limits: quotas.KeyLimits) -> Quota:
         await self._store.set_limits(owner, quotas.own_fields(limits))

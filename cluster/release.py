@@ -336,6 +336,8 @@ class ReleaseStage:
                         keys.job(""),
                         f"{pipeline}|{priority}",
                         slot.interactive_room(level),
+                        keys.USAGE_PREFIX,
+                        self.settings.quotas.max_running,
                     ],
                 )
                 slot.queued[level] += len(pushed)

@@ -51,12 +51,16 @@ class SubmitResult:
     job_id: str = ""
     body_hash: str = ""
     quota: str = ""
-    """For `quota`: the one exceeded (`requests`, `queued`)."""
+    """For `quota`: the one exceeded (`requests`, `queued`, `cost`)."""
     limit: int = 0
     """For `ok`: the owner's requests limit (0: none); for `quota`: the exceeded one's."""
     used: int = 0
     """For `ok`: the owner's requests in this window, this one included; for `quota`:
     what it has of the exceeded one."""
+    cost_limit: int = 0
+    """For `ok`: the owner's cost limit for the job's kind (0: none)."""
+    cost_used: int = 0
+    """For `ok`: the owner's cost of the job's kind in this window, this one included."""
 
 
 @dataclass
@@ -79,6 +83,9 @@ class Transition:
     for the whole job."""
     message: TaskMessage | None = None
     """A requeue's task message, pushed by the same script (a queued job always has one)."""
+    charge: tuple[str, int, int] | None = None
+    """(`keys.cost_in` key, amount, TTL s): a cost known only at the end
+    (`JobInput.cost_after`), counted by the same script."""
 
     def webhook_after(self, result: TransitionResult) -> WebhookSpec | None:
         """The job's webhook: as given, else as read back with `ALL_FIELDS`."""
@@ -134,6 +141,9 @@ class Transition:
             "hold": self.target.terminal and settings.redis.durability != "memory",
             "usage_prefix": keys.USAGE_PREFIX,
         }
+        if self.charge is not None:
+            key, amount, ttl_s = self.charge
+            change["charge"] = {"key": key, "amount": amount, "ttl_s": ttl_s}
         return key_list, [dumps(change)]
 
 
@@ -193,11 +203,13 @@ def submit_args(
     idempotency: tuple[str, str] | None = None,
     message: TaskMessage | None = None,
     counter: tuple[str, str] | None = None,
+    cost: int = 0,
 ) -> tuple[list[str], list[str]]:
     """The submit script's keys and its one argument: store `job` queued unless its
     queued set holds `max_queued` (a batch line's is `keys.queued_batch`, which the 429
-    bound never counts) or the Idempotency-Key was used, push its task `message` and
-    count the submit in `counter` (hash key, field)."""
+    bound never counts), the Idempotency-Key was used or its key is over a quota (`cost`:
+    the job's, `JobInput.cost`), push its task `message` and count the submit in
+    `counter` (hash key, field)."""
     idem_key, body_hash = idempotency or ("", "")
     unused = keys.job(job.id) + ":unused"
     batch_line = job.priority == "batch"
@@ -218,6 +230,7 @@ def submit_args(
         keys.usage(job.owner),
         keys.requests_in(job.owner, window),
         keys.OWNERS,
+        keys.cost_in(job.owner, job.kind, window),
     ]
     hold = None
     if settings.fairness.enabled and message is not None and not batch_line:
@@ -260,6 +273,10 @@ def submit_args(
             "counts": not batch_line,
             "max_queued": quotas.max_queued,
             "requests": quotas.requests,
+            "max_running": quotas.max_running,
+            "cost_limit": quotas.costs.get(job.kind, 0),
+            "kind": job.kind,
+            "cost": cost,
             "window_ttl_s": 2 * quotas.window_s,
         },
     }

@@ -133,9 +133,10 @@ OWNERS = f"{PREFIX}:owners"
 
 
 def usage(owner: str) -> str:
-    """Hash: what an owner uses now: `queued` (its jobs queued, batch lines apart). The
-    submit and transition scripts keep it (the transition script names it from the
-    job's owner and `USAGE_PREFIX`)."""
+    """Hash: what an owner uses now: `queued` (its jobs queued, batch lines apart) and
+    `running` (its jobs released to the workers: running, or their message pushed). The
+    submit, release and transition scripts keep it (the transition script names it
+    from the job's owner and `USAGE_PREFIX`)."""
     return f"{USAGE_PREFIX}{owner}"
 
 
@@ -143,6 +144,12 @@ def requests_in(owner: str, window: int) -> str:
     """String: the jobs an owner submitted in one quota window (unix seconds //
     `quotas.window_s`), with a TTL of two windows."""
     return f"{PREFIX}:requests:{owner}:{window}"
+
+
+def cost_in(owner: str, kind: str, window: int) -> str:
+    """String: what an owner's jobs of `kind` cost in one quota window
+    (`jobs.quotas.COST_UNITS`), with a TTL of two windows."""
+    return f"{PREFIX}:cost:{owner}:{kind}:{window}"
 
 
 HOLD_PREFIX = f"{PREFIX}:hold:"

@@ -57,35 +57,41 @@ SUBMIT = (
     + """
 -- KEYS: job, owner index, queued set, idempotency key, events stream, task list, counter,
 --   index of every owner's jobs, deadlines, limits hash, the owner's usage hash, the
---   owner's requests in this quota window, the set of owners
+--   owner's requests in this quota window, the set of owners, the owner's cost of the
+--   job's kind in this quota window
 -- ARGV[1]: JSON {job_id, max_queued, score, idem_ttl_s, idem_value ('' for none), maxlen,
 --   channel, event (JSON text), ts, message ('' for none), counter_field ('' for none),
 --   deadline (unix seconds, '' for none), fields: the job's fields as [name, value, ...],
---   quota: {owner, counts (false for a batch line), max_queued, requests (the
---   deployment's defaults, 0: none), window_ttl_s},
+--   quota: {owner, counts (false for a batch line), max_queued, requests, max_running,
+--   cost_limit (the deployment's defaults, 0: none), kind, cost (the job's, counted when
+--   it is admitted), window_ttl_s},
 --   hold: fair share's (absent: push the message at once) {entry: JSON of the held job
 --   for its hold list, field: `pipeline|priority`, priority, takes: the priorities whose
 --   room a pushed message takes (its own and those below)}}
 -- More KEYS with `hold`: the pipeline's room (hash by priority), the holders of
 --   priorities high, normal and low (those below the job's: unused names), the job's own
 --   holders, its hold list, the passes, the held counts.
--- Returns {'ok', event id, requests limit, requests used} or {'dup', value} or
--- {'full', ''} or {'quota', name, limit, used}.
+-- Returns {'ok', event id, requests limit, requests used, cost limit, cost used} or
+-- {'dup', value} or {'full', ''} or {'quota', name, limit, used}.
 local a = cjson.decode(ARGV[1])
 -- Sent again after its connection broke (see jobs.redis_client.RESEND_ON_BROKEN): the
 -- first run made the job; a second message or queued event would be a duplicate.
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'ok', '', '0', '0'} end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'ok', '', '0', '0', '0', '0'} end
 if a.idem_value ~= '' then
   local prev = redis.call('GET', KEYS[4])
   if prev then return {'dup', prev} end
 end
 local q = a.quota
-local limits = {max_queued = q.max_queued, requests = q.requests}
+local limits = {max_queued = q.max_queued, requests = q.requests, max_running = q.max_running}
+local cost_limit = q.cost_limit
 local own = redis.call('HGET', KEYS[10], q.owner)
 if own then
-  for name, value in pairs(cjson.decode(own)) do limits[name] = value end
+  local mine = cjson.decode(own)
+  for name, value in pairs(mine) do limits[name] = value end
+  if type(mine.costs) == 'table' and mine.costs[q.kind] then cost_limit = mine.costs[q.kind] end
 end
 local used = tonumber(redis.call('GET', KEYS[12]) or '0')
+local spent = tonumber(redis.call('GET', KEYS[14]) or '0')
 if q.counts then
   if limits.requests > 0 and used >= limits.requests then
     return {'quota', 'requests', tostring(limits.requests), tostring(used)}
@@ -94,38 +100,51 @@ if q.counts then
   if limits.max_queued > 0 and queued >= limits.max_queued then
     return {'quota', 'queued', tostring(limits.max_queued), tostring(queued)}
   end
+  -- At the limit, or over it with this job: a cost known only at the end (0 here) is
+  -- admitted while the window has some left.
+  if cost_limit > 0 and (spent >= cost_limit or spent + q.cost > cost_limit) then
+    return {'quota', 'cost', tostring(cost_limit), tostring(spent)}
+  end
 end
 if redis.call('SCARD', KEYS[3]) >= a.max_queued then return {'full', ''} end
 -- Fair share: a job that finds no free slot of its pipeline at its priority (the release
--- stage's `room`), or a job of another key waiting at its priority or above, is held for
--- the release stage; the owner joins the turn at the last release's pass if it was not
--- waiting.
+-- stage's `room`), a job of another key waiting at its priority or above, or its key at
+-- its `max_running`, is held for the release stage; the owner joins the turn at the last
+-- release's pass if it was not waiting.
 local hold_job = false
 if a.message ~= '' and a.hold then
-  local room = redis.call('HGET', KEYS[14], a.hold.priority)
+  local room = redis.call('HGET', KEYS[15], a.hold.priority)
   if room then
     local waiting = 0
-    for i = 15, 17 do waiting = waiting + redis.call('ZCARD', KEYS[i]) end
-    if waiting == 0 and tonumber(room) > 0 then
-      for _, p in ipairs(a.hold.takes) do redis.call('HINCRBY', KEYS[14], p, -1) end
+    for i = 16, 18 do waiting = waiting + redis.call('ZCARD', KEYS[i]) end
+    local capped = limits.max_running > 0 and
+      tonumber(redis.call('HGET', KEYS[11], 'running') or '0') >= limits.max_running
+    if waiting == 0 and tonumber(room) > 0 and not capped then
+      for _, p in ipairs(a.hold.takes) do redis.call('HINCRBY', KEYS[15], p, -1) end
     else
       hold_job = true
     end
   end
 end
 if hold_job then
-  redis.call('RPUSH', KEYS[19], a.hold.entry)
-  if not redis.call('ZSCORE', KEYS[18], q.owner) then
-    local mine = tonumber(redis.call('HGET', KEYS[20], q.owner) or '0')
-    local now_pass = tonumber(redis.call('HGET', KEYS[20], '') or '0')
-    redis.call('ZADD', KEYS[18], math.max(mine, now_pass), q.owner)
+  redis.call('RPUSH', KEYS[20], a.hold.entry)
+  if not redis.call('ZSCORE', KEYS[19], q.owner) then
+    local mine = tonumber(redis.call('HGET', KEYS[21], q.owner) or '0')
+    local now_pass = tonumber(redis.call('HGET', KEYS[21], '') or '0')
+    redis.call('ZADD', KEYS[19], math.max(mine, now_pass), q.owner)
   end
-  redis.call('HINCRBY', KEYS[21], a.hold.field, 1)
+  redis.call('HINCRBY', KEYS[22], a.hold.field, 1)
 elseif a.message ~= '' then
   push_message(KEYS[6], a.message)
 end
 redis.call('HSET', KEYS[1], unpack(a.fields))
-if hold_job then redis.call('HSET', KEYS[1], 'held', '1') end
+if hold_job then
+  redis.call('HSET', KEYS[1], 'held', '1')
+elseif a.message ~= '' and q.counts then
+  -- Released to the workers: counted against `max_running` until it ends.
+  redis.call('HSET', KEYS[1], 'released', '1')
+  redis.call('HINCRBY', KEYS[11], 'running', 1)
+end
 redis.call('ZADD', KEYS[2], a.score, a.job_id)
 redis.call('ZADD', KEYS[8], a.score, a.job_id)
 redis.call('SADD', KEYS[3], a.job_id)
@@ -138,8 +157,13 @@ if q.counts then
   redis.call('HINCRBY', KEYS[11], 'queued', 1)
   used = redis.call('INCR', KEYS[12])
   redis.call('EXPIRE', KEYS[12], q.window_ttl_s)
+  if q.cost > 0 then
+    spent = redis.call('INCRBY', KEYS[14], q.cost)
+    redis.call('EXPIRE', KEYS[14], q.window_ttl_s)
+  end
 end
-return {'ok', id, tostring(limits.requests), tostring(used)}
+return {'ok', id, tostring(limits.requests), tostring(used), tostring(cost_limit),
+        tostring(spent)}
 """
 )
 
@@ -158,14 +182,15 @@ TRANSITION = (
 --   text), pre_event_type ('' for none: an output or error event written just before the
 --   status event), pre_event (JSON text), read_back: [field, ...] (['*']: all of them),
 --   fields: {name: value}, message: a task message to push on the task list ('' for none),
---   hold: true to return the notices instead of publishing them}
+--   hold: true to return the notices instead of publishing them, charge: absent, or a
+--   cost known at the end, {key (`keys.cost_in`), amount, ttl_s}}
 -- Returns {'ok', event id, pre-event id, held notices (JSON [[channel, message], ...] or
 -- ''), read-back values...} or {reason, status}. A start ('acquire') is refused with
 -- 'expired' once the job's deadline has passed (Redis's time): it must never run.
 local a = cjson.decode(ARGV[1])
 if a.hold then held = {} end
 local current = redis.call('HMGET', KEYS[1], 'status', 'cancel_requested', 'deadline',
-                           'cancel_at_deadline', 'priority', 'owner')
+                           'cancel_at_deadline', 'priority', 'owner', 'released')
 local queued_set = KEYS[5]
 if current[5] == 'batch' then queued_set = KEYS[8] end
 local status = current[1]
@@ -229,6 +254,18 @@ if current[6] and current[5] ~= 'batch' and (status == 'queued') ~= (target == '
   elseif redis.call('HINCRBY', usage, 'queued', -1) < 0 then
     redis.call('HSET', usage, 'queued', 0)  -- a job queued before counts were kept
   end
+end
+-- A job released to the workers gives its key's `max_running` slot back when it ends.
+if ttl and current[7] == '1' and current[6] then
+  local usage = a.usage_prefix .. current[6]
+  if redis.call('HINCRBY', usage, 'running', -1) < 0 then
+    redis.call('HSET', usage, 'running', 0)
+  end
+  redis.call('HDEL', KEYS[1], 'released')
+end
+if a.charge then
+  redis.call('INCRBY', a.charge.key, a.charge.amount)
+  redis.call('EXPIRE', a.charge.key, a.charge.ttl_s)
 end
 -- A deadline is watched while the job waits, and while it runs if it asked to be
 -- canceled at it; the reaper sweeps the set.
@@ -344,41 +381,62 @@ RELEASE_HELD = (
     + """
 -- KEYS: holders of one pipeline and priority, its passes, the limits hash, the held counts
 -- ARGV: the hold lists' prefix with `pipeline|priority|`, the jobs' key prefix, the held
---   counts' field (`pipeline|priority`), how many to release at most
+--   counts' field (`pipeline|priority`), how many to release at most, the usage hashes'
+--   prefix, the deployment's `max_running` (0: none)
 -- Releases up to N held jobs, one at a time to the owner with the lowest pass (stride
--- scheduling: each release adds 1 / weight to its owner's pass). A held job that left
--- `queued` meanwhile (canceled, expired) is dropped, not pushed. The hold lists and job
--- hashes are named from their prefixes (one Redis or Sentinel, not Redis Cluster).
+-- scheduling: each release adds 1 / weight to its owner's pass) that is below its
+-- `max_running`. A held job that left `queued` meanwhile (canceled, expired) is dropped,
+-- not pushed. The hold lists, job and usage hashes are named from their prefixes (one
+-- Redis or Sentinel, not Redis Cluster).
 -- Returns the ids pushed.
 local pushed = {}
+local capped = {}
 local tries = 0
 while #pushed < tonumber(ARGV[4]) and tries < 10 * tonumber(ARGV[4]) + 10 do
   tries = tries + 1
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  if #first == 0 then break end
-  local owner, pass = first[1], tonumber(first[2])
-  local list = ARGV[1] .. owner
-  local raw = redis.call('LPOP', list)
-  if raw then
-    redis.call('HINCRBY', KEYS[4], ARGV[3], -1)
-    local entry = cjson.decode(raw)
-    local job = ARGV[2] .. entry.job_id
-    if redis.call('HGET', job, 'status') == 'queued' then
-      push_message(entry.list, entry.envelope)
-      redis.call('HDEL', job, 'held')
-      pushed[#pushed + 1] = entry.job_id
-      local weight = 1
-      local own = redis.call('HGET', KEYS[3], owner)
-      if own then weight = tonumber(cjson.decode(own).weight or 1) end
-      pass = pass + 1 / weight
-      redis.call('HSET', KEYS[2], '', tostring(first[2]))
+  local owners = redis.call('ZRANGE', KEYS[1], 0, 63, 'WITHSCORES')
+  local owner, pass, score = nil, nil, nil
+  for i = 1, #owners, 2 do
+    if not capped[owners[i]] then
+      owner, score = owners[i], owners[i + 1]
+      break
     end
   end
-  redis.call('HSET', KEYS[2], owner, tostring(pass))
-  if redis.call('LLEN', list) > 0 then
-    redis.call('ZADD', KEYS[1], pass, owner)
+  if not owner then break end
+  pass = tonumber(score)
+  local weight, max_running = 1, tonumber(ARGV[6])
+  local own = redis.call('HGET', KEYS[3], owner)
+  if own then
+    local mine = cjson.decode(own)
+    weight = tonumber(mine.weight or 1)
+    max_running = tonumber(mine.max_running or max_running)
+  end
+  local usage = ARGV[5] .. owner
+  if max_running > 0 and tonumber(redis.call('HGET', usage, 'running') or '0') >= max_running then
+    capped[owner] = true  -- its turn waits for one of its jobs to end; others go
   else
-    redis.call('ZREM', KEYS[1], owner)
+    local list = ARGV[1] .. owner
+    local raw = redis.call('LPOP', list)
+    if raw then
+      redis.call('HINCRBY', KEYS[4], ARGV[3], -1)
+      local entry = cjson.decode(raw)
+      local job = ARGV[2] .. entry.job_id
+      if redis.call('HGET', job, 'status') == 'queued' then
+        push_message(entry.list, entry.envelope)
+        redis.call('HDEL', job, 'held')
+        redis.call('HSET', job, 'released', '1')
+        redis.call('HINCRBY', usage, 'running', 1)
+        pushed[#pushed + 1] = entry.job_id
+        pass = pass + 1 / weight
+        redis.call('HSET', KEYS[2], '', score)
+      end
+    end
+    redis.call('HSET', KEYS[2], owner, tostring(pass))
+    if redis.call('LLEN', list) > 0 then
+      redis.call('ZADD', KEYS[1], pass, owner)
+    else
+      redis.call('ZREM', KEYS[1], owner)
+    end
   end
 end
 return pushed

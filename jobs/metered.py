@@ -71,10 +71,11 @@ class MeteredAsyncJobStore(AsyncJobStore):
         max_queued: int,
         idempotency: tuple[str, str] | None,
         message: TaskMessage | None = None,
+        cost: int = 0,
     ) -> SubmitResult:
         """Also counts a submit refused with 429 (one round trip, on that path alone)."""
         result = await super().submit(
-            job, max_queued=max_queued, idempotency=idempotency, message=message
+            job, max_queued=max_queued, idempotency=idempotency, message=message, cost=cost
         )
         if result.outcome == "full":
             labels = (job.kind, job.pipeline)

@@ -1,11 +1,19 @@
-"""What one API key may use: jobs queued at once and jobs submitted per window, over
-the deployment's `quotas` defaults (0: no limit).
+"""What one API key may use, over the deployment's `quotas` defaults (0: no limit): jobs
+queued at once, jobs submitted per window, jobs released to the workers at once, and per
+kind a cost per window.
 
-The limits are checked, and the usage counted, in the script that stores a job
-(`jobs.lua.SUBMIT`): concurrent submits can never go past a limit. The transition script
-gives a queued slot back whenever a job leaves `queued` (started, canceled, expired),
-and takes one again when the reaper queues a lost job again. Batch lines count apart
-(the release stage bounds them).
+The limits on queued jobs, requests and cost are checked, and the usage counted, in the
+script that stores a job (`jobs.lua.SUBMIT`): concurrent submits can never go past a
+limit. The transition script gives a queued slot back whenever a job leaves `queued`
+(started, canceled, expired), and takes one again when the reaper queues a lost job
+again; it gives a released slot (`max_running`) back when a released job ends. Batch
+lines count apart (the release stage bounds them).
+
+A job's cost is counted when it is admitted where its input tells it (`JobInput.cost`:
+LLM tokens as OpenAI's rate limiter counts them, the prompt's estimate plus
+`max_tokens`), and when it succeeds where only its output does (`JobInput.cost_after`:
+ASR audio seconds). A key at or over its cost for the window is refused until the window
+ends.
 """
 
 from __future__ import annotations
@@ -13,11 +21,20 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from jobs import keys
 from jobs.codec import dumps
 from jobs.settings import QuotaSettings
+
+COST_UNITS = {
+    "llm": "tokens",
+    "embed": "tokens",
+    "asr": "audio_seconds",
+    "tts": "characters",
+    "image": "megapixel_steps",
+}
+"""The kinds with a cost quota, and what their cost counts."""
 
 
 class KeyLimits(BaseModel):
@@ -25,8 +42,30 @@ class KeyLimits(BaseModel):
 
     max_queued: int | None = Field(default=None, ge=0)
     requests: int | None = Field(default=None, ge=0)
+    max_running: int | None = Field(default=None, ge=0)
+    costs: dict[str, int] | None = None
+    """Per kind (`COST_UNITS`), cost per window; a kind named here replaces the
+    deployment's default for it (0: no limit)."""
     weight: float | None = Field(default=None, gt=0, le=1000)
     """Its share under fair share, against other keys' (1 by default)."""
+
+    @field_validator("costs")
+    @classmethod
+    def _known_kinds(cls, costs: dict[str, int] | None) -> dict[str, int] | None:
+        for kind, limit in (costs or {}).items():
+            if kind not in COST_UNITS:
+                raise ValueError(f"{kind!r} has no cost quota (kinds: {sorted(COST_UNITS)})")
+            if limit < 0:
+                raise ValueError(f"{kind}: must be 0 (no limit) or more")
+        return costs
+
+
+class CostUse(BaseModel):
+    unit: str
+    limit: int
+    """Per window; 0: no limit."""
+    used: int
+    """In this window."""
 
 
 class Quota(BaseModel):
@@ -38,24 +77,66 @@ class Quota(BaseModel):
     """0: no limit."""
     requests: int
     """Jobs per `window_s`; 0: no limit."""
+    max_running: int = 0
+    """Jobs released to the workers at once; 0: no limit."""
     window_s: int
     queued: int
     """Its jobs queued now."""
+    running: int = 0
+    """Its jobs released to the workers now (running, or next in a queue)."""
     requests_used: int
     """Jobs it submitted in this window."""
+    costs: dict[str, CostUse] = Field(default_factory=dict)
+    """Per kind with a cost limit or a cost this window."""
 
 
-def effective(
-    defaults: QuotaSettings, own: dict[str, Any], queued: int, used: int, owner: str = ""
-) -> Quota:
+def cost_limits(defaults: QuotaSettings, own: dict[str, Any]) -> dict[str, int]:
+    """Per kind, the cost limit in effect (the key's own over the defaults)."""
+    return {**defaults.costs, **(own.get("costs") or {})}
+
+
+def reads(pipe: Any, owner: str, window: int) -> None:
+    """Queue on a Redis pipeline (sync or async) what `from_reads` reads back."""
+    pipe.hget(keys.LIMITS, owner)
+    pipe.hmget(keys.usage(owner), ["queued", "running"])
+    pipe.get(keys.requests_in(owner, window))
+    for kind in COST_UNITS:
+        pipe.get(keys.cost_in(owner, kind, window))
+
+
+READS = 3 + len(COST_UNITS)
+"""Replies that `reads` queues."""
+
+
+def from_reads(defaults: QuotaSettings, found: list[Any], owner: str = "") -> Quota:
+    own_raw, (queued, running), used, *costs = found
+    own = _loads(own_raw) if own_raw else {}
+    limits = cost_limits(defaults, own)
+    spent = dict(zip(COST_UNITS, (int(c or 0) for c in costs), strict=True))
     return Quota(
         owner=owner,
         max_queued=int(own.get("max_queued", defaults.max_queued)),
         requests=int(own.get("requests", defaults.requests)),
+        max_running=int(own.get("max_running", defaults.max_running)),
         window_s=defaults.window_s,
-        queued=queued,
-        requests_used=used,
+        queued=max(0, int(queued or 0)),
+        running=max(0, int(running or 0)),
+        requests_used=int(used or 0),
+        costs={
+            kind: CostUse(unit=unit, limit=int(limits.get(kind, 0)), used=spent[kind])
+            for kind, unit in COST_UNITS.items()
+            if limits.get(kind) or spent[kind]
+        },
     )
+
+
+def charge_after(
+    owner: str, kind: str, cost: int, defaults: QuotaSettings, now: float
+) -> tuple[str, int, int]:
+    """What a job's end counts of a cost known only then (`Transition.charge`): in the
+    window it ends in."""
+    window = int(now // defaults.window_s)
+    return keys.cost_in(owner, kind, window), cost, 2 * defaults.window_s
 
 
 def own_fields(limits: KeyLimits) -> str | None:
@@ -71,3 +152,10 @@ def set_limits(client: redis.Redis, owner: str, limits: KeyLimits) -> None:
         client.hdel(keys.LIMITS, owner)
     else:
         client.hset(keys.LIMITS, owner, fields)
+
+
+def _loads(raw: str | bytes) -> dict[str, Any]:
+    import json
+
+    value = json.loads(raw)
+    return value if isinstance(value, dict) else {}

@@ -113,6 +113,14 @@ class QuotaSettings(BaseModel):
     """Jobs of the key queued at once (batch lines not counted)."""
     requests: int = Field(default=0, ge=0)
     """Jobs the key may submit per `window_s`."""
+    max_running: int = Field(default=0, ge=0)
+    """Jobs of the key released to the workers at once (running, or next in a queue);
+    more wait, held, for a slot of its own. Kept by fair share's release stage
+    (`fairness.enabled`)."""
+    costs: dict[str, int] = Field(default_factory=dict)
+    """Per kind, what the key's jobs may cost per `window_s` (`jobs.quotas.COST_UNITS`:
+    LLM and embedding tokens, ASR audio seconds, TTS characters, image megapixel-steps);
+    a kind not named has no limit."""
     window_s: int = Field(default=60, ge=1, le=3600)
     """The window that `requests` counts (OpenAI's limits are per minute)."""
     shown_keys: int = Field(default=100, ge=0, le=10_000)

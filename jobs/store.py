@@ -18,7 +18,7 @@ import redis
 import redis.asyncio as aredis
 from redis.exceptions import NoScriptError
 
-from jobs import keys, lua, redis_client
+from jobs import keys, lua, quotas, redis_client
 from jobs.changes import (
     Lease,
     SubmitResult,
@@ -317,10 +317,11 @@ class AsyncJobStore:
         max_queued: int,
         idempotency: tuple[str, str] | None,
         message: TaskMessage | None = None,
+        cost: int = 0,
     ) -> SubmitResult:
-        """Store a new queued job unless its kind's queue is full or the key was used; in
-        the same script, push its task `message` where given and count the submit (see
-        `submit_counter`)."""
+        """Store a new queued job unless its kind's queue is full, the key was used or its
+        owner is over a quota; in the same script, push its task `message` where given
+        and count the submit (see `submit_counter`) and its `cost`."""
         key_list, args = submit_args(
             job,
             self.settings,
@@ -328,6 +329,7 @@ class AsyncJobStore:
             idempotency=idempotency,
             message=message,
             counter=self.submit_counter(job),
+            cost=cost,
         )
         raw, confirmed = await self._durably(self._submit, key_list, args)
         outcome, value = raw[0], raw[1]
@@ -344,7 +346,10 @@ class AsyncJobStore:
         if outcome == "quota":
             return SubmitResult("quota", quota=value, limit=int(raw[2]), used=int(raw[3]))
         if outcome == "ok":
-            return SubmitResult("ok", job.id, limit=int(raw[2]), used=int(raw[3]))
+            return SubmitResult(
+                "ok", job.id, limit=int(raw[2]), used=int(raw[3]),
+                cost_limit=int(raw[4]), cost_used=int(raw[5]),
+            )  # fmt: skip
         return SubmitResult(outcome)
 
     def submit_counter(self, job: Job) -> tuple[str, str] | None:
@@ -393,15 +398,12 @@ class AsyncJobStore:
     async def deliveries(self, job_id: str) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in await self.r.lrange(keys.deliveries(job_id), 0, -1)]
 
-    async def quota_state(self, owner: str, window: int) -> tuple[dict[str, Any], int, int]:
-        """The owner's own limits (`keys.LIMITS`; empty: the defaults), its jobs queued
-        and its requests in quota window `window`."""
+    async def quota_state(self, owner: str, window: int) -> list[Any]:
+        """What `jobs.quotas.from_reads` takes: the owner's own limits, its usage now and
+        in quota window `window`."""
         pipe = self.r.pipeline(transaction=False)
-        pipe.hget(keys.LIMITS, owner)
-        pipe.hget(keys.usage(owner), "queued")
-        pipe.get(keys.requests_in(owner, window))
-        own, queued, used = await pipe.execute()
-        return (json.loads(own) if own else {}), int(queued or 0), int(used or 0)
+        quotas.reads(pipe, owner, window)
+        return list(await pipe.execute())
 
     async def set_limits(self, owner: str, fields: str | None) -> None:
         """`owner`'s own limits as JSON (`jobs.quotas.own_fields`); None clears them."""

@@ -425,6 +425,17 @@ def keys_limits(
     requests: Annotated[
         int | None, typer.Option(min=0, help="Jobs per quotas.window_s (0: no limit)")
     ] = None,
+    max_running: Annotated[
+        int | None,
+        typer.Option(min=0, help="Jobs released to the workers at once (0: no limit)"),
+    ] = None,
+    cost: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="KIND=N: cost per quotas.window_s of a kind's jobs (llm/embed tokens, asr "
+            "audio seconds, tts characters, image megapixel-steps; 0: no limit); repeat it"
+        ),
+    ] = None,
     weight: Annotated[
         float | None, typer.Option(min=0.001, help="Its share under fair share (default 1)")
     ] = None,
@@ -436,29 +447,43 @@ def keys_limits(
     """Set the limits of owner NAME's keys (the options not given are left as they are),
     and print them with what it uses now."""
     import json
+    import time
 
-    from jobs import keys, redis_client
+    from jobs import keys, quotas, redis_client
     from jobs.quotas import KeyLimits, set_limits
 
     settings = command_settings(config)
     client = redis_client.connect(str(with_redis(settings).redis_url))
     raw = client.hget(keys.LIMITS, name)
     own = KeyLimits() if clear or not raw else KeyLimits.model_validate_json(raw)
-    if max_queued is not None:
-        own.max_queued = max_queued
-    if requests is not None:
-        own.requests = requests
-    if weight is not None:
-        own.weight = weight
+    costs = dict(own.costs or {})
+    for item in cost or []:
+        kind, _, value = item.partition("=")
+        if not value.isdigit():
+            raise typer.BadParameter(f"{item!r}: give KIND=N, e.g. llm=100000", param_hint="--cost")
+        costs[kind] = int(value)
+    try:
+        own = KeyLimits.model_validate(
+            own.model_dump()
+            | {"costs": costs or None}
+            | {
+                k: v
+                for k, v in {
+                    "max_queued": max_queued,
+                    "requests": requests,
+                    "max_running": max_running,
+                    "weight": weight,
+                }.items()
+                if v is not None
+            }
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--cost") from None
     set_limits(client, name, own)
-    defaults = settings.quotas
-    shown = {
-        "max_queued": own.max_queued if own.max_queued is not None else defaults.max_queued,
-        "requests": own.requests if own.requests is not None else defaults.requests,
-        "window_s": defaults.window_s,
-        "weight": own.weight if own.weight is not None else 1,
-        "queued": int(client.hget(keys.usage(name), "queued") or 0),
-    }
+    pipe = client.pipeline(transaction=False)
+    quotas.reads(pipe, name, int(time.time() // settings.quotas.window_s))
+    quota = quotas.from_reads(settings.quotas, pipe.execute(), name)
+    shown = quota.model_dump(exclude={"owner"}) | {"weight": own.weight or 1}
     typer.echo(json.dumps(shown))
 
 

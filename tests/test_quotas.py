@@ -1,16 +1,18 @@
-"""Per-key quotas against real processes: jobs queued at once and jobs per window, exact
-under concurrent submits, given back whatever way a job leaves the queue (started,
-canceled, expired, a worker SIGKILLed and its job queued again), OpenAI's rate-limit
-headers, the official client's retry on 429, and one key never counting against
-another."""
+"""Per-key quotas against real processes: jobs queued at once, jobs per window, jobs
+released at once and cost per window, exact under concurrent submits, given back
+whatever way a job leaves the queue (started, canceled, expired, a worker SIGKILLed and
+its job queued again), OpenAI's rate-limit headers (requests and tokens), the official
+client's retry on 429, and one key never counting against another."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +22,11 @@ import pytest
 import redis
 
 from host.redis_server import RedisServer
+from jobs import keys
 from jobs.apikeys import create_key
 from jobs.quotas import KeyLimits, set_limits
 from tests.conftest import Api, limited_owner
+from tests.support.audio import silence
 from tests.support.deploy import Deployment, flush, serving, wait_until
 
 WINDOW_S = 3
@@ -32,6 +36,14 @@ kind = "sleep"
 impl = "tests.support.pipelines:SleepPipeline"
 """
 """A pipeline of the sleep kind that no worker serves: its jobs stay queued."""
+LLM = """
+[pipelines.llm]
+kind = "llm"
+impl = "pipelines.llm:LlmPipeline"
+model = "no-worker-serves-it"
+"""
+"""An LLM pipeline that no worker serves: its jobs are admitted (their cost counted) and
+stay queued."""
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +55,15 @@ def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
         "MMQ_LEASE__HEARTBEAT_S": "0.3",
         "MMQ_LEASE__REAPER_INTERVAL_S": "0.2",
     }
-    deployment = Deployment(redis_url, tmp_path_factory.mktemp("quotas"), env)
+    echo = {"echo_concurrency": 4, "echo_max_batch": 1, "echo_max_wait_ms": 0}
+    deployment = Deployment(redis_url, tmp_path_factory.mktemp("quotas"), env, echo)
     with deployment.config_path.open("a") as config:
-        config.write(IDLE)
+        config.write(IDLE + LLM)
     with serving(deployment):
         deployment.start_api()
         deployment.start_reaper()
         deployment.start_worker("sleep")
+        deployment.start_worker("echo")
         yield deployment
 
 
@@ -120,6 +134,90 @@ def test_a_slot_comes_back_whatever_way_a_job_leaves_the_queue(
         assert carol.wait(job_id)["status"] == "succeeded"
     assert carol.wait(expired)["status"] == "expired"
     assert _quota(carol)["queued"] == 0
+    assert _quota(carol)["running"] == 0  # released slots too: none leaked by the kill
+
+
+def test_jobs_running_at_once_are_capped_per_key_and_others_run_beside(
+    dep: Deployment, r: redis.Redis
+) -> None:
+    """Four echo slots: a key capped at one runs its jobs one after another, while another
+    key's job takes a free slot at once."""
+    gus, hal = _owner(dep, r, max_running=1), _owner(dep, r)
+    assert _quota(gus)["max_running"] == 1
+    capped = [gus.submit("echo", text=f"g{i}", sleep_ms=300, group=f"g{i}")["id"] for i in range(3)]
+    other = hal.submit("echo", text="h", sleep_ms=300, group="h")["id"]
+    wait_until(lambda: gus.get(capped[0])["status"] == "running", timeout_s=20)
+    assert _quota(gus)["running"] == 1
+    runs = sorted((j["started_at"], j["finished_at"]) for j in map(gus.wait, capped))
+    assert all(prev[1] <= nxt[0] for prev, nxt in itertools.pairwise(runs)), runs
+    beside = hal.wait(other)
+    assert beside["status"] == "succeeded"
+    assert beside["started_at"] < runs[-1][0]  # not behind the capped key's jobs
+    assert _quota(gus)["running"] == 0 and _quota(hal)["running"] == 0
+
+
+def _chat(api: Api, max_tokens: int) -> httpx.Response:
+    inp = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": max_tokens}
+    return api.http.post("/v1/jobs", json={"kind": "llm", "input": inp})
+
+
+def test_a_token_quota_counts_max_tokens_with_openais_headers(
+    dep: Deployment, r: redis.Redis
+) -> None:
+    """As OpenAI's limiter counts a request when it is admitted: the prompt's estimated
+    tokens ("Hello": 2) plus max_tokens."""
+    ivy = _owner(dep, r, costs={"llm": 100})
+    wait_until(lambda: time.time() % WINDOW_S < WINDOW_S / 2)  # a fresh window for the run
+    first = _chat(ivy, 40)
+    assert first.status_code == 202, first.text
+    assert first.headers["x-ratelimit-limit-tokens"] == "100"
+    assert first.headers["x-ratelimit-remaining-tokens"] == "58"
+    assert first.headers["x-ratelimit-reset-tokens"].endswith("s")
+    assert "x-ratelimit-limit-requests" not in first.headers  # no requests quota
+    assert _chat(ivy, 40).headers["x-ratelimit-remaining-tokens"] == "16"
+    refused = _chat(ivy, 40)
+    assert refused.status_code == 429
+    error = refused.json()["error"]
+    assert error["type"] == "quota_exceeded"
+    assert "llm tokens: 84 of 100" in error["message"] and "this request: 42" in error["message"]
+    assert 1 <= int(refused.headers["retry-after"]) <= WINDOW_S
+    assert refused.headers["x-ratelimit-remaining-tokens"] == "16"
+    assert _quota(ivy)["costs"]["llm"] == {"unit": "tokens", "limit": 100, "used": 84}
+    too_big = _chat(ivy, 500)
+    assert too_big.status_code == 429 and "the request alone costs 502" in too_big.text
+    time.sleep(int(refused.headers["retry-after"]))
+    assert _chat(ivy, 40).status_code == 202  # a new window
+    other = _owner(dep, r)  # no token quota: no tokens headers
+    assert "x-ratelimit-limit-tokens" not in _chat(other, 40).headers
+    # A cost quota on another kind leaves this one free.
+    jay = _owner(dep, r, costs={"image": 1})
+    assert _chat(jay, 40).status_code == 202
+
+
+def test_audio_seconds_count_when_an_asr_job_ends(kinds_dep: Deployment) -> None:
+    """An ASR job's cost (its audio's seconds) is known once it is decoded: the worker's
+    end counts it, in the window the job ends in."""
+    r = redis.Redis.from_url(kinds_dep.redis_url, decode_responses=True)
+    kim = limited_owner(kinds_dep.redis_url, kinds_dep.base_url, costs={"asr": 600})
+    upload = kim.http.post("/v1/files", files={"file": ("quiet.wav", silence(2.5), "audio/wav")})
+    assert upload.status_code == 201, upload.text
+    job = kim.wait(kim.submit("asr", audio=upload.json()["key"])["id"], timeout_s=120)
+    assert job["status"] == "succeeded" and job["output"]["duration"] == 2.5
+    owner = kim.http.get("/v1/whoami").json()["owner"]
+    ended = datetime.fromisoformat(job["finished_at"]).timestamp()
+    window = int(ended // 2)  # kinds_dep's quota window: 2 s
+    spent = [r.get(keys.cost_in(owner, "asr", w)) for w in (window - 1, window, window + 1)]
+    assert sum(int(s or 0) for s in spent) == 3, spent  # 2.5 s, rounded up
+
+
+def test_cost_limits_must_name_a_kind_with_a_cost(dep: Deployment, r: redis.Redis) -> None:
+    admin = Api(dep.base_url, create_key(r, f"adm{time.monotonic_ns()}", admin=True))
+    name = _owner(dep, r).http.get("/v1/whoami").json()["owner"]
+    bad = admin.http.put(f"/v1/admin/limits/{name}", json={"costs": {"sleep": 5}})
+    assert bad.status_code == 422 and "'sleep' has no cost quota" in bad.text
+    put = admin.http.put(f"/v1/admin/limits/{name}", json={"costs": {"tts": 500}})
+    assert put.status_code == 200
+    assert put.json()["costs"]["tts"] == {"unit": "characters", "limit": 500, "used": 0}
 
 
 def test_requests_per_window_with_openais_headers(dep: Deployment, r: redis.Redis) -> None:

@@ -11,11 +11,12 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
 
-from jobs import operations
+from jobs import operations, quotas
 from jobs.changes import Transition
 from jobs.codec import dumps, job_from_fields
 from jobs.errors import InputError
@@ -99,7 +100,7 @@ class JobRunner:
         if outcome.status == "succeeded" and outcome.output is not None:
             # Before the end: a client that saw the end and asks again is answered from it.
             self._remember(job, request, outcome.output)
-        self._record(job, held, outcome)
+        self._record(job, held, outcome, request)
 
     def _remember(self, job: Job, request: JobInput, output: dict[str, Any]) -> None:
         """Keep a deterministic request's answer in the response cache (see
@@ -108,7 +109,9 @@ class JobRunner:
         if policy is not None:
             self.store.remember_answer(job.owner, policy, output)
 
-    def _record(self, job: Job, held: Held, outcome: Outcome) -> None:
+    def _record(
+        self, job: Job, held: Held, outcome: Outcome, request: JobInput | None = None
+    ) -> None:
         if held.lost.is_set():
             log.warning("job %s: lease lost, its result here is dropped", job.id)
             return
@@ -119,7 +122,14 @@ class JobRunner:
         if outcome.status == "succeeded":
             if outcome.timings:  # the kind's own (`jobs.models.Timings`)
                 ran_in["extra_timings"] = dumps(outcome.timings)
-            self._end(job, operations.succeed(job, lease, outcome.output or {}, ran_in))
+            change = operations.succeed(job, lease, outcome.output or {}, ran_in)
+            cost = request.cost_after(outcome.output or {}) if request is not None else 0
+            if cost > 0:  # known only now (ASR: the audio's seconds)
+                charge = quotas.charge_after(
+                    job.owner, job.kind, cost, self.store.settings.quotas, time.time()
+                )
+                change = replace(change, charge=charge)
+            self._end(job, change)
         elif outcome.status == "canceled":
             at_deadline = job.cancel_at_deadline and time.time() >= (job.deadline or math.inf)
             self._end(job, operations.cancel_running(job, lease, ran_in, at_deadline=at_deadline))

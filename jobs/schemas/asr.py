@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,6 +21,10 @@ class AsrInput(JobInput):
     word_timestamps: bool = False
     initial_prompt: str | None = Field(default=None, max_length=2000)
     temperature: float = Field(default=0.0, ge=0.0, le=1.0)
+
+    def cost_after(self, output: dict[str, Any]) -> int:
+        """Seconds of audio, known once it is decoded: counted when the job succeeds."""
+        return math.ceil(float(output.get("duration") or 0))
 
 
 class AsrOptions(BaseModel):

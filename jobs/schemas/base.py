@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -42,6 +43,16 @@ class JobInput(BaseModel):
     def cache_policy(self, config: PipelineConfig) -> CachePolicy | None:
         """How to cache this request's answer; None (the default): never cached."""
         return None
+
+    def cost(self) -> int:
+        """What the job counts against its key's cost quota for its kind when it is
+        admitted (`jobs.quotas.COST_UNITS`); 0 where it is known only at the end."""
+        return 0
+
+    def cost_after(self, output: dict[str, Any]) -> int:
+        """What the job counts when it succeeds, where its cost was not known at
+        admission (ASR: the audio's seconds)."""
+        return 0
 
 
 def over_limit(field: str, value: float, limit: float, unit: str = "") -> InputError:

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from jobs.errors import InputError
 from jobs.schemas.base import JobInput, over_limit
 from jobs.settings import Limits, PipelineConfig
+from jobs.tokens import count_tokens
 
 
 class EmbedOptions(BaseModel):
@@ -40,6 +41,10 @@ class EmbedInput(JobInput):
     @classmethod
     def _one_text(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    def cost(self) -> int:
+        """Tokens of the texts, estimated from their characters."""
+        return sum(count_tokens([text], None) for text in self.input)
 
     def check_limits(self, limits: Limits) -> None:
         if len(self.input) > limits.embed_max_inputs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -70,6 +71,11 @@ class ImageInput(JobInput):
         if value % 8:
             raise ValueError("must be a multiple of 8")
         return value
+
+    def cost(self) -> int:
+        """Megapixel-steps: denoising steps times each image's pixels (in millions), for
+        every image asked for (at least 1)."""
+        return max(1, math.ceil(self.steps * self.width * self.height * self.n / 1_000_000))
 
     def check_limits(self, limits: Limits) -> None:
         for name in ("width", "height"):

@@ -114,6 +114,11 @@ class LlmInput(JobInput):
     def prompt_chars(self) -> int:
         return sum(len(text) for text in self.texts())
 
+    def cost(self) -> int:
+        """Tokens: the prompt's, estimated from its characters, and `max_tokens`, as
+        OpenAI's rate limiter counts a request when it is admitted."""
+        return count_tokens(self.texts(), None) + self.max_tokens
+
     def check_limits(self, limits: Limits) -> None:
         if self.max_tokens > limits.llm_max_tokens:
             raise over_limit("max_tokens", self.max_tokens, limits.llm_max_tokens)

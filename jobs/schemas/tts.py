@@ -33,6 +33,10 @@ class TtsInput(JobInput):
     reference_audio: str | None = Field(default=None, max_length=4096)
     """Stored file key of a reference clip (voice cloning engines)."""
 
+    def cost(self) -> int:
+        """Characters of text to speak."""
+        return len(self.text)
+
     def check_limits(self, limits: Limits) -> None:
         if not self.text.strip():
             raise InputError("text", "must not be blank")
