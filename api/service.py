@@ -34,7 +34,7 @@ from jobs.queues import pipeline_for
 from jobs.quotas import Quota
 from jobs.schemas import schema_for, validation_error_field
 from jobs.schemas.base import JobInput
-from jobs.settings import Settings
+from jobs.settings import COST_UNITS, Settings
 from jobs.states import JobStatus
 from jobs.store import AsyncJobStore
 
@@ -197,7 +197,7 @@ class JobService:
             ratelimit.note(ratelimit.Usage(limit, used, window_s, now))
             what = f"requests: {used} of {limit} in {window_s} s"
         elif result.quota == "cost":
-            unit = quotas.COST_UNITS[kind]
+            unit = COST_UNITS[kind]
             if kind == "llm":
                 ratelimit.note(ratelimit.Usage(limit, used, window_s, now, name="tokens"))
             if cost > limit:

@@ -25,16 +25,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from jobs import keys
 from jobs.codec import dumps
-from jobs.settings import QuotaSettings
-
-COST_UNITS = {
-    "llm": "tokens",
-    "embed": "tokens",
-    "asr": "audio_seconds",
-    "tts": "characters",
-    "image": "megapixel_steps",
-}
-"""The kinds with a cost quota, and what their cost counts."""
+from jobs.settings import COST_UNITS, QuotaSettings, check_costs
 
 
 class KeyLimits(BaseModel):
@@ -52,12 +43,7 @@ class KeyLimits(BaseModel):
     @field_validator("costs")
     @classmethod
     def _known_kinds(cls, costs: dict[str, int] | None) -> dict[str, int] | None:
-        for kind, limit in (costs or {}).items():
-            if kind not in COST_UNITS:
-                raise ValueError(f"{kind!r} has no cost quota (kinds: {sorted(COST_UNITS)})")
-            if limit < 0:
-                raise ValueError(f"{kind}: must be 0 (no limit) or more")
-        return costs
+        return None if costs is None else check_costs(costs)
 
 
 class CostUse(BaseModel):

@@ -106,6 +106,26 @@ class FairnessSettings(BaseModel):
     stage picks whose goes next. A job that finds a free slot goes at once, as without."""
 
 
+COST_UNITS = {
+    "llm": "tokens",
+    "embed": "tokens",
+    "asr": "audio_seconds",
+    "tts": "characters",
+    "image": "megapixel_steps",
+}
+"""The kinds with a cost quota, and what their cost counts (`jobs.quotas`)."""
+
+
+def check_costs(costs: dict[str, int]) -> dict[str, int]:
+    """Cost limits per kind, each of a kind with a cost, 0 (none) or more."""
+    for kind, limit in costs.items():
+        if kind not in COST_UNITS:
+            raise ValueError(f"{kind!r} has no cost quota (kinds: {sorted(COST_UNITS)})")
+        if limit < 0:
+            raise ValueError(f"{kind}: must be 0 (no limit) or more")
+    return costs
+
+
 class QuotaSettings(BaseModel):
     """What one API key may use, unless `mmq keys limits` sets its own (0: no limit)."""
 
@@ -122,6 +142,12 @@ class QuotaSettings(BaseModel):
     LLM and embedding tokens, ASR audio seconds, TTS characters, image megapixel-steps);
     a kind not named has no limit."""
     window_s: int = Field(default=60, ge=1, le=3600)
+
+    @field_validator("costs")
+    @classmethod
+    def _known_kinds(cls, costs: dict[str, int]) -> dict[str, int]:
+        return check_costs(costs)
+
     """The window that `requests` counts (OpenAI's limits are per minute)."""
     shown_keys: int = Field(default=100, ge=0, le=10_000)
     """Keys whose usage `/metrics` (label `owner`) and the admin overview show, the

@@ -92,6 +92,15 @@ def test_keys_limits_sets_a_keys_limits_that_the_api_applies(deployment: Deploym
     assert 429 in [a.status_code for a in answers]  # one may run, one waits, one is refused
     me = httpx.get(f"{deployment.base_url}/v1/whoami", headers=headers).json()
     assert me["quota"]["max_queued"] == 1
+    more = _mmq("keys", "limits", "erin", "--max-running", "3", "--cost", "llm=5000",
+                "--cost", "asr=60", redis_url=deployment.redis_url)  # fmt: skip
+    assert more.returncode == 0, more.stderr
+    shown = json.loads(more.stdout.strip().splitlines()[-1])
+    assert shown["max_queued"] == 1 and shown["max_running"] == 3  # the others kept
+    assert shown["costs"]["llm"] == {"unit": "tokens", "limit": 5000, "used": 0}
+    assert shown["costs"]["asr"]["limit"] == 60
+    bad = _mmq("keys", "limits", "erin", "--cost", "sleep=5", redis_url=deployment.redis_url)
+    assert bad.returncode == 2 and "'sleep' has no cost quota" in bad.stderr
     cleared = _mmq("keys", "limits", "erin", "--clear", redis_url=deployment.redis_url)
     assert json.loads(cleared.stdout.strip().splitlines()[-1])["max_queued"] == 0
     for answer in answers:

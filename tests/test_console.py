@@ -19,6 +19,7 @@ import redis
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from jobs.apikeys import create_key
+from jobs.quotas import KeyLimits, set_limits
 from tests.conftest import Api
 from tests.support.audio import LONG, SHORT, encode, speech
 from tests.support.batches import job_line, jsonl, upload
@@ -148,6 +149,12 @@ def test_the_overview_shows_the_workers_and_updates_when_a_job_runs(
     )
     owner = api.http.get("/v1/whoami").json()["owner"]  # it submitted: its key is listed
     page.locator("table.keys tbody tr", has_text=owner).wait_for()
+    r = redis.Redis.from_url(console_dep.redis_url, decode_responses=True)
+    set_limits(r, owner, KeyLimits(max_running=7, costs={"tts": 90000}))
+    row = page.locator("table.keys tbody tr", has_text=owner)
+    row.filter(has_text="of 90000 characters").wait_for()  # its limits as they change
+    assert "\t7\t" in row.inner_text()
+    set_limits(r, owner, KeyLimits())
 
 
 def test_the_tts_playground_plays_audio_before_the_job_ends(

@@ -64,11 +64,16 @@ function Devices({ devices }) {
 function Keys({ keys }) {
   if (!keys.length) return html`<p class="muted">No key has submitted a job yet.</p>`;
   const limit = (n) => (n ? n : "none");
+  const costs = (k) => Object.entries(k.costs).map(([kind, c]) =>
+    `${kind}: ${c.used}${c.limit ? ` of ${c.limit}` : ""} ${c.unit.replace("_", " ")}`).join("; ") || "none";
   return html`<table class="keys"><thead><tr><th>Key (owner)</th><th class="num">Queued</th>
-    <th class="num">Queued limit</th><th class="num">Requests this window</th><th class="num">Requests limit</th></tr></thead>
+    <th class="num">Queued limit</th><th class="num">Running</th><th class="num">Running limit</th>
+    <th class="num">Requests this window</th><th class="num">Requests limit</th><th>Cost this window</th></tr></thead>
     <tbody>${keys.map((k) => html`<tr><td>${k.owner}</td><td class="num">${k.queued}</td>
-      <td class="num">${limit(k.max_queued)}</td><td class="num">${k.requests_used}</td>
-      <td class="num">${k.requests ? `${k.requests} / ${k.window_s} s` : "none"}</td></tr>`)}</tbody></table>`;
+      <td class="num">${limit(k.max_queued)}</td><td class="num">${k.running}</td>
+      <td class="num">${limit(k.max_running)}</td><td class="num">${k.requests_used}</td>
+      <td class="num">${k.requests ? `${k.requests} / ${k.window_s} s` : "none"}</td>
+      <td>${costs(k)}</td></tr>`)}</tbody></table>`;
 }
 
 export function Overview() {
