@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
+from api.metrics import read_models
 from jobs import keys
-from jobs.codec import time_seconds
+from jobs.codec import text_list, time_seconds
 from jobs.settings import Settings
 
 STALE_HEARTBEATS = 3
@@ -25,6 +26,8 @@ class Readiness:
     """Kinds with a live worker."""
     missing: list[str] = field(default_factory=list)
     """What keeps the deployment from being ready; empty when it is."""
+    cold: list[str] = field(default_factory=list)
+    """On-demand pipelines that no worker has loaded now: ready, their next job loads."""
 
 
 class Health:
@@ -40,9 +43,22 @@ class Health:
             for kind in self._settings.enabled_kinds:
                 if kind not in live:
                     missing += await self.why_not(kind) or [f"worker for kind {kind}"]
+            cold = await self.cold_pipelines()
         except (RedisError, OSError) as exc:
             return Readiness(missing=[f"redis: {exc}"])
-        return Readiness(sorted(live), missing)
+        return Readiness(sorted(live), missing, cold)
+
+    async def cold_pipelines(self) -> list[str]:
+        on_demand = [
+            name
+            for name, config in self._settings.enabled_pipelines.items()
+            if config.residency == "on_demand"
+        ]
+        if not on_demand:
+            return []
+        live = set(text_list(await self._r.zrangebyscore(keys.WORKERS, *await self._live_since())))
+        loaded = {model.pipeline for model in await read_models(self._r, live)}
+        return [name for name in on_demand if name not in loaded]
 
     async def why_not(self, kind: str) -> list[str]:
         """What the kind's pipelines recorded of their last start, one line each."""
@@ -57,10 +73,13 @@ class Health:
             if (line := start_line(state))
         ]
 
-    async def live_kinds(self) -> set[str]:
+    async def _live_since(self) -> tuple[float, str]:
         stale_s = self._settings.lease.heartbeat_s * STALE_HEARTBEATS
         now = time_seconds(await self._r.time())  # heartbeats are in Redis's time
-        names = await self._r.zrangebyscore(keys.WORKERS, now - stale_s, "+inf")
+        return now - stale_s, "+inf"
+
+    async def live_kinds(self) -> set[str]:
+        names = await self._r.zrangebyscore(keys.WORKERS, *await self._live_since())
         if not names:
             return set()
         pipe = self._r.pipeline(transaction=False)

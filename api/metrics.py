@@ -22,6 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+from pydantic import BaseModel
 
 from jobs import keys, quotas
 from jobs.codec import text_list, text_map, time_seconds
@@ -55,6 +56,8 @@ class Snapshot:
     """Jobs held by fair share, by `pipeline|priority`."""
     keys: list[Quota] = field(default_factory=list)
     """Usage and limits of each key shown (`quotas.shown_keys`), by owner (`Quota.owner`)."""
+    models: list[LoadedModel] = field(default_factory=list)
+    """The models loaded on each device (`keys.device_models`), of live workers."""
     at: float = 0.0
     """When it was read (Redis's clock, unix seconds)."""
 
@@ -113,10 +116,51 @@ async def read_snapshot(r: aredis.Redis, settings: Settings) -> Snapshot:
         if info
     ]
     snap.devices = [info for info in found[len(workers) :] if info]
+    live = {name for name, beat in workers if now - beat <= settings.lease.heartbeat_s * 3}
+    snap.models = await read_models(r, live)
     await _read_batches(r, snap)
     await _read_keys(r, snap, settings)
     snap.held = {k: int(v) for k, v in text_map(await r.hgetall(keys.HELD)).items()}
     return snap
+
+
+class LoadedModel(BaseModel):
+    """A model loaded in a worker, as its device counts it (`workers.residency`)."""
+
+    pipeline: str
+    host: str
+    device: str
+    worker: str
+    bytes: int
+    resident: bool
+    loaded_at: float
+    idle_since: float | None
+    """When it last had no job (None while it has work)."""
+
+
+async def read_models(r: aredis.Redis, live: set[str]) -> list[LoadedModel]:
+    """The models of every device, of the workers in `live`."""
+    devices = sorted(text_list(await r.smembers(keys.MODEL_DEVICES)))
+    pipe = r.pipeline(transaction=False)
+    for name in devices:
+        host, _, device = name.partition("|")
+        pipe.hgetall(keys.device_models(host, device))
+    models = []
+    for name, entries in zip(devices, await pipe.execute(), strict=True):
+        host, _, device = name.partition("|")
+        for worker, raw in sorted(text_map(entries).items()):
+            if worker not in live:
+                continue
+            entry = json.loads(raw)
+            models.append(
+                LoadedModel(
+                    pipeline=entry["pipeline"], host=host, device=device, worker=worker,
+                    bytes=int(entry["bytes"]), resident=bool(entry.get("resident")),
+                    loaded_at=float(entry["loaded_at"]),
+                    idle_since=float(entry["idle_since"]) or None,
+                )
+            )  # fmt: skip
+    return models
 
 
 async def _read_keys(r: aredis.Redis, snap: Snapshot, settings: Settings) -> None:
@@ -198,6 +242,19 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
         pipeline, _, priority = field_name.partition("|")
         held.add_metric([pipeline, priority], max(0, n))
     yield held
+    loaded = GaugeMetricFamily(
+        "mmq_models_loaded",
+        "Models loaded now, by pipeline, host and device (resident ones and those loaded on "
+        "demand).",
+        labels=["pipeline", "host", "device"],
+    )
+    counts: dict[tuple[str, str, str], int] = {}
+    for model in snap.models:
+        labels = (model.pipeline, model.host, model.device)
+        counts[labels] = counts.get(labels, 0) + 1
+    for labels, n in sorted(counts.items()):
+        loaded.add_metric(list(labels), n)
+    yield loaded
     yield from _workers(snap, settings.lease.heartbeat_s * 3)
     yield from _devices(snap.devices)
 

@@ -146,6 +146,23 @@ def requests_in(owner: str, window: int) -> str:
     return f"{PREFIX}:requests:{owner}:{window}"
 
 
+def device_models(host: str, device: str) -> str:
+    """Hash: worker -> JSON of the model it holds on one device of a host (`pipeline`,
+    `bytes`, `loaded_at`, `idle_since` (0 while it has work), `resident`): what the
+    device's budget counts (`workers.residency`). An entry of a worker whose heartbeat
+    stopped counts for nothing and is dropped."""
+    return f"{PREFIX}:models:{host}|{device}"
+
+
+def device_evictions(host: str, device: str) -> str:
+    """Hash: worker -> the worker that waits for its room (it unloads if idle)."""
+    return f"{PREFIX}:evict:{host}|{device}"
+
+
+MODEL_DEVICES = f"{PREFIX}:model-devices"
+"""Set: `host|device` of every device whose models are counted (`device_models`)."""
+
+
 def cost_in(owner: str, kind: str, window: int) -> str:
     """String: what an owner's jobs of `kind` cost in one quota window
     (`jobs.quotas.COST_UNITS`), with a TTL of two windows."""

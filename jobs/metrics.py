@@ -90,9 +90,28 @@ MESSAGES_RESENT = MetricDef(
     ("reason",),
 )
 
+MODEL_LOADS = MetricDef(
+    "mmq_model_loads",
+    "On-demand models loaded when a job came, by pipeline and device.",
+    ("pipeline", "device"),
+)
+MODEL_LOAD_SECONDS = MetricDef(
+    "mmq_model_load_seconds",
+    "Time an on-demand model took to load (and warm up), by pipeline.",
+    ("pipeline",),
+    SECONDS,
+)
+MODEL_UNLOADS = MetricDef(
+    "mmq_model_unloads",
+    "On-demand models unloaded, by pipeline, device and reason: `idle` (no work for "
+    "idle_unload_s) or `evicted` (another model of the device needed its room).",
+    ("pipeline", "device", "reason"),
+)
+
 RECORDED = (
     JOBS_SUBMITTED, JOBS_FINISHED, QUEUE_WAIT, FIRST_OUTPUT, TPOT, END_TO_END, BATCH_SIZE,
-    BATCH_SECONDS, MESSAGES_RESENT, JOBS_REJECTED,
+    BATCH_SECONDS, MESSAGES_RESENT, JOBS_REJECTED, MODEL_LOADS, MODEL_LOAD_SECONDS,
+    MODEL_UNLOADS,
 )  # fmt: skip
 """Every metric kept in Redis (the API adds gauges it reads at scrape time)."""
 

@@ -53,6 +53,7 @@ class Timings(BaseModel):
     - tts: `first_audio_ms`, `synthesis_ms`
     - image: `first_step_ms`
     - llm: `ttft_ms`, `tpot_ms`, `itl_ms`, `e2e_ms`
+    - any kind served on demand: `load_ms`
     """
 
     queue_wait_ms: float | None = None
@@ -75,6 +76,9 @@ class Timings(BaseModel):
     """ASR: from the start of its batch's decoding (its audio read) to its first segment."""
     first_audio_ms: float | None = None
     """TTS: from the start of synthesis to the first chunk of audio."""
+    load_ms: float | None = None
+    """On demand: how long the job waited for its pipeline's model to load (and for
+    room on its device)."""
     synthesis_ms: float | None = None
     """TTS: from the start of synthesis to the last chunk of audio."""
     first_step_ms: float | None = None

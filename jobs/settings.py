@@ -319,6 +319,17 @@ class PipelineConfig(BaseModel):
     memory_gb: float | None = Field(default=None, gt=0)
     """Device memory (GiB) one worker needs, for placement; unset: estimated from the
     model's files (parameters x dtype x 1.2)."""
+    residency: Literal["resident", "on_demand"] = "resident"
+    """`resident`: each worker loads the model when it starts and holds it. `on_demand`:
+    a worker starts without it, loads it when a job comes (once, whatever the burst), and
+    unloads it after `idle_unload_s` without work, or sooner when another model needs its
+    room on the device (`device_memory_gb`) and it has had `min_loaded_s`. A model with
+    jobs running or queued is never unloaded."""
+    idle_unload_s: float = Field(default=300.0, gt=0)
+    """On demand: a model with no job running or queued this long is unloaded."""
+    min_loaded_s: float = Field(default=30.0, ge=0)
+    """On demand: a loaded model keeps its room this long before another model of its
+    device may take it (so that two models do not trade places for every job)."""
     max_queue_s: float | None = Field(default=None, gt=0, le=MAX_QUEUE_S)
     """The longest its jobs wait for a worker unless the request says (`max_queue_s`,
     `deadline`): past it a queued job ends `expired`. Unset: as long as it takes."""
@@ -349,6 +360,11 @@ class Settings(BaseSettings):
     host_name: str = Field(default_factory=socket.gethostname, min_length=1)
     """This host's name in worker ids, liveness and metrics (`MMQ_HOST_NAME`): set it
     where host names are not unique (containers, network namespaces)."""
+    device_memory_gb: dict[str, float] = Field(default_factory=dict)
+    """Memory (GiB) of a device of this host that its models must fit in, by device
+    (`cpu`, `gpu:0`, `mig:UUID`), counting each worker's estimate (`memory_gb`, or the
+    model's files): on-demand models make room by unloading idle ones. Unset: a GPU's
+    total memory from NVML; the CPU has no budget."""
     data_dir: Path = Path("./data")
     """Where local files, the embedded server's data and logs live."""
     job_ttl_s: int = 7 * 24 * 3600

@@ -25,9 +25,10 @@ from jobs.schemas import validation_error_field
 from jobs.schemas.base import JobInput
 from jobs.store import JobStore, NewEvent
 from pipelines.base import Files
-from workers.engine import Engine, Outcome
+from workers.engine import Engine, EventSink, Outcome
 from workers.events import EventWriter
 from workers.leases import Held, LeaseKeeper
+from workers.residency import Residency
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,10 @@ class JobRunner:
         schema: type[JobInput],
         worker_name: str,
         files_for: Callable[[Job], Files] | None = None,
+        residency: Residency | None = None,
     ) -> None:
         self.files_for = files_for
+        self.residency = residency
         self.store = store
         self.engine = engine
         self.keeper = keeper
@@ -93,14 +96,35 @@ class JobRunner:
             self.events.emit(event)
 
         files = self.files_for(job) if self.files_for else None
-        item = self.engine.submit(job.id, request, emit, held.cancel, files)
-        outcome = item.wait()
+        load_ms = 0.0
+        try:
+            if self.residency is not None:
+                load_ms = self._load_for(job, emit, held)
+            item = self.engine.submit(job.id, request, emit, held.cancel, files)
+            outcome = item.wait()
+        except Exception as exc:  # the model did not load, or found no room
+            status = "canceled" if held.cancel.is_set() else "failed"
+            log.warning("job %s: %s before it ran: %s", job.id, status, exc)
+            outcome = Outcome(status, error=exc)
+        finally:
+            if self.residency is not None:
+                self.residency.release()
         assert outcome is not None  # wait() without timeout returns only when finished
+        if load_ms:
+            outcome.timings["load_ms"] = round(load_ms, 3)
         self.events.flush()  # its outputs are written before its end
         if outcome.status == "succeeded" and outcome.output is not None:
             # Before the end: a client that saw the end and asks again is answered from it.
             self._remember(job, request, outcome.output)
         self._record(job, held, outcome, request)
+
+    def _load_for(self, job: Job, emit: EventSink, held: Held) -> float:
+        """The pipeline's model loaded (on demand); the milliseconds the job waited."""
+        assert self.residency is not None
+        loading = {"status": "running", "loading": self.engine.pipeline.name}
+        return self.residency.acquire(
+            lambda: emit(job.id, EventType.STATUS, loading, False), held.cancel
+        )
 
     def _remember(self, job: Job, request: JobInput, output: dict[str, Any]) -> None:
         """Keep a deterministic request's answer in the response cache (see

@@ -36,6 +36,7 @@ from workers.jobfiles import JobFiles
 from workers.jobrunner import JobRunner
 from workers.leases import LeaseKeeper
 from workers.metrics import WorkerMetrics
+from workers.residency import residency_for
 
 log = logging.getLogger(__name__)
 
@@ -133,13 +134,17 @@ def start_failure(exc: BaseException) -> tuple[str, bool]:
 
 
 def start_or_exit(settings: Settings, pipeline_name: str, name: str) -> Pipeline[Any, Any]:
-    """Build, load and warm the pipeline up, recording the start in Redis; on failure
-    record why and exit with status 1."""
+    """Build, load and warm the pipeline up (unless it is loaded on demand), recording the
+    start in Redis; on failure record why and exit with status 1."""
     state = StartState(settings, pipeline_name, name)
     state.loading()
     try:
         pipeline = build_pipeline(settings, pipeline_name)
         config = pipeline.config
+        if config.residency == "on_demand":
+            log.info("worker %s: %s loads on demand", name, pipeline_name)
+            state.ready()
+            return pipeline
         log.info("worker %s: loading %s (%s)", name, pipeline_name, config.model or config.impl)
         pipeline.load()
         pipeline.warmup()
@@ -188,11 +193,13 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
 
     schema = schema_for(config.kind, settings)
     events = EventWriter(store, merge=pipeline.merge_partials)
-    runner = JobRunner(store, engine, keeper, events, schema, name, files_for)
+    residency = residency_for(pipeline, settings, store.r, store.tally, name)
+    runner = JobRunner(store, engine, keeper, events, schema, name, files_for, residency)
     register_task(app, runner)
     events.start()
     engine.start()
     keeper.start()
+    residency.start()
     metrics.start()
     store.tally.start()
     try:
@@ -214,5 +221,7 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
         keeper.stop()
         engine.stop()
         events.stop()
+        residency.stop()
         store.tally.stop()
-        pipeline.unload()
+        if config.residency == "resident":
+            pipeline.unload()

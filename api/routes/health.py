@@ -21,8 +21,9 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(health: Annotated[Health, Depends(get_health)]) -> JSONResponse:
-    """Redis answers and each enabled kind has a live worker; 503 names what is missing."""
+    """Redis answers and each enabled kind has a live worker; 503 names what is missing.
+    `cold` lists the on-demand pipelines no worker has loaded now (their next job loads)."""
     ready = await health.readiness()
     if ready.missing:
         return JSONResponse({"status": "unavailable", "missing": ready.missing}, 503)
-    return JSONResponse({"status": "ready", "kinds": ready.kinds})
+    return JSONResponse({"status": "ready", "kinds": ready.kinds, "cold": ready.cold})

@@ -75,6 +75,9 @@ class AsrPipeline(Pipeline[AsrInput, Decoding]):
         self.first_window_s = options.first_window_s
         self.context_tokens = options.context_tokens
 
+    def unload(self) -> None:
+        del self.model  # CTranslate2 frees the weights with the last reference
+
     def warmup(self) -> None:
         noise = np.random.default_rng(0).normal(0, 0.01, 2 * SAMPLE_RATE).astype(np.float32)
         stream = prepare_stream(self.model, noise, DecodeOptions(language="en"), 0).stream

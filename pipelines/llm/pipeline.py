@@ -55,6 +55,7 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         )
 
     def load(self) -> None:
+        self._stop.clear()  # loaded again after an unload (on demand)
         self.server = EngineServer(self.spec)
         self.server.start()
         self.client = EngineClient(
@@ -62,6 +63,7 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         )
         self._ready.set()
         if self.server.managed:
+            self._monitor = threading.Thread(target=self._watch, name="engine-monitor", daemon=True)
             self._monitor.start()
 
     def merge_partials(self, first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any] | None:
@@ -71,10 +73,13 @@ class LlmPipeline(SimplePipeline[LlmInput]):
     def unload(self) -> None:
         self._stop.set()
         self._ready.clear()
+        if self._monitor.is_alive():
+            self._monitor.join(MONITOR_INTERVAL_S * 4)
         if self.server is not None:
             self.server.stop()
         if self.client is not None:
             self.client.close()
+        self.server = self.client = None
 
     def knobs(self) -> EngineKnobs:
         """One request per engine call, `max_inflight` calls at once, each on its task's

@@ -1,0 +1,412 @@
+"""Where a worker's model lives: loaded when the worker starts and held (`resident`, the
+default), or loaded when a job comes and unloaded when idle (`on_demand`).
+
+Every worker's model is counted on its device (`keys.device_models`: the worker, its
+pipeline, its estimated bytes, since when it is loaded and since when it is idle), so
+that the models of a device fit its budget (`device_memory_gb`, else a GPU's total
+memory). An on-demand worker that gets a job while its model is unloaded:
+
+1. says so on the job (a `status` event `{"status": "running", "loading": PIPELINE}`);
+2. claims room on the device (`CLAIM`, one script): it fits, or the least recently idle
+   models that have been loaded for `min_loaded_s` are asked to make room, and it tries
+   again; a worker whose heartbeat stopped holds no room;
+3. loads and warms the model up, once: jobs that come meanwhile wait for the same load.
+   Each job that waited records `load_ms` in its timings.
+
+A watcher thread unloads the model when it has had no job running and none waiting in
+its queue for `idle_unload_s`, or at once when a claim asks for its room and it is idle.
+A model with a job running, or jobs waiting for its pipeline, is never unloaded: a claim
+that finds no idle model waits (its job holds its lease meanwhile) and fails the job after
+`ROOM_WAIT_S`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import redis
+
+from host.devices import read_usage
+from host.model_memory import estimate
+from jobs import keys
+from jobs.kombu_redis import PRIORITY_VALUES, priority_list
+from jobs.metrics import MODEL_LOAD_SECONDS, MODEL_LOADS, MODEL_UNLOADS
+from jobs.queues import queue_name
+from jobs.settings import Settings
+from jobs.tally import MetricsTally
+from pipelines.base import Pipeline
+
+log = logging.getLogger(__name__)
+
+GIB = 1024**3
+WATCH_S = 0.2
+"""How often the watcher looks for an idle model to unload, and a claim tries again."""
+ROOM_WAIT_S = 600.0
+"""How long a job waits for room on its device before it fails."""
+STALE_BEATS = 3
+"""A worker whose heartbeat is this many periods old holds no room."""
+
+CLAIM = """
+-- KEYS: the device's models hash, the workers' heartbeats, the device's evictions hash,
+--   the set of devices
+-- ARGV: the worker, its entry (JSON: pipeline, bytes), the budget (bytes, 0: none),
+--   seconds after which a heartbeat is stale, min_loaded_s, the device (`host|device`)
+-- Takes room for the worker's model if it fits beside the others (a worker whose
+-- heartbeat stopped counts for nothing and is dropped). Otherwise asks the idle models
+-- loaded for min_loaded_s, least recently used first, to make room: {'wait', asked...},
+-- or {'full', asked...} where even they would not make enough.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local mine = cjson.decode(ARGV[2])
+local budget = tonumber(ARGV[3])
+local used, idle = 0, {}
+local flat = redis.call('HGETALL', KEYS[1])
+for i = 1, #flat, 2 do
+  local worker = flat[i]
+  if worker ~= ARGV[1] then
+    local beat = redis.call('ZSCORE', KEYS[2], worker)
+    if not beat or tonumber(beat) < now - tonumber(ARGV[4]) then
+      redis.call('HDEL', KEYS[1], worker)
+      redis.call('HDEL', KEYS[3], worker)
+    else
+      local e = cjson.decode(flat[i + 1])
+      used = used + e.bytes
+      if not e.resident and e.idle_since > 0 and now - e.loaded_at >= tonumber(ARGV[5]) then
+        idle[#idle + 1] = {worker, e.idle_since, e.bytes}
+      end
+    end
+  end
+end
+redis.call('SADD', KEYS[4], ARGV[6])
+if budget == 0 or used + mine.bytes <= budget then
+  mine.loaded_at = now
+  mine.idle_since = 0
+  redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(mine))
+  return {'ok'}
+end
+table.sort(idle, function(x, y) return x[2] < y[2] end)
+local short = used + mine.bytes - budget
+local asked = {'wait'}
+for _, c in ipairs(idle) do
+  if short <= 0 then break end
+  redis.call('HSET', KEYS[3], c[1], ARGV[1])
+  short = short - c[3]
+  asked[#asked + 1] = c[1]
+end
+if short > 0 then asked[1] = 'full' end
+return asked
+"""
+
+
+class NoRoom(RuntimeError):
+    """The device had no room for the model within `ROOM_WAIT_S`."""
+
+
+class Residency(Protocol):
+    """What a job's run asks of where its model lives."""
+
+    def acquire(self, announce: Callable[[], None], canceled: threading.Event) -> float:
+        """Before the job runs: the model loaded (`announce` is called first where it must
+        load or wait for a load). Returns the milliseconds the job waited for it."""
+        ...
+
+    def release(self) -> None:
+        """After the job ran."""
+        ...
+
+
+@dataclass
+class DeviceRoom:
+    """The models of one device of this host, in Redis."""
+
+    r: redis.Redis
+    host: str
+    device: str
+    worker: str
+    stale_s: float
+
+    @property
+    def models_key(self) -> str:
+        return keys.device_models(self.host, self.device)
+
+    @property
+    def evictions_key(self) -> str:
+        return keys.device_evictions(self.host, self.device)
+
+    def hold(self, pipeline: str, nbytes: int, resident: bool) -> None:
+        """Count this worker's model (a resident one, loaded at start)."""
+        entry = {"pipeline": pipeline, "bytes": nbytes, "resident": resident,
+                 "loaded_at": time.time(), "idle_since": 0}  # fmt: skip
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(self.models_key, self.worker, json.dumps(entry))
+        pipe.sadd(keys.MODEL_DEVICES, f"{self.host}|{self.device}")
+        pipe.execute()
+
+    def claim(
+        self, script: Any, pipeline: str, nbytes: int, budget: int, min_loaded_s: float
+    ) -> list[str]:
+        entry = json.dumps({"pipeline": pipeline, "bytes": nbytes, "resident": False})
+        args = [
+            self.worker,
+            entry,
+            budget,
+            self.stale_s,
+            min_loaded_s,
+            f"{self.host}|{self.device}",
+        ]
+        keys_ = [self.models_key, keys.WORKERS, self.evictions_key, keys.MODEL_DEVICES]
+        return [str(v) for v in script(keys=keys_, args=args)]
+
+    def mark_idle(self, since: float) -> None:
+        """Note when this worker's model went idle (0: it has work again)."""
+        raw = self.r.hget(self.models_key, self.worker)
+        if raw:
+            entry = json.loads(raw)
+            entry["idle_since"] = since
+            self.r.hset(self.models_key, self.worker, json.dumps(entry))
+
+    def eviction_asked(self) -> bool:
+        return bool(self.r.hexists(self.evictions_key, self.worker))
+
+    def refuse_eviction(self) -> None:
+        self.r.hdel(self.evictions_key, self.worker)
+
+    def free(self) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hdel(self.models_key, self.worker)
+        pipe.hdel(self.evictions_key, self.worker)
+        pipe.execute()
+
+
+class Resident:
+    """Loaded when the worker started; held until it stops."""
+
+    def __init__(self, room: DeviceRoom, pipeline: Pipeline[Any, Any], nbytes: int) -> None:
+        self.room = room
+        self.pipeline = pipeline
+        self.nbytes = nbytes
+
+    def acquire(self, announce: Callable[[], None], canceled: threading.Event) -> float:
+        return 0.0
+
+    def release(self) -> None:
+        pass
+
+    def start(self) -> None:
+        try:
+            self.room.hold(self.pipeline.name, self.nbytes, resident=True)
+        except redis.RedisError as exc:
+            log.warning("could not count %s on %s: %s", self.pipeline.name, self.room.device, exc)
+
+    def stop(self) -> None:
+        with contextlib.suppress(redis.RedisError):
+            self.room.free()
+
+
+class OnDemand:
+    """Loaded when a job comes, unloaded when idle or when another model needs the room."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline[Any, Any],
+        room: DeviceRoom,
+        settings: Settings,
+        tally: MetricsTally,
+        nbytes: int,
+        budget: int,
+    ) -> None:
+        self.pipeline = pipeline
+        self.room = room
+        self.tally = tally
+        self.nbytes = nbytes
+        self.budget = budget
+        config = pipeline.config
+        self.idle_unload_s = config.idle_unload_s
+        self.min_loaded_s = config.min_loaded_s
+        self.loaded = False
+        self._claim = room.r.register_script(CLAIM)
+        self._model_lock = threading.Lock()
+        """Held while the model loads or unloads."""
+        self._cv = threading.Condition()
+        self._in_flight = 0
+        self._idle_since = time.monotonic()
+        self._stop = threading.Event()
+        self._queues = [
+            priority_list(queue_name(pipeline.name), step) for step in PRIORITY_VALUES.values()
+        ]
+        self._held_fields = [f"{pipeline.name}|{p}" for p in ("high", "normal", "low")]
+        self._thread = threading.Thread(target=self._watch, name="residency", daemon=True)
+
+    # -- a job's run
+
+    def acquire(self, announce: Callable[[], None], canceled: threading.Event) -> float:
+        with self._cv:
+            self._in_flight += 1
+            became_busy = self._in_flight == 1
+        if self.loaded:
+            if became_busy:
+                self._note_idle(0)
+            return 0.0
+        started = time.monotonic()
+        announce()
+        with self._model_lock:
+            if not self.loaded:
+                self._load(canceled)
+        return (time.monotonic() - started) * 1000
+
+    def release(self) -> None:
+        with self._cv:
+            self._in_flight -= 1
+            idle = self._in_flight == 0
+            if idle:
+                self._idle_since = time.monotonic()
+        if idle and self.loaded:
+            self._note_idle(time.time())
+
+    # -- the worker's life
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        with self._model_lock:
+            if self.loaded:
+                self._unload("stopped")
+
+    # -- loading and unloading
+
+    def _load(self, canceled: threading.Event) -> None:
+        name, device = self.pipeline.name, self.room.device
+        deadline = time.monotonic() + ROOM_WAIT_S
+        while True:
+            found = self.room.claim(self._claim, name, self.nbytes, self.budget, self.min_loaded_s)
+            if found[0] == "ok":
+                break
+            if canceled.is_set():
+                raise NoRoom(f"canceled while waiting for room on {device}")
+            if time.monotonic() > deadline:
+                raise NoRoom(
+                    f"no room on {device} for {name} ({self.nbytes / GIB:.2f} GiB of "
+                    f"{self.budget / GIB:.2f}) in {ROOM_WAIT_S:.0f} s: its other models stayed busy"
+                )
+            time.sleep(WATCH_S)
+        started = time.monotonic()
+        log.info("loading %s on %s (on demand)", name, device)
+        try:
+            self.pipeline.load()
+            self.pipeline.warmup()
+        except BaseException:
+            self.room.free()
+            raise
+        seconds = time.monotonic() - started
+        self.loaded = True
+        log.info("loaded %s on %s in %.2fs", name, device, seconds)
+        self.tally.add([(MODEL_LOADS, (name, device), 1), (MODEL_LOAD_SECONDS, (name,), seconds)])
+
+    def _unload(self, reason: str) -> None:
+        name, device = self.pipeline.name, self.room.device
+        self.pipeline.unload()
+        self.loaded = False
+        free_memory()
+        self.room.free()
+        log.info("unloaded %s from %s (%s)", name, device, reason)
+        if reason != "stopped":
+            self.tally.add([(MODEL_UNLOADS, (name, device, reason), 1)])
+
+    def _note_idle(self, since: float) -> None:
+        try:
+            self.room.mark_idle(since)
+        except redis.RedisError as exc:
+            log.warning("could not note %s idle: %s", self.pipeline.name, exc)
+
+    # -- the watcher
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_S):
+            try:
+                self._look()
+            except redis.RedisError as exc:
+                log.warning("residency of %s: %s", self.pipeline.name, exc)
+
+    def _look(self) -> None:
+        asked = self.room.eviction_asked()
+        if not self.loaded:
+            if asked:
+                self.room.refuse_eviction()
+            return
+        with self._cv:
+            busy = self._in_flight > 0
+            idle_s = time.monotonic() - self._idle_since
+        if not asked and (busy or idle_s < self.idle_unload_s):
+            return
+        if busy or self._waiting():
+            if asked:
+                self.room.refuse_eviction()  # asked again once it is idle
+            return
+        with self._model_lock, self._cv:
+            if self._in_flight == 0 and self.loaded:
+                self._unload("evicted" if asked else "idle")
+
+    def _waiting(self) -> int:
+        """Jobs waiting for this pipeline: messages in its queue, and jobs held."""
+        pipe = self.room.r.pipeline(transaction=False)
+        for name in self._queues:
+            pipe.llen(name)
+        pipe.hmget(keys.HELD, self._held_fields)
+        *lengths, held = pipe.execute()
+        return sum(int(n) for n in lengths) + sum(int(n or 0) for n in held)
+
+
+def free_memory() -> None:
+    """Give an unloaded model's memory back: the garbage collector, PyTorch's CUDA cache
+    where PyTorch is in use, and glibc's free lists to the OS."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def model_bytes(pipeline: Pipeline[Any, Any]) -> int:
+    return estimate(pipeline.config, on_gpu=pipeline.config.device != "cpu").bytes
+
+
+def device_budget(settings: Settings, device: str) -> int:
+    """Bytes the models of `device` must fit in (0: no budget)."""
+    gib = settings.device_memory_gb.get(device)
+    if gib is not None:
+        return int(gib * GIB)
+    if device == "cpu":
+        return 0
+    usage = read_usage(device)
+    return usage.memory_total_bytes if usage else 0
+
+
+def residency_for(
+    pipeline: Pipeline[Any, Any],
+    settings: Settings,
+    r: redis.Redis,
+    tally: MetricsTally,
+    worker: str,
+) -> Resident | OnDemand:
+    """The residency of a worker's pipeline (a resident one is loaded already)."""
+    config = pipeline.config
+    stale_s = STALE_BEATS * settings.lease.heartbeat_s
+    room = DeviceRoom(r, settings.host_name, config.device, worker, stale_s)
+    nbytes = model_bytes(pipeline)
+    if config.residency == "resident":
+        return Resident(room, pipeline, nbytes)
+    return OnDemand(pipeline, room, settings, tally, nbytes, device_budget(settings, config.device))
