@@ -34,6 +34,7 @@ each active batch (oldest first):
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -181,8 +182,9 @@ class ReleaseStage:
         for batch in batches:
             self._collect_ended(batch)
         slots = self._slots()
+        draining = self._draining()
         # Held jobs are released even with fair share turned off since: none is stranded.
-        self._release_held(slots)
+        self._release_held({p: s for p, s in slots.items() if p not in draining})
         room = Room(
             {p: s.batch_room(self.settings.batches.reserve_slots) for p, s in slots.items()}
         )
@@ -196,7 +198,7 @@ class ReleaseStage:
                 self._release_lines(batch, room)
             self._finish_if_done(batch, now)
         if self.settings.fairness.enabled:
-            self._write_room(slots)
+            self._write_room(slots, draining)
 
     # -- collect
 
@@ -261,11 +263,49 @@ class ReleaseStage:
 
     # -- release
 
+    def _live_workers(self) -> list[str]:
+        live_since = self.store.server_time() - LIVE_BEATS * self.settings.lease.heartbeat_s
+        return text_list(self.r.zrangebyscore(keys.WORKERS, live_since, "+inf"))
+
+    def _draining(self) -> set[str]:
+        """On-demand pipelines in the way of a model that waits to load on their device
+        (`keys.device_waiting`), loaded for their `min_loaded_s`: fed nothing new, so
+        that they finish their queue, go idle and make room (`workers.residency`)."""
+        devices = [d.partition("|") for d in text_list(self.r.smembers(keys.MODEL_DEVICES))]
+        if not devices:
+            return set()
+        live = set(self._live_workers())
+        pipe = self.r.pipeline(transaction=False)
+        for host, _, device in devices:
+            pipe.hgetall(keys.device_waiting(host, device))
+            pipe.hgetall(keys.device_models(host, device))
+        found = iter(pipe.execute())
+        now = time.time()
+        draining: set[str] = set()
+        for host, _, device in devices:
+            waiting, models = text_map(next(found)), text_map(next(found))
+            gone = [w for w in waiting if w not in live]  # killed while it waited
+            if gone:
+                self.r.hdel(keys.device_waiting(host, device), *gone)
+            waiters = {json.loads(v)["pipeline"] for w, v in waiting.items() if w in live}
+            for worker, raw in models.items():
+                entry = json.loads(raw)
+                config = self.settings.pipelines.get(entry["pipeline"])
+                if (
+                    waiters
+                    and config is not None
+                    and worker in live
+                    and not entry["resident"]
+                    and entry["pipeline"] not in waiters
+                    and now - float(entry["loaded_at"]) >= config.min_loaded_s
+                ):
+                    draining.add(entry["pipeline"])
+        return draining
+
     def _slots(self) -> dict[str, Slots]:
         """Each pipeline with live workers: its slots and what holds them now."""
-        live_since = self.store.server_time() - LIVE_BEATS * self.settings.lease.heartbeat_s
         workers: dict[str, int] = {}
-        for name in text_list(self.r.zrangebyscore(keys.WORKERS, live_since, "+inf")):
+        for name in self._live_workers():
             pipeline = name.split("@", 1)[0].rsplit("-", 1)[0]
             workers[pipeline] = workers.get(pipeline, 0) + 1
         names = [p for p in workers if p in self.settings.pipelines]
@@ -343,13 +383,14 @@ class ReleaseStage:
                 slot.queued[level] += len(pushed)
                 slot.held[level] -= len(pushed)
 
-    def _write_room(self, slots: dict[str, Slots]) -> None:
+    def _write_room(self, slots: dict[str, Slots], draining: set[str]) -> None:
         """What a submit may still push at once, per pipeline, for a few steps; a
-        pipeline without live workers has none (its jobs are held until one comes)."""
+        pipeline without live workers, or draining for another model's turn, has none
+        (its jobs are held until one comes, or until its turn)."""
         ttl_ms = int(ROOM_STEPS * self.settings.batches.release_interval_s * 1000) + 100
         pipe = self.r.pipeline(transaction=False)
         for pipeline in self.settings.enabled_pipelines:
-            slot = slots.get(pipeline)
+            slot = None if pipeline in draining else slots.get(pipeline)
             pipe.hset(
                 keys.room(pipeline),
                 mapping={p: slot.submit_room(i) if slot else 0 for i, p in enumerate(INTERACTIVE)},

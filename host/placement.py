@@ -79,6 +79,8 @@ class Assignment:
     instance: int
     estimate: Estimate
     overrides: dict[str, Any] = field(default_factory=dict)
+    on_demand: bool = False
+    """Its model is loaded on demand: the device's on-demand models take turns."""
 
 
 @dataclass
@@ -182,7 +184,14 @@ def _assign(plan: Plan, request: _Request, device: Device) -> None:
         )
     for instance in range(request.instances):
         plan.assignments.append(
-            Assignment(request.pipeline, device, instance, guess, dict(request.overrides))
+            Assignment(
+                request.pipeline,
+                device,
+                instance,
+                guess,
+                dict(request.overrides),
+                on_demand=config.residency == "on_demand",
+            )
         )
 
 
@@ -216,13 +225,20 @@ def _fit(request: _Request, topology: Topology, used: dict[str, int]) -> Device:
     return best
 
 
+def device_need(assignments: list[Assignment]) -> int:
+    """The memory a device's workers need at once: every resident model, and the largest
+    on-demand one (they take turns for the room the resident ones leave)."""
+    resident = sum(a.estimate.bytes for a in assignments if not a.on_demand)
+    return resident + max((a.estimate.bytes for a in assignments if a.on_demand), default=0)
+
+
 def check_fit(plan: Plan, topology: Topology) -> None:
     """Refuse a plan that puts more estimated memory on a GPU or slice than it has free."""
     for device_id, assignments in plan.by_device().items():
         device = assignments[0].device
         if device.kind == "cpu":
             continue
-        need = sum(a.estimate.bytes for a in assignments)
+        need = device_need(assignments)
         if need <= device.free_bytes:
             continue
         parts: dict[str, list[Assignment]] = {}
@@ -230,6 +246,7 @@ def check_fit(plan: Plan, topology: Topology) -> None:
             parts.setdefault(a.pipeline, []).append(a)
         detail = ", ".join(
             f"{name} x{len(group)} at {group[0].estimate.gib:.1f} GiB"
+            + (" on demand" if group[0].on_demand else "")
             for name, group in parts.items()
         )
         raise PlacementError(

@@ -159,6 +159,13 @@ def device_evictions(host: str, device: str) -> str:
     return f"{PREFIX}:evict:{host}|{device}"
 
 
+def device_waiting(host: str, device: str) -> str:
+    """Hash: worker -> JSON {pipeline, since} of a worker waiting for room on the device
+    to load its model: the release stage stops feeding the device's other on-demand
+    models that have had `min_loaded_s`, so that they drain and make room."""
+    return f"{PREFIX}:waiting:{host}|{device}"
+
+
 MODEL_DEVICES = f"{PREFIX}:model-devices"
 """Set: `host|device` of every device whose models are counted (`device_models`)."""
 

@@ -123,6 +123,28 @@ def test_an_explicit_placement_over_a_device_memory_names_the_shortfall() -> Non
     )
 
 
+def test_on_demand_models_take_turns_for_the_room_resident_ones_leave() -> None:
+    """Five models on one 40 GB GPU: ASR resident, four on demand whose sum (66 GiB) is
+    over the GPU but whose largest fits beside it."""
+    on_demand = {"residency": "on_demand"}
+    s = settings(
+        asr={"memory_gb": 4},
+        llm={"memory_gb": 30, **on_demand},
+        image={"memory_gb": 12, **on_demand},
+        tts={"memory_gb": 4, **on_demand},
+        embed={"memory_gb": 20, **on_demand},
+    )
+    entries = [{"pipeline": name, "device": "gpu:0"} for name in s.pipelines]
+    plan = plan_placement(s, TWO_GPUS, place(*entries))
+    assert {device for _, device, _ in where(plan)} == {"gpu:0"}
+    bigger = settings(asr={"memory_gb": 12}, llm={"memory_gb": 30, **on_demand})
+    with pytest.raises(PlacementError) as refused:
+        plan_placement(
+            bigger, TWO_GPUS, place(*[{"pipeline": n, "device": "gpu:0"} for n in ("asr", "llm")])
+        )
+    assert "need 42.0 GiB (asr x1 at 12.0 GiB, llm x1 at 30.0 GiB on demand)" in str(refused.value)
+
+
 def test_mig_slices_take_workers_and_the_mig_gpu_does_not() -> None:
     s = settings(tts={"memory_gb": 2}, asr={"memory_gb": 12})
     plan = plan_placement(s, H100_MIG, place({"pipeline": "tts", "device": "mig:*"}))

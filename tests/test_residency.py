@@ -230,3 +230,23 @@ def test_a_worker_killed_while_it_loads_loses_no_job(
     job = api.wait(job_id, timeout_s=120)
     assert job["status"] == "succeeded" and job["attempts"] == 2, job
     assert "quick brown fox" in job["output"]["text"].lower()
+
+
+def test_under_alternating_load_the_models_take_turns_by_bursts(
+    dep: Deployment, api: Api, r: redis.Redis, speech_file: bytes
+) -> None:
+    """Jobs of both kinds at once, interleaved: the model in the way is drained (its new
+    jobs held) so the other loads, and each load serves a burst, not one job."""
+    before = {p: _loads(dep, p) for p in ("tts", "asr")}
+    up = api.http.post("/v1/files", files={"file": ("s.wav", speech_file, "audio/wav")})
+    ids = []
+    for i in range(6):
+        ids.append(api.submit("tts", text=f"Reading number {i}.", format="wav")["id"])
+        ids.append(api.submit("asr", audio=up.json()["key"])["id"])
+    ends = [api.wait(job_id, timeout_s=180) for job_id in ids]
+    assert [j["status"] for j in ends] == ["succeeded"] * len(ids), ends
+    assert all(j["attempts"] == 1 for j in ends)
+    wait_until(lambda: not any(r.hgetall(k) for k in r.keys("mmq:waiting:*")), timeout_s=10)
+    time.sleep(1.5)  # the tally's last write
+    loads = sum(_loads(dep, p) - before[p] for p in ("tts", "asr"))
+    assert 1 <= loads <= len(ids) / 2, loads  # bursts, not a load per job

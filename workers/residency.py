@@ -15,9 +15,13 @@ memory). An on-demand worker that gets a job while its model is unloaded:
 
 A watcher thread unloads the model when it has had no job running and none waiting in
 its queue for `idle_unload_s`, or at once when a claim asks for its room and it is idle.
-A model with a job running, or jobs waiting for its pipeline, is never unloaded: a claim
-that finds no idle model waits (its job holds its lease meanwhile) and fails the job after
-`ROOM_WAIT_S`.
+A model with a job running, or jobs waiting in its queue, is never unloaded. A claim
+that finds no idle model says that it waits (`keys.device_waiting`), and the release stage
+stops feeding the models in its way that have been loaded for `min_loaded_s`: they finish
+what their queue holds, go idle and make room, while their new jobs are held for their
+next turn. So under alternating load the models of a device take turns, each serving a
+batch of its waiting jobs, and a device loads at most one model per `min_loaded_s`. The
+job fails if no room comes in `ROOM_WAIT_S`.
 """
 
 from __future__ import annotations
@@ -181,6 +185,13 @@ class DeviceRoom:
     def refuse_eviction(self) -> None:
         self.r.hdel(self.evictions_key, self.worker)
 
+    def wait_for_room(self, pipeline: str, since: float) -> None:
+        entry = json.dumps({"pipeline": pipeline, "since": since})
+        self.r.hset(keys.device_waiting(self.host, self.device), self.worker, entry)
+
+    def stop_waiting(self) -> None:
+        self.r.hdel(keys.device_waiting(self.host, self.device), self.worker)
+
     def free(self) -> None:
         pipe = self.r.pipeline(transaction=False)
         pipe.hdel(self.models_key, self.worker)
@@ -244,7 +255,6 @@ class OnDemand:
         self._queues = [
             priority_list(queue_name(pipeline.name), step) for step in PRIORITY_VALUES.values()
         ]
-        self._held_fields = [f"{pipeline.name}|{p}" for p in ("high", "normal", "low")]
         self._thread = threading.Thread(target=self._watch, name="residency", daemon=True)
 
     # -- a job's run
@@ -290,18 +300,29 @@ class OnDemand:
     def _load(self, canceled: threading.Event) -> None:
         name, device = self.pipeline.name, self.room.device
         deadline = time.monotonic() + ROOM_WAIT_S
-        while True:
-            found = self.room.claim(self._claim, name, self.nbytes, self.budget, self.min_loaded_s)
-            if found[0] == "ok":
-                break
-            if canceled.is_set():
-                raise NoRoom(f"canceled while waiting for room on {device}")
-            if time.monotonic() > deadline:
-                raise NoRoom(
-                    f"no room on {device} for {name} ({self.nbytes / GIB:.2f} GiB of "
-                    f"{self.budget / GIB:.2f}) in {ROOM_WAIT_S:.0f} s: its other models stayed busy"
+        waiting = False
+        try:
+            while True:
+                found = self.room.claim(
+                    self._claim, name, self.nbytes, self.budget, self.min_loaded_s
                 )
-            time.sleep(WATCH_S)
+                if found[0] == "ok":
+                    break
+                if not waiting:  # the release stage drains the models in the way
+                    self.room.wait_for_room(name, time.time())
+                    waiting = True
+                if canceled.is_set():
+                    raise NoRoom(f"canceled while waiting for room on {device}")
+                if time.monotonic() > deadline:
+                    raise NoRoom(
+                        f"no room on {device} for {name} ({self.nbytes / GIB:.2f} GiB of "
+                        f"{self.budget / GIB:.2f}) in {ROOM_WAIT_S:.0f} s: its other models "
+                        "stayed busy"
+                    )
+                time.sleep(WATCH_S)
+        finally:
+            if waiting:
+                self.room.stop_waiting()
         started = time.monotonic()
         log.info("loading %s on %s (on demand)", name, device)
         try:
@@ -360,13 +381,13 @@ class OnDemand:
                 self._unload("evicted" if asked else "idle")
 
     def _waiting(self) -> int:
-        """Jobs waiting for this pipeline: messages in its queue, and jobs held."""
+        """Jobs waiting in this pipeline's queue. Jobs the release stage holds are not
+        counted: it holds them to let another model of the device have its turn (or
+        until a slot frees, which an idle model has)."""
         pipe = self.room.r.pipeline(transaction=False)
         for name in self._queues:
             pipe.llen(name)
-        pipe.hmget(keys.HELD, self._held_fields)
-        *lengths, held = pipe.execute()
-        return sum(int(n) for n in lengths) + sum(int(n or 0) for n in held)
+        return sum(int(n) for n in pipe.execute())
 
 
 def free_memory() -> None:
