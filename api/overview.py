@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 import redis.asyncio as aredis
 from pydantic import BaseModel, Field
 
-from api.metrics import Snapshot, read_snapshot
+from api.metrics import LoadedModel, Snapshot, read_snapshot
 from jobs import keys, recent
 from jobs.quotas import Quota
 from jobs.settings import Settings
@@ -110,6 +110,8 @@ class Overview(BaseModel):
     """Empty where no worker has a GPU (or NVML)."""
     keys: list[Quota] = Field(default_factory=list)
     """Each key's limits and usage (the first `quotas.shown_keys` owners by name)."""
+    models: list[LoadedModel] = Field(default_factory=list)
+    """The models loaded on each device now (resident, and on demand)."""
 
 
 class OverviewReader:
@@ -138,6 +140,7 @@ class OverviewReader:
             workers=_workers(snap, self._settings.lease.heartbeat_s * 3),
             devices=_devices(snap),
             keys=snap.keys,
+            models=snap.models,
         )
 
     async def _recent_and_running(

@@ -135,6 +135,8 @@ def test_the_overview_shows_the_workers_and_updates_when_a_job_runs(
     workers.first.wait_for()
     rows = workers.all_inner_texts()
     assert any("tts" in row for row in rows) and any("asr" in row for row in rows), rows
+    models = page.locator("table.models tbody tr").all_inner_texts()
+    assert any("tts" in row and "resident" in row for row in models), models
     card = page.locator('article[data-pipeline="tts"]')
     before = card.locator("dd.ended").inner_text()
     api = Api(console_dep.base_url, keys["admin"])

@@ -61,6 +61,17 @@ function Devices({ devices }) {
   </article>`)}</div>`;
 }
 
+function Models({ models }) {
+  if (!models.length) return html`<p class="muted">No worker has reported a model yet.</p>`;
+  const gib = (b) => (b ? `${(b / 2 ** 30).toFixed(1)} GiB` : "unknown");
+  const state = (m) => (m.resident ? "resident" : m.idle_since ? `on demand, idle since ${new Date(m.idle_since * 1000).toLocaleTimeString()}` : "on demand, in use");
+  return html`<table class="models"><thead><tr><th>Device</th><th>Pipeline</th><th class="num">Memory (estimate)</th>
+    <th>Loaded</th><th>State</th></tr></thead>
+    <tbody>${models.map((m) => html`<tr><td>${m.host} ${m.device}</td><td>${m.pipeline}</td>
+      <td class="num">${gib(m.bytes)}</td><td>${new Date(m.loaded_at * 1000).toLocaleTimeString()}</td>
+      <td>${state(m)}</td></tr>`)}</tbody></table>`;
+}
+
 function Keys({ keys }) {
   if (!keys.length) return html`<p class="muted">No key has submitted a job yet.</p>`;
   const limit = (n) => (n ? n : "none");
@@ -99,6 +110,8 @@ export function Overview() {
     <${Workers} workers=${now.workers} />
     <h2>GPUs</h2>
     <${Devices} devices=${now.devices} />
+    <h2>Models</h2>
+    <${Models} models=${now.models || []} />
     <h2>Keys</h2>
     <${Keys} keys=${now.keys || []} />
   </section>`;
