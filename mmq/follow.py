@@ -119,7 +119,8 @@ class _Follower:
         }
 
     def status(self, data: Data) -> None:
-        _line(self.console, ("status ", "bold"), str(data.get("status")))
+        loading = f" (loading {data['loading']})" if data.get("loading") else ""
+        _line(self.console, ("status ", "bold"), f"{data.get('status')}{loading}")
 
     def partial(self, data: Data) -> None:
         self.renderer.partial(self.console, data, self.streamed)

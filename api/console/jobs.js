@@ -77,7 +77,7 @@ export function JobList({ me, batch = "" }) {
 
 function summary(event) {
   const d = event.data || {};
-  if (event.type === "status") return d.status + (d.worker ? ` on ${d.worker}` : "");
+  if (event.type === "status") return d.status + (d.worker ? ` on ${d.worker}` : "") + (d.loading ? ` (loading ${d.loading})` : "");
   if (event.type === "progress") return `step ${d.step} of ${d.total}${d.text ? `: ${d.text}` : ""}`;
   if (event.type === "partial") {
     if (d.segment) return `segment: ${d.segment.text}`;
