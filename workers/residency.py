@@ -231,7 +231,6 @@ class OnDemand:
         self,
         pipeline: Pipeline[Any, Any],
         room: DeviceRoom,
-        settings: Settings,
         tally: MetricsTally,
         nbytes: int,
         budget: int,
@@ -430,4 +429,4 @@ def residency_for(
     nbytes = model_bytes(pipeline)
     if config.residency == "resident":
         return Resident(room, pipeline, nbytes)
-    return OnDemand(pipeline, room, settings, tally, nbytes, device_budget(settings, config.device))
+    return OnDemand(pipeline, room, tally, nbytes, device_budget(settings, config.device))
