@@ -78,7 +78,7 @@ memory_gb = 1.0
 kind = "llm"
 impl = "pipelines.llm:LlmPipeline"
 model = {llm}
-memory_gb = 1.0
+memory_gb = 3.0
 {residency}
 
 [pipelines.llm.options]
