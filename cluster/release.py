@@ -288,6 +288,9 @@ class ReleaseStage:
             if gone:
                 self.r.hdel(keys.device_waiting(host, device), *gone)
             waiters = {json.loads(v)["pipeline"] for w, v in waiting.items() if w in live}
+            self._forget_models_of_forgotten_workers(
+                host, device, [w for w in models if w not in live]
+            )
             for worker, raw in models.items():
                 entry = json.loads(raw)
                 config = self.settings.pipelines.get(entry["pipeline"])
@@ -301,6 +304,20 @@ class ReleaseStage:
                 ):
                     draining.add(entry["pipeline"])
         return draining
+
+    def _forget_models_of_forgotten_workers(
+        self, host: str, device: str, silent: list[str]
+    ) -> None:
+        """Drop the model entries of workers the reaper forgot (killed long ago): a
+        worker's restart must not leave one behind for good."""
+        if not silent:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for worker in silent:
+            pipe.zscore(keys.WORKERS, worker)
+        forgotten = [w for w, beat in zip(silent, pipe.execute(), strict=True) if beat is None]
+        if forgotten:
+            self.r.hdel(keys.device_models(host, device), *forgotten)
 
     def _slots(self) -> dict[str, Slots]:
         """Each pipeline with live workers: its slots and what holds them now."""

@@ -250,3 +250,13 @@ def test_under_alternating_load_the_models_take_turns_by_bursts(
     time.sleep(1.5)  # the tally's last write
     loads = sum(_loads(dep, p) - before[p] for p in ("tts", "asr"))
     assert 1 <= loads <= len(ids) / 2, loads  # bursts, not a load per job
+
+
+def test_the_model_of_a_worker_the_reaper_forgot_is_dropped(
+    dep: Deployment, r: redis.Redis
+) -> None:
+    """A worker killed long ago (no heartbeat left) holds no room for good."""
+    key = _models_key(r)
+    entry = {"pipeline": "tts", "bytes": 10**9, "resident": True, "loaded_at": 0, "idle_since": 0}
+    r.hset(key, "tts-9@gone.1", json.dumps(entry))
+    wait_until(lambda: not r.hexists(key, "tts-9@gone.1"), timeout_s=10)
