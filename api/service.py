@@ -165,14 +165,8 @@ class JobService:
             return await self.get(owner, result.job_id), False
         if result.outcome == "quota":
             raise self._over_quota(owner, body.kind, request.cost(), result, now)
-        if result.outcome == "ok" and result.limit:
-            ratelimit.note(ratelimit.Usage(result.limit, result.used, self._window_s, now))
-        if result.outcome == "ok" and result.cost_limit and body.kind == "llm":
-            ratelimit.note(
-                ratelimit.Usage(
-                    result.cost_limit, result.cost_used, self._window_s, now, name="tokens"
-                )
-            )
+        if result.outcome == "ok":
+            self._note_admitted(body.kind, result, now)
         if result.outcome == "full":
             raise QueueFull(
                 f"the {body.kind} queue is full ({self.settings.queue.limit_for(body.kind)} "
@@ -188,6 +182,17 @@ class JobService:
     def _window_s(self) -> int:
         return self.settings.quotas.window_s
 
+    def _note_admitted(self, kind: str, result: SubmitResult, now: float) -> None:
+        """The rate-limit headers of an admitted submit: its key's requests, and its
+        tokens where the kind's cost is counted in tokens (LLM, embeddings)."""
+        if result.limit:
+            ratelimit.note(ratelimit.Usage(result.limit, result.used, self._window_s, now))
+        if result.cost_limit and COST_UNITS.get(kind) == "tokens":
+            usage = ratelimit.Usage(
+                result.cost_limit, result.cost_used, self._window_s, now, name="tokens"
+            )
+            ratelimit.note(usage)
+
     def _over_quota(
         self, owner: str, kind: str, cost: int, result: SubmitResult, now: float
     ) -> QuotaExceeded:
@@ -198,7 +203,7 @@ class JobService:
             what = f"requests: {used} of {limit} in {window_s} s"
         elif result.quota == "cost":
             unit = COST_UNITS[kind]
-            if kind == "llm":
+            if unit == "tokens":
                 ratelimit.note(ratelimit.Usage(limit, used, window_s, now, name="tokens"))
             if cost > limit:
                 return QuotaExceeded(

@@ -41,9 +41,13 @@ LLM = """
 kind = "llm"
 impl = "pipelines.llm:LlmPipeline"
 model = "no-worker-serves-it"
+
+[pipelines.embed]
+kind = "embed"
+impl = "pipelines.embed:EmbedPipeline"
 """
-"""An LLM pipeline that no worker serves: its jobs are admitted (their cost counted) and
-stay queued."""
+"""LLM and embedding pipelines that no worker serves: their jobs are admitted (their cost
+counted) and stay queued."""
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +196,12 @@ def test_a_token_quota_counts_max_tokens_with_openais_headers(
     # A cost quota on another kind leaves this one free.
     jay = _owner(dep, r, costs={"image": 1})
     assert _chat(jay, 40).status_code == 202
+    # Embeddings count tokens too: "hello world" is 3.
+    kit = _owner(dep, r, costs={"embed": 50})
+    sent = kit.http.post("/v1/jobs", json={"kind": "embed", "input": {"input": "hello world"}})
+    assert sent.status_code == 202, sent.text
+    assert sent.headers["x-ratelimit-limit-tokens"] == "50"
+    assert sent.headers["x-ratelimit-remaining-tokens"] == "47"
 
 
 def test_audio_seconds_count_when_an_asr_job_ends(kinds_dep: Deployment) -> None:
