@@ -260,3 +260,25 @@ def test_the_model_of_a_worker_the_reaper_forgot_is_dropped(
     entry = {"pipeline": "tts", "bytes": 10**9, "resident": True, "loaded_at": 0, "idle_since": 0}
     r.hset(key, "tts-9@gone.1", json.dumps(entry))
     wait_until(lambda: not r.hexists(key, "tts-9@gone.1"), timeout_s=10)
+
+
+def test_a_cold_worker_leaves_a_job_to_the_worker_whose_model_is_warm(
+    dep: Deployment, api: Api, r: redis.Redis
+) -> None:
+    """Two TTS workers: once one has the model loaded and idle, the other gives every job
+    back to it rather than take the device's room for a second copy."""
+    second = dep.start_worker("tts", instance=1)
+    try:
+        first = _speak(api)  # one of the two has it loaded
+        assert first["status"] == "succeeded"
+        time.sleep(1.5)  # the tally's last write
+        loads = _loads(dep, "tts")
+        ends = [_speak(api, f"Sentence {i}.") for i in range(4)]
+        assert all(j["status"] == "succeeded" and j["attempts"] == 1 for j in ends)
+        assert {j["worker"] for j in ends} == {first["worker"]}, [j["worker"] for j in ends]
+        assert all(j["timings"]["load_ms"] is None for j in ends)
+        time.sleep(1.5)  # the tally's last write
+        assert _loads(dep, "tts") == loads
+    finally:
+        second.stop()
+        dep.procs.remove(second)

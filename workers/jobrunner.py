@@ -56,10 +56,13 @@ class JobRunner:
         self.kind = engine.pipeline.config.kind
 
     def run(self, job_id: str) -> str:
-        """Run one job; returns what happened (for logs): ran, dropped:<why>.
+        """Run one job; returns what happened (for logs): ran, dropped:<why>, deferred
+        (given back for a worker whose model is warm).
 
         The script that takes the lease also checks the status and returns the job as it
         is after the change: one round trip before the engine gets the request."""
+        if self.residency is not None and self.residency.defer(job_id):
+            return "deferred"
         lease = self.keeper.new_lease()
         started = self.store.apply(operations.start(job_id, self.kind, lease, self.worker_name))
         if not started.ok:

@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 from cluster.retention import RetentionIndex
 from jobs import keys, redis_client
 from jobs.broker import make_celery, webhook_sender
+from jobs.kombu_redis import task_message
 from jobs.metered import MeteredJobStore
 from jobs.metrics import batch_samples
 from jobs.models import Job
@@ -193,7 +194,14 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
 
     schema = schema_for(config.kind, settings)
     events = EventWriter(store, merge=pipeline.merge_partials)
-    residency = residency_for(pipeline, settings, store.r, store.tally, name)
+
+    def push_back(job_id: str) -> None:
+        """The job's message again, at the front of its queue (taken next)."""
+        priority = str(store.r.hget(keys.job(job_id), "priority") or "normal")
+        message = task_message(app, job_id, queue_name(pipeline_name), priority)
+        store.r.rpush(message.list_key, message.envelope)
+
+    residency = residency_for(pipeline, settings, store.r, store.tally, name, push_back)
     runner = JobRunner(store, engine, keeper, events, schema, name, files_for, residency)
     register_task(app, runner)
     events.start()

@@ -119,6 +119,11 @@ class NoRoom(RuntimeError):
 class Residency(Protocol):
     """What a job's run asks of where its model lives."""
 
+    def defer(self, job_id: str) -> bool:
+        """Before the job starts: True where this worker gave the job back to its queue
+        for a worker whose model is warm (this one's is not loaded)."""
+        ...
+
     def acquire(self, announce: Callable[[], None], canceled: threading.Event) -> float:
         """Before the job runs: the model loaded (`announce` is called first where it must
         load or wait for a load). Returns the milliseconds the job waited for it."""
@@ -171,6 +176,35 @@ class DeviceRoom:
         keys_ = [self.models_key, keys.WORKERS, self.evictions_key, keys.MODEL_DEVICES]
         return [str(v) for v in script(keys=keys_, args=args)]
 
+    def warm_idle_sibling(self, pipeline: str) -> str | None:
+        """Another live worker of `pipeline`, on any device of any host, whose model is
+        loaded and idle; None where there is none."""
+        devices = [str(d).partition("|") for d in self.r.smembers(keys.MODEL_DEVICES)]
+        pipe = self.r.pipeline(transaction=False)
+        for host, _, device in devices:
+            pipe.hgetall(keys.device_models(host, device))
+        candidates = [
+            worker
+            for models in pipe.execute()
+            for worker, raw in models.items()
+            if worker != self.worker
+            and (entry := json.loads(raw))["pipeline"] == pipeline
+            and not entry["resident"]
+            and entry["idle_since"] > 0
+        ]
+        if not candidates:
+            return None
+        (now_s, now_us) = self.r.time()
+        live_since = now_s + now_us / 1e6 - self.stale_s
+        pipe = self.r.pipeline(transaction=False)
+        for worker in candidates:
+            pipe.zscore(keys.WORKERS, worker)
+        beats = pipe.execute()
+        return next(
+            (w for w, beat in zip(candidates, beats, strict=True) if beat and beat >= live_since),
+            None,
+        )
+
     def mark_idle(self, since: float) -> None:
         """Note when this worker's model went idle (0: it has work again)."""
         raw = self.r.hget(self.models_key, self.worker)
@@ -207,6 +241,9 @@ class Resident:
         self.pipeline = pipeline
         self.nbytes = nbytes
 
+    def defer(self, job_id: str) -> bool:
+        return False
+
     def acquire(self, announce: Callable[[], None], canceled: threading.Event) -> float:
         return 0.0
 
@@ -234,8 +271,11 @@ class OnDemand:
         tally: MetricsTally,
         nbytes: int,
         budget: int,
+        push_back: Callable[[str], None] | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.push_back = push_back
+        """Puts a job's message back at the front of its queue (`defer`)."""
         self.room = room
         self.tally = tally
         self.nbytes = nbytes
@@ -257,6 +297,23 @@ class OnDemand:
         self._thread = threading.Thread(target=self._watch, name="residency", daemon=True)
 
     # -- a job's run
+
+    def defer(self, job_id: str) -> bool:
+        """A cold worker gives a job back while another worker of its pipeline has the
+        model loaded and idle: that one takes it next (the message goes back to the front
+        of the queue), and no second copy of the model is loaded for it. A warm worker
+        that is busy does not count: a burst spills over onto cold workers, which load."""
+        if self.loaded or self.push_back is None:
+            return False
+        try:
+            warm = self.room.warm_idle_sibling(self.pipeline.name)
+        except redis.RedisError:
+            return False
+        if warm is None:
+            return False
+        self.push_back(job_id)
+        log.info("job %s: left to %s, where %s is loaded", job_id, warm, self.pipeline.name)
+        return True
 
     def acquire(self, announce: Callable[[], None], canceled: threading.Event) -> float:
         with self._cv:
@@ -421,12 +478,15 @@ def residency_for(
     r: redis.Redis,
     tally: MetricsTally,
     worker: str,
+    push_back: Callable[[str], None] | None = None,
 ) -> Resident | OnDemand:
-    """The residency of a worker's pipeline (a resident one is loaded already)."""
+    """The residency of a worker's pipeline (a resident one is loaded already);
+    `push_back` puts a job's message back at the front of its queue."""
     config = pipeline.config
     stale_s = STALE_BEATS * settings.lease.heartbeat_s
     room = DeviceRoom(r, settings.host_name, config.device, worker, stale_s)
     nbytes = model_bytes(pipeline)
     if config.residency == "resident":
         return Resident(room, pipeline, nbytes)
-    return OnDemand(pipeline, room, tally, nbytes, device_budget(settings, config.device))
+    budget = device_budget(settings, config.device)
+    return OnDemand(pipeline, room, tally, nbytes, budget, push_back)
