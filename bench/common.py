@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from common.sse import aparse_lines
+from common.stats import percentile
 from host.launcher import Supervisor
 from jobs.states import ends_job
 
@@ -87,13 +88,10 @@ async def run_level(
     return results, time.perf_counter() - start
 
 
-def percentile_ms(latencies: list[float], pct: int) -> float:
-    """The `pct`-th percentile of `latencies` (seconds) in milliseconds; NaN when empty."""
-    if not latencies:
-        return float("nan")
-    if len(latencies) == 1:
-        return latencies[0] * 1000
-    return statistics.quantiles(latencies, n=100, method="inclusive")[pct - 1] * 1000
+def percentile_ms(latencies: list[float], pct: float) -> float:
+    """The `pct`-th percentile of `latencies` (seconds) in milliseconds, nearest rank as
+    `mmq tune` reads SLOs (`common.stats`); NaN when empty."""
+    return percentile(latencies, pct) * 1000
 
 
 def summarize(

@@ -21,8 +21,9 @@ from typing import Any
 import httpx
 import psutil
 
+from common.stats import percentile
 from host.devices import read_usage
-from tuning.slo import Slo, meets_all, percentile
+from tuning.slo import Slo, meets_all
 from tuning.workload import Level, schedule
 
 TERMINAL = frozenset({"succeeded", "failed", "canceled", "expired"})

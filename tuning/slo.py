@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 ALL_KINDS = None
@@ -92,15 +92,6 @@ def meets_all(slos: Iterable[Slo], sample: Mapping[str, float | None]) -> bool:
         if value is None or value > slo.limit_ms:
             return False
     return True
-
-
-def percentile(samples: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile: the smallest sample with `pct` % of them at or under it."""
-    if not samples:
-        return math.nan
-    ordered = sorted(samples)
-    rank = max(1, math.ceil(pct / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def _ms_text(ms: float) -> str:
