@@ -35,11 +35,10 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import percentile_ms, run_meta
-from common.procs import free_port
-from host.redis_server import RedisServer
+from bench.private_deploy import private_deployment
 from jobs.apikeys import create_key
 from tests.support.audio import SHORT, spoken
-from tests.support.deploy import Deployment, serving
+from tests.support.deploy import Deployment
 from tests.support.metrics import scrape, value
 
 console = Console(width=140)
@@ -96,35 +95,19 @@ def _residency(min_loaded_s: float) -> str:
 def deployment(
     kinds: list[str], env: dict[str, str], min_loaded_s: float, models: dict[str, Path]
 ) -> Iterator[tuple[Deployment, httpx.Client]]:
-    """A private deployment of `kinds` on demand, with echo and sleep workers (the test
-    config's other kinds), and a client with a key."""
-    with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-residency-")))
-        server = RedisServer(tmp / "redis", port=free_port(), persist=False)
-        server.start()
-        stack.callback(server.stop)
-        (tmp / "deploy").mkdir()
-        dep = Deployment(server.url, tmp / "deploy", {"HF_HUB_OFFLINE": "1", **env})
-        paths = {k: json.dumps(str(v)) for k, v in models.items()}
-        extra = "".join(
-            PIPELINES[k].format(residency=_residency(min_loaded_s), **paths) for k in kinds
-        )
-        dep.config_path.write_text(dep.config_path.read_text() + extra)
-        stack.enter_context(serving(dep))
-        dep.start_api()
-        dep.start_reaper()
-        for kind in kinds:
-            dep.start_worker(kind)
-        key = create_key(redis.Redis.from_url(server.url, decode_responses=True), "bench")
-        http = stack.enter_context(
-            httpx.Client(
-                base_url=dep.base_url,
-                headers={"Authorization": f"Bearer {key}"},
-                timeout=300,
-                trust_env=False,
-            )
-        )
-        yield dep, http
+    """A private deployment of `kinds` on demand, and a client with a key."""
+    paths = {k: json.dumps(str(v)) for k, v in models.items()}
+    config = "".join(
+        PIPELINES[k].format(residency=_residency(min_loaded_s), **paths) for k in kinds
+    )
+    env = {"HF_HUB_OFFLINE": "1", **env}
+    with private_deployment(config, env, kinds, prefix="mmq-residency-") as dep:
+        key = create_key(redis.Redis.from_url(dep.redis_url, decode_responses=True), "bench")
+        headers = {"Authorization": f"Bearer {key}"}
+        with httpx.Client(
+            base_url=dep.base_url, headers=headers, timeout=300, trust_env=False
+        ) as http:
+            yield dep, http
 
 
 def _input(kind: str, audio_key: str, i: int) -> dict[str, Any]:

@@ -6,16 +6,12 @@ job sleeping `service_ms`, with `slots` runners on one worker, the API and the r
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import redis
 
-from common.procs import free_port
-from host.redis_server import RedisServer
-from tests.support.deploy import Deployment, serving
+from bench.private_deploy import private_deployment
 
 PIPELINE = """
 [pipelines.work]
@@ -40,17 +36,7 @@ def job_body(service_ms: int) -> dict[str, Any]:
 @contextlib.contextmanager
 def sleep_deployment(slots: int, env: dict[str, str]) -> Iterator[tuple[str, redis.Redis]]:
     """(the API's URL, a client of its Redis), with everything stopped after."""
-    with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-sleepwork-")))
-        server = RedisServer(tmp / "redis", port=free_port(), persist=False)
-        server.start()
-        stack.callback(server.stop)
-        (tmp / "deploy").mkdir()
-        base = {"MMQ_BATCHES__RELEASE_INTERVAL_S": "0.05", "MMQ_QUEUE__MAX_QUEUED": "100000"}
-        dep = Deployment(server.url, tmp / "deploy", base | env)
-        dep.config_path.write_text(dep.config_path.read_text() + PIPELINE.format(slots=slots))
-        stack.enter_context(serving(dep))
-        dep.start_api()
-        dep.start_reaper()
-        dep.start_worker("work")
-        yield dep.base_url, redis.Redis.from_url(server.url, decode_responses=True)
+    base = {"MMQ_BATCHES__RELEASE_INTERVAL_S": "0.05", "MMQ_QUEUE__MAX_QUEUED": "100000"}
+    config = PIPELINE.format(slots=slots)
+    with private_deployment(config, base | env, ["work"], prefix="mmq-sleepwork-") as dep:
+        yield dep.base_url, redis.Redis.from_url(dep.redis_url, decode_responses=True)

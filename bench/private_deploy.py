@@ -1,0 +1,36 @@
+"""A private deployment for a bench: its own Redis on a free port, a temporary directory,
+the tests' config (echo and sleep pipelines) plus the bench's, the API, the reaper (whose
+release stage the scheduling benches measure) and the workers asked for; everything is
+stopped after."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from common.procs import free_port
+from host.redis_server import RedisServer
+from tests.support.deploy import Deployment, serving
+
+
+@contextlib.contextmanager
+def private_deployment(
+    config: str, env: dict[str, str], workers: Sequence[str], prefix: str = "mmq-bench-"
+) -> Iterator[Deployment]:
+    """The deployment, with the API up and each of `workers` (pipeline names) ready."""
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
+        server = RedisServer(tmp / "redis", port=free_port(), persist=False)
+        server.start()
+        stack.callback(server.stop)
+        (tmp / "deploy").mkdir()
+        dep = Deployment(server.url, tmp / "deploy", env)
+        dep.config_path.write_text(dep.config_path.read_text() + config)
+        stack.enter_context(serving(dep))
+        dep.start_api()
+        dep.start_reaper()
+        for pipeline in workers:
+            dep.start_worker(pipeline)
+        yield dep
