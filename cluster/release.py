@@ -366,14 +366,14 @@ class ReleaseStage:
         How many may wait in the queue ahead adapts to the jobs' length: it doubles when
         the queue ran dry and slots idled between two steps while jobs were held (short
         jobs: the workers would wait for the next step), and halves back toward one round
-        of the slots when what was queued was not taken (long jobs: a key whose turn
-        comes waits behind less)."""
+        of the slots when at least half of it, and a round, was still waiting a step
+        later (long jobs: a key whose turn comes waits behind less)."""
         for pipeline, slot in slots.items():
             depth = self._depth.get(pipeline, slot.total)
             idle = slot.running < slot.total
             if slot.held_total > 0 and slot.interactive_queued == 0 and idle:
                 depth = min(MAX_DEPTH_ROUNDS * slot.total, 2 * depth)
-            elif slot.interactive_queued >= depth:
+            elif slot.interactive_queued >= max(slot.total, depth // 2) and depth > slot.total:
                 depth = max(slot.total, depth // 2)
             self._depth[pipeline] = slot.depth = depth
             for level, priority in enumerate(INTERACTIVE):
