@@ -38,17 +38,19 @@ class Health:
     async def readiness(self) -> Readiness:
         try:
             await self._r.ping()
-            live = await self.live_kinds()
+            workers = await self._live_workers()
+            live = await self.live_kinds(workers)
             missing = []
             for kind in self._settings.enabled_kinds:
                 if kind not in live:
                     missing += await self.why_not(kind) or [f"worker for kind {kind}"]
-            cold = await self.cold_pipelines()
+            cold = await self.cold_pipelines(set(workers))
         except (RedisError, OSError) as exc:
             return Readiness(missing=[f"redis: {exc}"])
         return Readiness(sorted(live), missing, cold)
 
-    async def cold_pipelines(self) -> list[str]:
+    async def cold_pipelines(self, live: set[str]) -> list[str]:
+        """The on-demand pipelines that no live worker (`live`) has loaded now."""
         on_demand = [
             name
             for name, config in self._settings.enabled_pipelines.items()
@@ -56,7 +58,6 @@ class Health:
         ]
         if not on_demand:
             return []
-        live = set(text_list(await self._r.zrangebyscore(keys.WORKERS, *await self._live_since())))
         loaded = {model.pipeline for model in await read_models(self._r, live)}
         return [name for name in on_demand if name not in loaded]
 
@@ -73,13 +74,13 @@ class Health:
             if (line := start_line(state))
         ]
 
-    async def _live_since(self) -> tuple[float, str]:
+    async def _live_workers(self) -> list[str]:
         stale_s = self._settings.lease.heartbeat_s * STALE_HEARTBEATS
         now = time_seconds(await self._r.time())  # heartbeats are in Redis's time
-        return now - stale_s, "+inf"
+        return text_list(await self._r.zrangebyscore(keys.WORKERS, now - stale_s, "+inf"))
 
-    async def live_kinds(self) -> set[str]:
-        names = await self._r.zrangebyscore(keys.WORKERS, *await self._live_since())
+    async def live_kinds(self, names: list[str]) -> set[str]:
+        """The kinds of the live workers `names`."""
         if not names:
             return set()
         pipe = self._r.pipeline(transaction=False)

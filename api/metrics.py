@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from jobs import keys, quotas
 from jobs.codec import text_list, text_map, time_seconds
+from jobs.device_models import ModelEntry, split_member
 from jobs.kombu_redis import priority_lists
 from jobs.metrics import RECORDED, MetricDef
 from jobs.queues import queue_name
@@ -140,24 +141,20 @@ class LoadedModel(BaseModel):
 
 async def read_models(r: aredis.Redis, live: set[str]) -> list[LoadedModel]:
     """The models of every device, of the workers in `live`."""
-    devices = sorted(text_list(await r.smembers(keys.MODEL_DEVICES)))
+    devices = sorted(split_member(d) for d in text_list(await r.smembers(keys.MODEL_DEVICES)))
     pipe = r.pipeline(transaction=False)
-    for name in devices:
-        host, _, device = name.partition("|")
+    for host, device in devices:
         pipe.hgetall(keys.device_models(host, device))
     models = []
-    for name, entries in zip(devices, await pipe.execute(), strict=True):
-        host, _, device = name.partition("|")
+    for (host, device), entries in zip(devices, await pipe.execute(), strict=True):
         for worker, raw in sorted(text_map(entries).items()):
             if worker not in live:
                 continue
-            entry = json.loads(raw)
+            entry = ModelEntry.model_validate_json(raw)
             models.append(
                 LoadedModel(
-                    pipeline=entry["pipeline"], host=host, device=device, worker=worker,
-                    bytes=int(entry["bytes"]), resident=bool(entry.get("resident")),
-                    loaded_at=float(entry["loaded_at"]),
-                    idle_since=float(entry["idle_since"]) or None,
+                    **entry.model_dump(exclude={"idle_since"}), host=host, device=device,
+                    worker=worker, idle_since=entry.idle_since or None,
                 )
             )  # fmt: skip
     return models

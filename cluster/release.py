@@ -58,6 +58,7 @@ from jobs.batches import (
 )
 from jobs.broker import enqueue_webhook, job_message
 from jobs.codec import dumps, text_list, text_map
+from jobs.device_models import ModelEntry, split_member
 from jobs.file_objects import FileObject, save_object_sync
 from jobs.kombu_redis import PRIORITY_VALUES, priority_list
 from jobs.lua import RELEASE_HELD
@@ -181,8 +182,9 @@ class ReleaseStage:
         batches.sort(key=lambda b: b.created_at)
         for batch in batches:
             self._collect_ended(batch)
-        slots = self._slots()
-        draining = self._draining()
+        live = self._live_workers()
+        slots = self._slots(live)
+        draining = self._draining(set(live))
         # Held jobs are released even with fair share turned off since: none is stranded.
         self._release_held({p: s for p, s in slots.items() if p not in draining})
         room = Room(
@@ -267,22 +269,21 @@ class ReleaseStage:
         live_since = self.store.server_time() - LIVE_BEATS * self.settings.lease.heartbeat_s
         return text_list(self.r.zrangebyscore(keys.WORKERS, live_since, "+inf"))
 
-    def _draining(self) -> set[str]:
+    def _draining(self, live: set[str]) -> set[str]:
         """On-demand pipelines in the way of a model that waits to load on their device
         (`keys.device_waiting`), loaded for their `min_loaded_s`: fed nothing new, so
         that they finish their queue, go idle and make room (`workers.residency`)."""
-        devices = [d.partition("|") for d in text_list(self.r.smembers(keys.MODEL_DEVICES))]
+        devices = [split_member(d) for d in text_list(self.r.smembers(keys.MODEL_DEVICES))]
         if not devices:
             return set()
-        live = set(self._live_workers())
         pipe = self.r.pipeline(transaction=False)
-        for host, _, device in devices:
+        for host, device in devices:
             pipe.hgetall(keys.device_waiting(host, device))
             pipe.hgetall(keys.device_models(host, device))
         found = iter(pipe.execute())
         now = time.time()
         draining: set[str] = set()
-        for host, _, device in devices:
+        for host, device in devices:
             waiting, models = text_map(next(found)), text_map(next(found))
             gone = [w for w in waiting if w not in live]  # killed while it waited
             if gone:
@@ -291,18 +292,19 @@ class ReleaseStage:
             self._forget_models_of_forgotten_workers(
                 host, device, [w for w in models if w not in live]
             )
+            if not waiters:
+                continue
             for worker, raw in models.items():
-                entry = json.loads(raw)
-                config = self.settings.pipelines.get(entry["pipeline"])
+                entry = ModelEntry.model_validate_json(raw)
+                config = self.settings.pipelines.get(entry.pipeline)
                 if (
-                    waiters
-                    and config is not None
+                    config is not None
                     and worker in live
-                    and not entry["resident"]
-                    and entry["pipeline"] not in waiters
-                    and now - float(entry["loaded_at"]) >= config.min_loaded_s
+                    and not entry.resident
+                    and entry.pipeline not in waiters
+                    and now - entry.loaded_at >= config.min_loaded_s
                 ):
-                    draining.add(entry["pipeline"])
+                    draining.add(entry.pipeline)
         return draining
 
     def _forget_models_of_forgotten_workers(
@@ -319,10 +321,10 @@ class ReleaseStage:
         if forgotten:
             self.r.hdel(keys.device_models(host, device), *forgotten)
 
-    def _slots(self) -> dict[str, Slots]:
-        """Each pipeline with live workers: its slots and what holds them now."""
+    def _slots(self, live: list[str]) -> dict[str, Slots]:
+        """Each pipeline with live workers (`live`): its slots and what holds them now."""
         workers: dict[str, int] = {}
-        for name in self._live_workers():
+        for name in live:
             pipeline = name.split("@", 1)[0].rsplit("-", 1)[0]
             workers[pipeline] = workers.get(pipeline, 0) + 1
         names = [p for p in workers if p in self.settings.pipelines]

@@ -18,6 +18,7 @@ ends.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import redis
@@ -141,7 +142,5 @@ def set_limits(client: redis.Redis, owner: str, limits: KeyLimits) -> None:
 
 
 def _loads(raw: str | bytes) -> dict[str, Any]:
-    import json
-
     value = json.loads(raw)
     return value if isinstance(value, dict) else {}

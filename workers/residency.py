@@ -43,6 +43,7 @@ import redis
 from host.devices import read_usage
 from host.model_memory import estimate
 from jobs import keys
+from jobs.device_models import ModelEntry, device_member, split_member
 from jobs.kombu_redis import PRIORITY_VALUES, priority_list
 from jobs.metrics import MODEL_LOAD_SECONDS, MODEL_LOADS, MODEL_UNLOADS
 from jobs.queues import queue_name
@@ -144,6 +145,10 @@ class DeviceRoom:
     worker: str
     stale_s: float
 
+    def __post_init__(self) -> None:
+        self._claim = self.r.register_script(CLAIM)
+        self.member = device_member(self.host, self.device)
+
     @property
     def models_key(self) -> str:
         return keys.device_models(self.host, self.device)
@@ -152,45 +157,38 @@ class DeviceRoom:
     def evictions_key(self) -> str:
         return keys.device_evictions(self.host, self.device)
 
-    def hold(self, pipeline: str, nbytes: int, resident: bool) -> None:
-        """Count this worker's model (a resident one, loaded at start)."""
-        entry = {"pipeline": pipeline, "bytes": nbytes, "resident": resident,
-                 "loaded_at": time.time(), "idle_since": 0}  # fmt: skip
+    def hold(self, pipeline: str, nbytes: int) -> None:
+        """Count this worker's resident model, loaded at start."""
+        entry = ModelEntry(pipeline=pipeline, bytes=nbytes, resident=True, loaded_at=time.time())
         pipe = self.r.pipeline(transaction=False)
-        pipe.hset(self.models_key, self.worker, json.dumps(entry))
-        pipe.sadd(keys.MODEL_DEVICES, f"{self.host}|{self.device}")
+        pipe.hset(self.models_key, self.worker, entry.model_dump_json())
+        pipe.sadd(keys.MODEL_DEVICES, self.member)
         pipe.execute()
 
-    def claim(
-        self, script: Any, pipeline: str, nbytes: int, budget: int, min_loaded_s: float
-    ) -> list[str]:
-        entry = json.dumps({"pipeline": pipeline, "bytes": nbytes, "resident": False})
-        args = [
-            self.worker,
-            entry,
-            budget,
-            self.stale_s,
-            min_loaded_s,
-            f"{self.host}|{self.device}",
-        ]
+    def claim(self, pipeline: str, nbytes: int, budget: int, min_loaded_s: float) -> list[str]:
+        """`CLAIM`'s answer: ['ok'], or ['wait' | 'full', the workers asked for room...]."""
+        entry = ModelEntry(pipeline=pipeline, bytes=nbytes, resident=False).model_dump_json()
+        args: list[str | float] = [
+            self.worker, entry, budget, self.stale_s, min_loaded_s, self.member
+        ]  # fmt: skip
         keys_ = [self.models_key, keys.WORKERS, self.evictions_key, keys.MODEL_DEVICES]
-        return [str(v) for v in script(keys=keys_, args=args)]
+        return [str(v) for v in self._claim(keys=keys_, args=args)]
 
     def warm_idle_sibling(self, pipeline: str) -> str | None:
         """Another live worker of `pipeline`, on any device of any host, whose model is
         loaded and idle; None where there is none."""
-        devices = [str(d).partition("|") for d in self.r.smembers(keys.MODEL_DEVICES)]
+        devices = [split_member(str(d)) for d in self.r.smembers(keys.MODEL_DEVICES)]
         pipe = self.r.pipeline(transaction=False)
-        for host, _, device in devices:
+        for host, device in devices:
             pipe.hgetall(keys.device_models(host, device))
         candidates = [
             worker
             for models in pipe.execute()
             for worker, raw in models.items()
             if worker != self.worker
-            and (entry := json.loads(raw))["pipeline"] == pipeline
-            and not entry["resident"]
-            and entry["idle_since"] > 0
+            and (entry := ModelEntry.model_validate_json(raw)).pipeline == pipeline
+            and not entry.resident
+            and entry.idle_since > 0
         ]
         if not candidates:
             return None
@@ -209,9 +207,9 @@ class DeviceRoom:
         """Note when this worker's model went idle (0: it has work again)."""
         raw = self.r.hget(self.models_key, self.worker)
         if raw:
-            entry = json.loads(raw)
-            entry["idle_since"] = since
-            self.r.hset(self.models_key, self.worker, json.dumps(entry))
+            entry = ModelEntry.model_validate_json(raw)
+            entry.idle_since = since
+            self.r.hset(self.models_key, self.worker, entry.model_dump_json())
 
     def eviction_asked(self) -> bool:
         return bool(self.r.hexists(self.evictions_key, self.worker))
@@ -252,7 +250,7 @@ class Resident:
 
     def start(self) -> None:
         try:
-            self.room.hold(self.pipeline.name, self.nbytes, resident=True)
+            self.room.hold(self.pipeline.name, self.nbytes)
         except redis.RedisError as exc:
             log.warning("could not count %s on %s: %s", self.pipeline.name, self.room.device, exc)
 
@@ -284,7 +282,6 @@ class OnDemand:
         self.idle_unload_s = config.idle_unload_s
         self.min_loaded_s = config.min_loaded_s
         self.loaded = False
-        self._claim = room.r.register_script(CLAIM)
         self._model_lock = threading.Lock()
         """Held while the model loads or unloads."""
         self._cv = threading.Condition()
@@ -359,9 +356,7 @@ class OnDemand:
         waiting = False
         try:
             while True:
-                found = self.room.claim(
-                    self._claim, name, self.nbytes, self.budget, self.min_loaded_s
-                )
+                found = self.room.claim(name, self.nbytes, self.budget, self.min_loaded_s)
                 if found[0] == "ok":
                     break
                 if not waiting:  # the release stage drains the models in the way

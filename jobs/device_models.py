@@ -1,0 +1,31 @@
+"""The models counted on each device (`keys.device_models`): one JSON entry per worker,
+written by the worker (`workers.residency`) and read by the release stage, `/metrics`,
+`/readyz` and the console. Its shape lives here once."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class ModelEntry(BaseModel):
+    """What one worker's model takes on its device."""
+
+    pipeline: str
+    bytes: int
+    """Its estimate (`memory_gb`, or the model's files); 0: unknown."""
+    resident: bool
+    """Loaded when the worker started (never made to give up its room)."""
+    loaded_at: float = 0.0
+    idle_since: float = 0.0
+    """When it last had no job; 0 while it has work."""
+
+
+def device_member(host: str, device: str) -> str:
+    """A device's name in `keys.MODEL_DEVICES`."""
+    return f"{host}|{device}"
+
+
+def split_member(member: str) -> tuple[str, str]:
+    """(host, device) of a `keys.MODEL_DEVICES` member."""
+    host, _, device = member.partition("|")
+    return host, device
