@@ -39,56 +39,20 @@ from bench.private_deploy import private_deployment
 from jobs.apikeys import create_key
 from tests.support.audio import SHORT, spoken
 from tests.support.deploy import Deployment
+from tests.support.kinds import pipeline_toml
 from tests.support.metrics import scrape, value
 
 console = Console(width=140)
 
-PIPELINES = {
-    "tts": """
-[pipelines.tts]
-kind = "tts"
-impl = "pipelines.tts:TtsPipeline"
-memory_gb = 1.0
-{residency}
-
-[pipelines.tts.options]
-default_voice = "joe"
-
-[pipelines.tts.options.voices.joe]
-engine = "piper"
-""",
-    "asr": """
-[pipelines.asr]
-kind = "asr"
-impl = "pipelines.asr:AsrPipeline"
-memory_gb = 1.0
-{residency}
-""",
-    "image": """
-[pipelines.image]
-kind = "image"
-impl = "pipelines.image:ImagePipeline"
-model = {sd}
-memory_gb = 1.0
-{residency}
-""",
-    "llm": """
-[pipelines.llm]
-kind = "llm"
-impl = "pipelines.llm:LlmPipeline"
-model = {llm}
-memory_gb = 3.0
-{residency}
-
-[pipelines.llm.options]
-engine = "transformers"
-startup_timeout_s = 180
-""",
-}
+MEMORY_GB = {"tts": 1.0, "asr": 1.0, "image": 1.0, "llm": 3.0}
+"""What each model is counted at on the device (an LLM engine is sized in it)."""
 
 
-def _residency(min_loaded_s: float) -> str:
-    return f'residency = "on_demand"\nidle_unload_s = 3600\nmin_loaded_s = {min_loaded_s}'
+def _residency(kind: str, min_loaded_s: float) -> str:
+    return (
+        f'memory_gb = {MEMORY_GB[kind]}\nresidency = "on_demand"\nidle_unload_s = 3600\n'
+        f"min_loaded_s = {min_loaded_s}\n"
+    )
 
 
 @contextlib.contextmanager
@@ -96,10 +60,7 @@ def deployment(
     kinds: list[str], env: dict[str, str], min_loaded_s: float, models: dict[str, Path]
 ) -> Iterator[tuple[Deployment, httpx.Client]]:
     """A private deployment of `kinds` on demand, and a client with a key."""
-    paths = {k: json.dumps(str(v)) for k, v in models.items()}
-    config = "".join(
-        PIPELINES[k].format(residency=_residency(min_loaded_s), **paths) for k in kinds
-    )
+    config = "".join(pipeline_toml(k, models, _residency(k, min_loaded_s)) for k in kinds)
     env = {"HF_HUB_OFFLINE": "1", **env}
     with private_deployment(config, env, kinds, prefix="mmq-residency-") as dep:
         key = create_key(redis.Redis.from_url(dep.redis_url, decode_responses=True), "bench")

@@ -21,32 +21,12 @@ from jobs import keys
 from tests.conftest import Api, new_owner
 from tests.support.audio import SHORT, spoken
 from tests.support.deploy import Deployment, flush, serving, wait_until
+from tests.support.kinds import pipeline_toml
 from tests.support.metrics import scrape, value
 
 IDLE_UNLOAD_S = 2.0
-ON_DEMAND = """
-[pipelines.tts]
-kind = "tts"
-impl = "pipelines.tts:TtsPipeline"
-residency = "on_demand"
-memory_gb = 1.0
-min_loaded_s = 0
-idle_unload_s = {idle}
-
-[pipelines.tts.options]
-default_voice = "joe"
-
-[pipelines.tts.options.voices.joe]
-engine = "piper"
-
-[pipelines.asr]
-kind = "asr"
-impl = "pipelines.asr:AsrPipeline"
-residency = "on_demand"
-memory_gb = 1.0
-min_loaded_s = 0
-idle_unload_s = 600
-"""
+ON_DEMAND = 'residency = "on_demand"\nmemory_gb = 1.0\nmin_loaded_s = 0\nidle_unload_s = {idle}\n'
+"""Both models on demand, 1 GiB each; TTS unloads after IDLE_UNLOAD_S, ASR not in a test."""
 ENV = {
     "HF_HUB_OFFLINE": "1",
     "MMQ_DEVICE_MEMORY_GB": json.dumps({"cpu": 1.5}),  # one of the two at a time
@@ -61,7 +41,8 @@ def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
     flush(redis_url)
     deployment = Deployment(redis_url, tmp_path_factory.mktemp("residency"), ENV)
     with deployment.config_path.open("a") as config:
-        config.write(ON_DEMAND.format(idle=IDLE_UNLOAD_S))
+        config.write(pipeline_toml("tts", {}, ON_DEMAND.format(idle=IDLE_UNLOAD_S)))
+        config.write(pipeline_toml("asr", {}, ON_DEMAND.format(idle=600)))
     with serving(deployment):
         deployment.start_api()
         deployment.start_reaper()

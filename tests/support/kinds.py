@@ -14,39 +14,51 @@ from pathlib import Path
 from host.redis_server import RedisServer
 from tests.support.deploy import Deployment, serving, wait_until
 
-KIND_PIPELINES = """
+PIPELINES = {
+    "tts": """
 [pipelines.tts]
 kind = "tts"
 impl = "pipelines.tts:TtsPipeline"
-
+{extra}
 [pipelines.tts.options]
 default_voice = "joe"
 
 [pipelines.tts.options.voices.joe]
 engine = "piper"
-
+""",
+    "asr": """
 [pipelines.asr]
 kind = "asr"
 impl = "pipelines.asr:AsrPipeline"
-
+{extra}
+""",
+    "llm": """
 [pipelines.llm]
 kind = "llm"
 impl = "pipelines.llm:LlmPipeline"
 model = {llm}
-
+{extra}
 [pipelines.llm.options]
 engine = "transformers"
 startup_timeout_s = 180
-
+""",
+    "image": """
 [pipelines.image]
 kind = "image"
 impl = "pipelines.image:ImagePipeline"
 model = {sd}
-
-[pipelines.image.options]
-preview_every_steps = 1
-"""
+{extra}
+""",
+}
+"""Each built-in kind's pipeline on its tiny model (`pipeline_toml`)."""
 KIND_NAMES = ("llm", "image", "asr", "tts")
+
+
+def pipeline_toml(kind: str, models: dict[str, Path], extra: str = "") -> str:
+    """The `[pipelines.KIND]` table of a built-in kind on its tiny model, with `extra`
+    lines in it (`models`: the `llm` and `sd` directories where the kind needs one)."""
+    paths = {name: json.dumps(str(path)) for name, path in models.items()}
+    return PIPELINES[kind].format(extra=extra, **{"llm": "", "sd": ""} | paths)
 
 
 @contextlib.contextmanager
@@ -60,8 +72,9 @@ def kinds_deployment(
     try:
         (tmp / "deploy").mkdir()
         dep = Deployment(server.url, tmp / "deploy", env_overrides={"HF_HUB_OFFLINE": "1", **env})
-        extra = KIND_PIPELINES.format(**{k: json.dumps(str(v)) for k, v in models.items()})
-        dep.config_path.write_text(dep.config_path.read_text() + extra)
+        extra = "".join(pipeline_toml(kind, models) for kind in KIND_NAMES)
+        previews = "\n[pipelines.image.options]\npreview_every_steps = 1\n"
+        dep.config_path.write_text(dep.config_path.read_text() + extra + previews)
         with serving(dep):
             workers = [dep.spawn(f"worker-{n}", "worker", "--pipeline", n) for n in KIND_NAMES]
             dep.start_api()
