@@ -12,7 +12,7 @@ from pathlib import Path
 
 from common.procs import free_port
 from host.redis_server import RedisServer
-from tests.support.deploy import Deployment, serving
+from tests.support.deploy import Deployment, running
 
 
 @contextlib.contextmanager
@@ -26,11 +26,4 @@ def private_deployment(
         server.start()
         stack.callback(server.stop)
         (tmp / "deploy").mkdir()
-        dep = Deployment(server.url, tmp / "deploy", env)
-        dep.config_path.write_text(dep.config_path.read_text() + config)
-        stack.enter_context(serving(dep))
-        dep.start_api()
-        dep.start_reaper()
-        for pipeline in workers:
-            dep.start_worker(pipeline)
-        yield dep
+        yield stack.enter_context(running(server.url, tmp / "deploy", env, workers, config))

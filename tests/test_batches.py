@@ -22,7 +22,7 @@ from host.redis_server import RedisServer
 from jobs import keys
 from tests.conftest import new_owner
 from tests.support.batches import job_line, jsonl
-from tests.support.deploy import Deployment, flush, serving, wait_until
+from tests.support.deploy import Deployment, flush, running, serving, wait_until
 
 ENV = {
     "MMQ_BATCHES__RELEASE_INTERVAL_S": "0.1",
@@ -35,12 +35,8 @@ ENV = {
 @pytest.fixture(scope="module")
 def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     flush(redis_url)
-    deployment = Deployment(redis_url, tmp_path_factory.mktemp("batches"), ENV)
-    with serving(deployment):
-        deployment.start_api()
-        deployment.start_reaper()
-        deployment.start_worker("echo")
-        deployment.start_worker("sleep")
+    tmp = tmp_path_factory.mktemp("batches")
+    with running(redis_url, tmp, ENV, ["echo", "sleep"]) as deployment:
         yield deployment
 
 

@@ -13,7 +13,7 @@ import redis
 
 from jobs import keys
 from tests.conftest import Api, limited_owner
-from tests.support.deploy import Deployment, flush, serving, wait_until
+from tests.support.deploy import Deployment, flush, running, wait_until
 
 STEP_MS = 100
 """One sleep job's time: the worker runs one at a time."""
@@ -27,11 +27,7 @@ ENV = {
 @pytest.fixture(scope="module")
 def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     flush(redis_url)
-    deployment = Deployment(redis_url, tmp_path_factory.mktemp("fair"), ENV)
-    with serving(deployment):
-        deployment.start_api()
-        deployment.start_reaper()
-        deployment.start_worker("sleep")
+    with running(redis_url, tmp_path_factory.mktemp("fair"), ENV, ["sleep"]) as deployment:
         yield deployment
 
 

@@ -27,7 +27,7 @@ from jobs.apikeys import create_key
 from jobs.quotas import KeyLimits, set_limits
 from tests.conftest import Api, limited_owner
 from tests.support.audio import silence
-from tests.support.deploy import Deployment, flush, serving, wait_until
+from tests.support.deploy import Deployment, flush, running, serving, wait_until
 
 WINDOW_S = 3
 IDLE = """
@@ -60,14 +60,8 @@ def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
         "MMQ_LEASE__REAPER_INTERVAL_S": "0.2",
     }
     echo = {"echo_concurrency": 4, "echo_max_batch": 1, "echo_max_wait_ms": 0}
-    deployment = Deployment(redis_url, tmp_path_factory.mktemp("quotas"), env, echo)
-    with deployment.config_path.open("a") as config:
-        config.write(IDLE + LLM)
-    with serving(deployment):
-        deployment.start_api()
-        deployment.start_reaper()
-        deployment.start_worker("sleep")
-        deployment.start_worker("echo")
+    tmp = tmp_path_factory.mktemp("quotas")
+    with running(redis_url, tmp, env, ["sleep", "echo"], IDLE + LLM, echo) as deployment:
         yield deployment
 
 

@@ -20,7 +20,7 @@ import redis
 from jobs import keys
 from tests.conftest import Api, new_owner
 from tests.support.audio import SHORT, spoken
-from tests.support.deploy import Deployment, flush, serving, wait_until
+from tests.support.deploy import Deployment, flush, running, wait_until
 from tests.support.kinds import pipeline_toml
 from tests.support.metrics import scrape, value
 
@@ -39,17 +39,11 @@ ENV = {
 @pytest.fixture(scope="module")
 def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     flush(redis_url)
-    deployment = Deployment(redis_url, tmp_path_factory.mktemp("residency"), ENV)
-    with deployment.config_path.open("a") as config:
-        config.write(pipeline_toml("tts", {}, ON_DEMAND.format(idle=IDLE_UNLOAD_S)))
-        config.write(pipeline_toml("asr", {}, ON_DEMAND.format(idle=600)))
-    with serving(deployment):
-        deployment.start_api()
-        deployment.start_reaper()
-        deployment.start_worker("tts")
-        deployment.start_worker("asr")
-        deployment.start_worker("echo")  # the test config's other kinds, for /readyz
-        deployment.start_worker("sleep")
+    config = pipeline_toml("tts", {}, ON_DEMAND.format(idle=IDLE_UNLOAD_S))
+    config += pipeline_toml("asr", {}, ON_DEMAND.format(idle=600))
+    workers = ["tts", "asr", "echo", "sleep"]  # echo and sleep: the test config's, for /readyz
+    tmp = tmp_path_factory.mktemp("residency")
+    with running(redis_url, tmp, ENV, workers, config) as deployment:
         yield deployment
 
 

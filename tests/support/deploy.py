@@ -192,6 +192,28 @@ def serving(dep: Deployment) -> Iterator[Deployment]:
         dep.stop()
 
 
+@contextlib.contextmanager
+def running(
+    redis_url: str,
+    tmp: Path,
+    env: dict[str, str],
+    workers: Sequence[str],
+    config: str = "",
+    config_values: dict[str, Any] | None = None,
+) -> Iterator[Deployment]:
+    """A deployment on `redis_url` with `config` added to the test config: the API, the
+    reaper and `workers` (pipeline names) started and ready; everything stopped after."""
+    dep = Deployment(redis_url, tmp, env, config_values or {})
+    if config:
+        dep.config_path.write_text(dep.config_path.read_text() + config)
+    with serving(dep):
+        dep.start_api()
+        dep.start_reaper()
+        for pipeline in workers:
+            dep.start_worker(pipeline)
+        yield dep
+
+
 def _healthy(base_url: str) -> bool:
     try:
         return httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200
