@@ -12,6 +12,13 @@ response. A client that closes its connection aborts its sequence. Non-streamed 
 get the whole answer after the same steps. `GET /health` and `GET /v1/models` answer too,
 and `GET /stats` counts sequences running, finished and aborted, and tokens.
 
+It writes vLLM's wire format for `n` (a chunk per choice, each with its `index`) and
+`logprobs` (a made-up log probability on each token, in the chat or the completions API's
+shape), and `GET /requests` answers the bodies of the last 256 generation requests as it
+received them: a test sees that a field reached the engine. It does nothing else with
+any field (no tools, no JSON): it measures, and shows what it was sent; it stands in for
+no engine's behaviour.
+
 Raw asyncio (a Protocol per connection, pre-encoded frames: each sequence's token chunk is
 encoded once and written again each step), so a token costs about 10 µs of CPU here: a
 load that mmq cannot carry shows up as mmq's, not the engine's. `--cpu-report` prints the
@@ -27,6 +34,7 @@ import json
 import resource
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -40,6 +48,7 @@ class Sequence:
     frame: bytes
     """One token's SSE chunk, encoded once (chunked transfer framing included)."""
     remaining: int
+    choices: int
     tail: bytes
     """What follows the last token: finish chunk, usage chunk, [DONE], the response's end."""
     stream: bool
@@ -56,6 +65,8 @@ class Engine:
     requests: int = 0
     aborted: int = 0
     """Sequences whose client went away before their last token."""
+    received: deque[dict[str, object]] = field(default_factory=lambda: deque(maxlen=256))
+    """The last requests' paths and bodies (`GET /requests`)."""
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -75,7 +86,7 @@ class Engine:
                 self.aborted += 1
                 continue
             seq.remaining -= 1
-            self.tokens += 1
+            self.tokens += seq.choices
             if seq.stream:
                 seq.conn.write(seq.frame)
             if seq.remaining > 0:
@@ -114,13 +125,18 @@ def new_sequence(conn: EngineConnection, path: str, body: dict[str, object], n: 
     obj = "chat.completion.chunk" if chat else "text_completion"
     raw_max = body.get("max_tokens") or body.get("max_completion_tokens") or 16
     max_tokens = max(1, int(raw_max)) if isinstance(raw_max, int | str) else 16
-    usage = {"prompt_tokens": 8, "completion_tokens": max_tokens, "total_tokens": 8 + max_tokens}
+    raw_n = body.get("n") or 1
+    n = max(1, int(raw_n)) if isinstance(raw_n, int) else 1
+    made = n * max_tokens
+    usage = {"prompt_tokens": 8, "completion_tokens": made, "total_tokens": 8 + made}
+    logprobs = _logprobs(body, chat)
 
-    def choice(text: str | None, finish: str | None) -> dict[str, object]:
+    def choice(i: int, text: str | None, finish: str | None) -> dict[str, object]:
+        lp = logprobs if text else None
         if chat:
             delta = {"content": text} if text is not None else {}
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        return {"index": i, "text": text or "", "logprobs": lp, "finish_reason": finish}
 
     def event(choices: list[dict[str, object]], with_usage: bool = False) -> dict[str, object]:
         out: dict[str, object] = {
@@ -132,28 +148,48 @@ def new_sequence(conn: EngineConnection, path: str, body: dict[str, object], n: 
 
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-    tail = _sse(event([choice(None if chat else "", "length")]))
+    tail = b"".join(_sse(event([choice(i, None if chat else "", "length")])) for i in range(n))
     if include_usage:
         tail += _sse(event([], with_usage=True))
     tail += _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
     text = TOKEN_TEXT * max_tokens
-    whole_choice = (
-        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+    whole_choices = [
+        {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
         if chat
-        else {"index": 0, "text": text, "finish_reason": "length"}
-    )
+        else {"index": i, "text": text, "finish_reason": "length"}
+        for i in range(n)
+    ]
     whole = {
         "id": rid, "object": "chat.completion" if chat else "text_completion",
-        "created": created, "model": MODEL, "choices": [whole_choice], "usage": usage,
+        "created": created, "model": MODEL, "choices": whole_choices, "usage": usage,
     }  # fmt: skip
     return Sequence(
         conn=conn,
-        frame=_sse(event([choice(TOKEN_TEXT, None)])),
+        frame=b"".join(_sse(event([choice(i, TOKEN_TEXT, None)])) for i in range(n)),
         remaining=max_tokens,
+        choices=n,
         tail=tail,
         stream=bool(body.get("stream")),
         body_done=_response("200 OK", "application/json", json.dumps(whole).encode()),
     )
+
+
+def _logprobs(body: dict[str, object], chat: bool) -> object:
+    """What vLLM puts in each token's chunk for `logprobs`, with a made-up value."""
+    asked = body.get("top_logprobs") if chat else body.get("logprobs")
+    if (chat and not body.get("logprobs")) or (not chat and asked is None):
+        return None
+    top = asked if isinstance(asked, int) else 0
+    if chat:
+        entry = {"token": TOKEN_TEXT, "logprob": -0.25, "bytes": list(TOKEN_TEXT.encode())}
+        tops = [{**entry, "logprob": -0.25 - i} for i in range(top)]
+        return {"content": [{**entry, "top_logprobs": tops}]}
+    return {
+        "tokens": [TOKEN_TEXT],
+        "token_logprobs": [-0.25],
+        "top_logprobs": [{TOKEN_TEXT: -0.25} if top else {}],
+        "text_offset": [0],
+    }
 
 
 class EngineConnection(asyncio.Protocol):
@@ -204,12 +240,17 @@ class EngineConnection(asyncio.Protocol):
                 "requests": engine.requests, "tokens": engine.tokens, "aborted": engine.aborted,
             }  # fmt: skip
             self.write(_response("200 OK", "application/json", json.dumps(stats).encode()))
+        elif method == "GET" and path == "/requests":
+            received = json.dumps(list(self.engine.received)).encode()
+            self.write(_response("200 OK", "application/json", received))
         elif method == "GET" and path == "/v1/models":
             models = {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
             self.write(_response("200 OK", "application/json", json.dumps(models).encode()))
         elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
             self.counter[0] += 1
-            seq = new_sequence(self, path, json.loads(raw or b"{}"), self.counter[0])
+            body = json.loads(raw or b"{}")
+            self.engine.received.append({"path": path, "body": body})
+            seq = new_sequence(self, path, body, self.counter[0])
             if seq.stream:
                 self.write(STREAM_HEAD)
             self.engine.joining.append(seq)

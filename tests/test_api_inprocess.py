@@ -326,7 +326,7 @@ async def test_readiness_names_kinds_without_a_worker_and_metrics_answer(
     assert r.status_code == 503
     assert r.json() == {
         "status": "unavailable",
-        "missing": [f"worker for kind {k}" for k in ("echo", "image", "sleep")],
+        "missing": [f"worker for kind {k}" for k in ("echo", "image", "llm", "sleep")],
     }
     await _submit(api)
     metrics = await api.get("/metrics")

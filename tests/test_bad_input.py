@@ -178,31 +178,40 @@ async def test_openai_routes_name_the_field_as_their_request_does(
 
 _USER = {"role": "user", "content": "Hi"}
 _TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
 @pytest.mark.parametrize(
     ("path", "extra", "param", "why"),
     [
-        ("/v1/chat/completions", {"tools": [_TOOL], "tool_choice": "required"}, "tools", "tool"),
+        ("/v1/chat/completions", {"tools": [_TOOL], "tool_choice": "required"},
+         "tool_choice", "engine (transformers) does not support tool_choice"),
+        ("/v1/chat/completions", {"tools": [_TOOL], "parallel_tool_calls": False},
+         "parallel_tool_calls", "(transformers) does not support tool_choice"),
         ("/v1/chat/completions", {"response_format": {"type": "json_object"}},
-         "response_format", "structured output"),
+         "response_format", "(transformers) does not support structured output"),
         ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 2}, "logprobs", "log prob"),
+        ("/v1/chat/completions", {"n": 2}, "n", "several choices"),
+        ("/v1/chat/completions", {"presence_penalty": 0.5}, "presence_penalty", "not support"),
+        ("/v1/chat/completions", {"functions": [_TOOL["function"]]}, "functions", "send tools"),
         ("/v1/chat/completions", {"guided_json": {}}, "guided_json", "not a field"),
         ("/v1/chat/completions",
          {"messages": [{"role": "user", "content": None}]},
-         "messages.0.content", "without content"),
+         "messages.0", "content is required"),
         ("/v1/chat/completions",
-         {"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]},
-         "messages.0.tool_calls", "not a field"),
+         {"messages": [{"role": "user", "content": "x", "tool_calls": [_CALL]}]},
+         "messages.0", "tool_calls belong to assistant turns"),
         ("/v1/chat/completions",
-         {"messages": [_USER, {"role": "tool", "tool_call_id": "c", "content": "1"}]},
-         "messages.1.role", "tool"),
+         {"messages": [_USER, {"role": "tool", "content": "1"}]},
+         "messages.1", "names its tool_call_id"),
         ("/v1/chat/completions",
          {"messages": [{"role": "user", "content": [
              {"type": "text", "text": "What is it?"},
              {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
          ]}]},
          "messages.0.content.1.type", "image_url parts"),
+        ("/v1/completions", {"prompt": "Once", "logprobs": 9}, "logprobs", "less than or equal"),
+        ("/v1/completions", {"prompt": "Once", "logprobs": 1}, "logprobs", "(transformers)"),
         ("/v1/completions", {"prompt": "Once", "echo": True}, "echo", "yet"),
     ],
 )  # fmt: skip
@@ -224,6 +233,48 @@ async def test_an_openai_field_mmq_does_not_carry_is_refused_by_name(
     assert _error(r)["param"] == param
     assert why in _error(r)["message"]
     await _nothing_queued(inprocess, api)
+
+
+_EVERYTHING = {
+    "messages": [_USER, {"role": "assistant", "tool_calls": [_CALL]},
+                 {"role": "tool", "tool_call_id": "c1", "content": "1"}],
+    "tools": [_TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}},
+    "parallel_tool_calls": False, "response_format": {"type": "json_object"},
+    "logprobs": True, "top_logprobs": 2, "n": 3, "presence_penalty": 0.5,
+}  # fmt: skip
+
+
+async def test_what_only_vllm_honours_is_admitted_for_vllm_and_refused_for_transformers(
+    inprocess: InProcess, api: httpx.AsyncClient
+) -> None:
+    """The engine's declared features decide, at submit, before anything is queued."""
+    refused = await api.post(
+        "/v1/jobs", json={"kind": "llm", "input": {**_EVERYTHING, "model": "m"}}
+    )
+    assert refused.status_code == 422, refused.text
+    assert _error(refused)["param"] == "input.tool_choice"
+    assert "(transformers) does not support" in _error(refused)["message"]
+    await _nothing_queued(inprocess, api)
+
+    admitted = await api.post(
+        "/v1/jobs", json={"kind": "llm", "input": {**_EVERYTHING, "model": "v"}}
+    )
+    assert admitted.status_code == 202, admitted.text
+    job = (await api.get(f"/v1/jobs/{admitted.json()['id']}")).json()
+    stored = {k: _set(job["input"][k]) for k in _EVERYTHING if k != "messages"}
+    assert stored == {k: v for k, v in _EVERYTHING.items() if k != "messages"}
+    assert job["input"]["messages"][1]["tool_calls"] == [_CALL]
+    assert job["input"]["messages"][2]["tool_call_id"] == "c1"
+    assert (await api.post(f"/v1/jobs/{job['id']}/cancel")).json()["status"] == "canceled"
+
+
+def _set(value: object) -> object:
+    """`value` without the fields left unset (the stored input names every field)."""
+    if isinstance(value, dict):
+        return {k: _set(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_set(v) for v in value]
+    return value
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ log lines are told apart from one still loading. No process is started here."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,12 @@ def _spec(engine: str, device: str) -> EngineSpec:
 
 def _flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
+
+
+def test_vllm_is_started_with_the_tool_call_parser_when_one_is_named() -> None:
+    plain = engine_command(_spec("vllm", "gpu:0"), 8000)
+    assert "--enable-auto-tool-choice" not in plain and "--tool-call-parser" not in plain
+    spec = _spec("vllm", "gpu:0")
+    named = replace(spec, options=spec.options.model_copy(update={"tool_call_parser": "hermes"}))
+    argv = engine_command(named, 8000)
+    assert "--enable-auto-tool-choice" in argv and _flag(argv, "--tool-call-parser") == "hermes"

@@ -30,24 +30,45 @@ def completion_id(job_id: str, *, chat: bool) -> str:
 
 
 def completion(job: Job, model: str, *, chat: bool) -> dict[str, Any]:
-    """A succeeded `llm` job as OpenAI's `chat.completion` (`chat`) or `text_completion`."""
+    """A succeeded `llm` job as OpenAI's `chat.completion` (`chat`) or `text_completion`,
+    with every choice the job made."""
     output = job.output or {}
-    text, reason = str(output.get("text", "")), output.get("finish_reason")
-    if chat:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": reason,
-        }
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
     return {
         "id": completion_id(job.id, chat=chat),
         "object": "chat.completion" if chat else "text_completion",
         "created": int(job.created_at),
         "model": model,
-        "choices": [choice],
+        "choices": [choice(out, chat=chat) for out in choices_of(output)],
         "usage": output.get("usage"),
+    }
+
+
+def choices_of(output: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """An `llm` job output's choices: `choices` when it made several, else the one at its
+    top level."""
+    several = output.get("choices")
+    return list(several) if several else [{"index": 0, **output}]
+
+
+def choice(out: Mapping[str, Any], *, chat: bool) -> dict[str, Any]:
+    """One choice of an `llm` job's output in OpenAI's shape."""
+    text, calls = str(out.get("text", "")), out.get("tool_calls")
+    if not chat:
+        logprobs = out.get("logprobs")
+        return {
+            "index": out.get("index", 0),
+            "text": text,
+            "finish_reason": out.get("finish_reason"),
+            "logprobs": logprobs,
+        }
+    message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+    if calls:
+        message["tool_calls"] = calls
+    return {
+        "index": out.get("index", 0),
+        "message": message,
+        "finish_reason": out.get("finish_reason"),
+        "logprobs": out.get("logprobs"),
     }
 
 

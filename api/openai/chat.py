@@ -122,14 +122,27 @@ class _View:
     def whole(self, ended: Job) -> dict[str, Any]:
         return answers.completion(ended, self.model, chat=self.chat)
 
-    def chunk(self, text: str | None, reason: str | None = None, role: bool = False) -> bytes:
+    def chunk(
+        self,
+        text: str | None,
+        reason: str | None = None,
+        *,
+        role: bool = False,
+        index: int = 0,
+        calls: list[dict[str, Any]] | None = None,
+        logprobs: Any = None,
+    ) -> bytes:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason}
+            if calls:
+                delta["tool_calls"] = calls
+            choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": reason}
+            if logprobs is not None:
+                choice["logprobs"] = {"content": logprobs}
             return sse({**self._head("chat.completion.chunk"), "choices": [choice]})
-        choice = {"index": 0, "text": text or "", "finish_reason": reason, "logprobs": None}
+        choice = {"index": index, "text": text or "", "finish_reason": reason, "logprobs": logprobs}
         return sse({**self._head("text_completion"), "choices": [choice]})
 
     def usage_chunk(self, usage: dict[str, Any] | None) -> bytes:
@@ -141,26 +154,44 @@ class _View:
 
 
 class _Chunks:
-    """A job's events as SSE chunks: the role first (chat), a delta per partial event,
-    the finish reason, usage where asked for, an error if the job did not succeed, and
-    `[DONE]` at the end."""
+    """A job's events as SSE chunks: the role first (chat, for each choice), a delta per
+    partial event (its choice's `index`, text, tool call deltas and log probabilities),
+    each choice's finish reason, usage where asked for, an error if the job did not
+    succeed, and `[DONE]` at the end."""
 
     def __init__(self, view: _View, include_usage: bool) -> None:
         self.view = view
         self.include_usage = include_usage
-        self.started = False
+        self.started: set[int] = set()
 
     def __call__(self, event: Event) -> Iterator[bytes]:
         view = self.view
-        if not self.started and view.chat:
-            yield view.chunk("", role=True)
-        self.started = True
+        yield from self._role(0)
         if event.type is EventType.PARTIAL:
-            yield view.chunk(str(event.data.get("text", "")))
+            data = event.data
+            index = data.get("choice", 0)
+            yield from self._role(index)
+            yield view.chunk(
+                str(data.get("text", "")),
+                index=index,
+                calls=data.get("tool_calls"),
+                logprobs=data.get("logprobs"),
+            )
         elif event.type is EventType.OUTPUT:
-            if event.data.get("cached"):  # no partial events: the whole text at once
-                yield view.chunk(str(event.data.get("text", "")))
-            yield view.chunk(None, reason=event.data.get("finish_reason"))
+            outs = answers.choices_of(event.data)
+            for out in outs:
+                index = out.get("index", 0)
+                yield from self._role(index)
+                if event.data.get("cached"):  # no partial events: each choice whole at once
+                    calls = [{"index": i, **c} for i, c in enumerate(out.get("tool_calls") or [])]
+                    logprobs = out.get("logprobs")
+                    if view.chat and logprobs is not None:
+                        logprobs = logprobs.get("content")
+                    yield view.chunk(
+                        str(out.get("text", "")), index=index, calls=calls, logprobs=logprobs
+                    )
+            for out in outs:
+                yield view.chunk(None, reason=out.get("finish_reason"), index=out.get("index", 0))
             if self.include_usage:
                 yield view.usage_chunk(event.data.get("usage"))
         elif ended_badly(event):
@@ -168,3 +199,10 @@ class _Chunks:
             yield sse(failure_body(status, event.data.get("error"), PARAMS))
         if event.ends:
             yield b"data: [DONE]\n\n"
+
+    def _role(self, index: int) -> Iterator[bytes]:
+        """A chat choice's first chunk names its role."""
+        if index not in self.started:
+            self.started.add(index)
+            if self.view.chat:
+                yield self.view.chunk("", role=True, index=index)

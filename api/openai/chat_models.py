@@ -16,17 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.openai.common import CLOSED, refuse_fields
 from jobs.errors import InputError
+from jobs.schemas.llm import MAX_CHOICES, NamedToolChoice, ResponseFormat, Tool, ToolCall
 
 NOT_YET = "mmq does not carry it to its LLM engines yet"
 NOT_CARRIED: dict[str, str] = {
-    "tools": f"tool calling: {NOT_YET}",
-    "tool_choice": f"tool calling: {NOT_YET}",
-    "parallel_tool_calls": f"tool calling: {NOT_YET}",
-    "functions": f"function calling: {NOT_YET}",
-    "function_call": f"function calling: {NOT_YET}",
-    "response_format": f"structured output: {NOT_YET}",
-    "logprobs": f"log probabilities: {NOT_YET}",
-    "top_logprobs": f"log probabilities: {NOT_YET}",
+    "functions": "deprecated function calling: send tools",
+    "function_call": "deprecated function calling: send tool_choice",
     "logit_bias": NOT_YET,
     "audio": "audio output is not served (use /v1/audio/speech)",
     "modalities": "only text output is served",
@@ -64,13 +59,15 @@ class Message(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+    """An assistant turn's calls."""
+    tool_call_id: str | None = None
+    """The call a `tool` turn answers."""
 
     def refuse_what_is_not_carried(self, where: str) -> None:
-        if self.role in ("tool", "function"):
-            raise InputError(f"{where}role", f"{self.role} turns (tool calling): {NOT_YET}")
-        refuse_extra(self.model_extra, where)  # e.g. an assistant turn's tool_calls
-        if self.content is None:
-            raise InputError(f"{where}content", "a message without content is not served")
+        if self.role == "function":
+            raise InputError(f"{where}role", "deprecated function turns: send tool turns")
+        refuse_extra(self.model_extra, where)  # e.g. a turn's name or refusal
         if isinstance(self.content, list):
             for i, part in enumerate(self.content):
                 if part.type != "text" or part.text is None:
@@ -78,11 +75,18 @@ class Message(BaseModel):
                     raise InputError(f"{where}content.{i}.type", why)
                 refuse_extra(part.model_extra, f"{where}content.{i}.")
 
-    def as_input(self) -> dict[str, str]:
+    def as_input(self) -> dict[str, Any]:
         role = "system" if self.role == "developer" else self.role
         content = self.content
-        text = content if isinstance(content, str) else "".join(p.text or "" for p in content or [])
-        return {"role": role, "content": text}
+        text = (
+            content if isinstance(content, str | None) else "".join(p.text or "" for p in content)
+        )
+        turn: dict[str, Any] = {"role": role, "content": text}
+        if self.tool_calls is not None:
+            turn["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            turn["tool_call_id"] = self.tool_call_id
+        return turn
 
 
 class StreamOptions(BaseModel):
@@ -92,8 +96,9 @@ class StreamOptions(BaseModel):
 
 
 class Sampling(BaseModel):
-    """What chat and completion requests share; `n` must be 1. A field it does not define
-    is kept aside (`model_extra`) and refused by `refuse_what_is_not_carried`."""
+    """What chat and completion requests share. A field it does not define is kept aside
+    (`model_extra`) and refused by `refuse_what_is_not_carried`; one the pipeline's engine
+    cannot honour is refused at submit (`LlmInput.check_pipeline`)."""
 
     model_config = ConfigDict(extra="allow", json_schema_extra=CLOSED)
 
@@ -105,7 +110,7 @@ class Sampling(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     stop: str | list[str] | None = None
     seed: int | None = None
-    n: Literal[1] = 1
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     cache: bool = True
@@ -122,6 +127,7 @@ class Sampling(BaseModel):
             "frequency_penalty": self.frequency_penalty,
             "stop": stop,
             "seed": self.seed,
+            "n": self.n,
             "cache": self.cache,
         }
         return {k: v for k, v in values.items() if v is not None}
@@ -139,6 +145,12 @@ class Sampling(BaseModel):
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Tool] | None = Field(default=None, min_length=1, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     def refuse_what_is_not_carried(self) -> None:
         super().refuse_what_is_not_carried()
@@ -149,11 +161,27 @@ class ChatRequest(Sampling):
         values = self.sampling_input()
         if self.max_completion_tokens is not None:
             values["max_tokens"] = self.max_completion_tokens
-        return {**values, "messages": [m.as_input() for m in self.messages]}
+        tooling = {
+            "tools": self.tools,
+            "tool_choice": self.tool_choice,
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "response_format": self.response_format,
+            "top_logprobs": self.top_logprobs,
+        }
+        for name, value in tooling.items():
+            if value is not None:
+                values[name] = _plain(value)
+        return {
+            **values,
+            "logprobs": self.logprobs,
+            "messages": [m.as_input() for m in self.messages],
+        }
 
 
 class CompletionRequest(Sampling):
     prompt: str | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    """The completions API's: log probabilities of this many most likely tokens as well."""
 
     @field_validator("prompt")
     @classmethod
@@ -164,4 +192,16 @@ class CompletionRequest(Sampling):
 
     def job_input(self) -> dict[str, Any]:
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-        return {**self.sampling_input(), "prompt": prompt}
+        values = {**self.sampling_input(), "prompt": prompt}
+        if self.logprobs is not None:
+            values |= {"logprobs": True, "top_logprobs": self.logprobs}
+        return values
+
+
+def _plain(value: Any) -> Any:
+    """A request field's value as the job input takes it (OpenAI's names)."""
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, BaseModel):
+        return value.model_dump(by_alias=True, exclude_none=True)
+    return value

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -13,12 +13,134 @@ from jobs.schemas.base import CachePolicy, JobInput, over_limit
 from jobs.settings import Limits, PipelineConfig, Settings
 from jobs.tokens import count_tokens
 
+Feature = Literal["tools", "tool_choice", "response_format", "logprobs", "n", "presence_penalty"]
+"""What an engine may honour beyond plain text generation. A request that needs one its
+pipeline's engine lacks is refused by name (422) at submit, never sent to an engine that
+would drop it without a word."""
+
+ENGINE_FEATURES: dict[str, frozenset[Feature]] = {
+    "vllm": frozenset(
+        {"tools", "tool_choice", "response_format", "logprobs", "n", "presence_penalty"}
+    ),
+    # `transformers serve` (5.23) renders `tools` into the chat template and parses the
+    # model's calls back (Qwen, Gemma 4, or the tokenizer's own response template). It
+    # drops `tool_choice`, `parallel_tool_calls`, `response_format`, `logprobs`, `n` and
+    # `presence_penalty` with a log line (`UNUSED_CHAT_COMPLETION_FIELDS`).
+    "transformers": frozenset({"tools"}),
+    "url": frozenset(),
+}
+"""What each engine honours, in one place: `LlmOptions.engine_features` overrides it (an
+engine at a URL declares what it is)."""
+
+FEATURE_NAMES: dict[Feature, str] = {
+    "tools": "tool calling",
+    "tool_choice": "tool_choice other than auto, or parallel_tool_calls false",
+    "response_format": "structured output",
+    "logprobs": "log probabilities",
+    "n": "several choices (n > 1)",
+    "presence_penalty": "presence_penalty",
+}
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=256)
+    arguments: str = Field(max_length=1_000_000)
+    """The arguments as a JSON text, as the model wrote them."""
+
+
+class ToolCall(BaseModel):
+    """A call an assistant turn made (OpenAI's `tool_calls` entry)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = Field(default=None, max_length=100_000)
+    parameters: dict[str, Any] | None = None
+    """A JSON Schema object."""
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=64)
+
+
+class NamedToolChoice(BaseModel):
+    """`tool_choice` that forces one function."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class JsonSchema(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """`response_format`: plain text (the default), any JSON object, or JSON that a
+    schema describes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is given with type json_schema, and only then")
+        return self
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    role: Literal["system", "user", "assistant"]
-    content: str = Field(max_length=1_000_000)
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = Field(default=None, max_length=1_000_000)
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=128)
+    """The calls an assistant turn made."""
+    tool_call_id: str | None = Field(default=None, max_length=256)
+    """The call a `tool` turn answers."""
+
+    @model_validator(mode="after")
+    def _shape_of_its_role(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls belong to assistant turns")
+        if (self.tool_call_id is not None) != (self.role == "tool"):
+            raise ValueError("a tool turn, and only a tool turn, names its tool_call_id")
+        if self.content is None and not self.tool_calls:
+            raise ValueError("content is required (an assistant turn may give tool_calls instead)")
+        return self
+
+    def text(self) -> str:
+        """What the turn costs in prompt text: its content and its calls."""
+        calls = "".join(c.function.name + c.function.arguments for c in self.tool_calls or [])
+        return (self.content or "") + calls
 
 
 class LlmOptions(BaseModel):
@@ -34,6 +156,17 @@ class LlmOptions(BaseModel):
     engine_bin: str | None = None
     """The engine's executable, e.g. `/opt/vllm/bin/vllm` from vLLM's own environment;
     default: `vllm` / `transformers` beside this Python, else on PATH."""
+    engine_features: list[Feature] | None = None
+    """What the engine honours beyond plain text (`tools`, `tool_choice`,
+    `response_format`, `logprobs`, `n`, `presence_penalty`); a request that needs another
+    is refused with a 422 naming the field. Default: the engine's own (`ENGINE_FEATURES`:
+    vLLM all of them, `transformers serve` tools); an engine at a URL declares its own.
+    """
+    tool_call_parser: str | None = None
+    """vLLM: the parser of the model's tool calls (`hermes` for Qwen, `llama3_json`,
+    `mistral`, …: vLLM's `--tool-call-parser`, with `--enable-auto-tool-choice`). Without
+    it vLLM takes only a named or `required` `tool_choice`, and answers `auto` with an
+    error that the client gets as a 422."""
     served_model_name: str | None = None
     """The model name the engine answers to; default: the pipeline's `model`."""
     max_inflight: int = Field(default=48, ge=1, le=4096)
@@ -83,6 +216,9 @@ class LlmOptions(BaseModel):
     """How long a deterministic answer (temperature 0) is reused; 0: no response cache."""
 
 
+MAX_CHOICES = 16
+
+
 class LlmInput(JobInput):
     messages: list[ChatMessage] | None = Field(default=None, max_length=1000)
     """Chat messages; exactly one of `messages` and `prompt`."""
@@ -95,6 +231,16 @@ class LlmInput(JobInput):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     stop: list[str] | None = Field(default=None, max_length=4)
     seed: int | None = None
+    tools: list[Tool] | None = Field(default=None, min_length=1, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool = False
+    """Each output token's log probability, in the partial events and the output."""
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    """With `logprobs`: this many most likely tokens at each position."""
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    """Choices to generate for the prompt, in one job."""
     cache: bool = True
     """Answer a deterministic request (temperature 0) from the response cache."""
 
@@ -104,20 +250,60 @@ class LlmInput(JobInput):
             raise ValueError("give exactly one of messages and prompt")
         if self.messages is not None and not self.messages:
             raise ValueError("messages must not be empty")
+        if self.messages is None and (self.tools or self.tool_choice or self.response_format):
+            raise ValueError("tools, tool_choice and response_format are for chat (messages)")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs")
         return self
 
     def texts(self) -> list[str]:
+        """The prompt's text, tool definitions and calls included."""
+        tools = [t.model_dump_json(exclude_none=True) for t in self.tools or []]
         if self.messages is not None:
-            return [m.content for m in self.messages]
+            return [m.text() for m in self.messages] + tools
         return [self.prompt or ""]
+
+    def needs(self) -> dict[str, Feature]:
+        """The request's fields that need an engine feature, by field name."""
+        needed: dict[str, Feature] = {}
+        if self.tools:
+            needed["tools"] = "tools"
+        for i, message in enumerate(self.messages or []):
+            if message.role == "tool" or message.tool_calls:
+                needed.setdefault(f"messages.{i}", "tools")
+        if self.tool_choice not in (None, "auto"):
+            needed["tool_choice"] = "tool_choice"
+        if self.parallel_tool_calls is False:
+            needed["parallel_tool_calls"] = "tool_choice"
+        if self.response_format is not None and self.response_format.type != "text":
+            needed["response_format"] = "response_format"
+        if self.logprobs:
+            needed["logprobs"] = "logprobs"
+        if self.n > 1:
+            needed["n"] = "n"
+        if self.presence_penalty:
+            needed["presence_penalty"] = "presence_penalty"
+        return needed
+
+    def check_pipeline(self, config: PipelineConfig) -> None:
+        """A field the pipeline's engine would drop is refused by name."""
+        options = config.options_as(LlmOptions)
+        honoured = engine_features(options)
+        for field, feature in self.needs().items():
+            if feature not in honoured:
+                raise InputError(
+                    field,
+                    f"the {config.kind} pipeline's engine ({options.engine}) does not support "
+                    f"{FEATURE_NAMES[feature]}",
+                )
 
     def prompt_chars(self) -> int:
         return sum(len(text) for text in self.texts())
 
     def cost(self) -> int:
-        """Tokens: the prompt's, estimated from its characters, and `max_tokens`, as
-        OpenAI's rate limiter counts a request when it is admitted."""
-        return count_tokens(self.texts(), None) + self.max_tokens
+        """Tokens: the prompt's, estimated from its characters, and `max_tokens` for each
+        choice, as OpenAI's rate limiter counts a request when it is admitted."""
+        return count_tokens(self.texts(), None) + self.max_tokens * self.n
 
     def check_limits(self, limits: Limits) -> None:
         if self.max_tokens > limits.llm_max_tokens:
@@ -156,3 +342,10 @@ class LlmInput(JobInput):
         decided["model"] = config.model
         canonical = json.dumps(decided, sort_keys=True, separators=(",", ":"))
         return CachePolicy(hashlib.sha256(canonical.encode()).hexdigest(), ttl)
+
+
+def engine_features(options: LlmOptions) -> frozenset[Feature]:
+    """What the pipeline's engine honours: its declaration, else its engine's own."""
+    if options.engine_features is not None:
+        return frozenset(options.engine_features)
+    return ENGINE_FEATURES[options.engine]

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import orjson
+from pydantic import BaseModel
 
 from common.sse import SseParser
 from jobs.errors import InputError
@@ -37,12 +38,35 @@ class EngineRefused(RuntimeError):
 
 @dataclass
 class Finish:
-    reason: str | None
+    reasons: dict[int, str]
+    """Each choice's finish reason, by its index."""
     usage: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def reason(self) -> str | None:
+        return self.reasons.get(0)
+
+
+@dataclass(slots=True)
+class Delta:
+    """What one chunk of the engine's stream adds to one choice."""
+
+    text: str
+    choice: int = 0
+    tool_calls: list[dict[str, Any]] | None = None
+    """OpenAI's tool call deltas, as the engine sent them."""
+    logprobs: Any = None
+    """The chunk's log probabilities as the engine sent them: a list of entries (chat), or
+    a dict of lists (completions)."""
+
+
+CARRIED = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
+"""Chat fields that go to the engine as they are, when set."""
 
 
 def request_body(inp: LlmInput, model: str) -> tuple[str, dict[str, Any]]:
-    """(path, JSON body) of the engine request for `inp`."""
+    """(path, JSON body) of the engine request for `inp`: every field the request sets,
+    in the engine's (OpenAI's) shape. The API has refused what the engine lacks."""
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": inp.max_tokens,
@@ -59,16 +83,38 @@ def request_body(inp: LlmInput, model: str) -> tuple[str, dict[str, Any]]:
         body["stop"] = inp.stop
     if inp.seed is not None:
         body["seed"] = inp.seed
+    if inp.n > 1:
+        body["n"] = inp.n
     if inp.messages is not None:
-        body["messages"] = [m.model_dump() for m in inp.messages]
+        body["messages"] = [m.model_dump(exclude_none=True) for m in inp.messages]
+        for name in CARRIED:
+            value = getattr(inp, name)
+            if value is not None:
+                body[name] = _dump(value)
+        if inp.logprobs:
+            body["logprobs"] = True
+            if inp.top_logprobs is not None:
+                body["top_logprobs"] = inp.top_logprobs
         return "/v1/chat/completions", body
     body["prompt"] = inp.prompt
+    if inp.logprobs:  # the completions API's logprobs is the number of top tokens
+        body["logprobs"] = inp.top_logprobs or 0
     return "/v1/completions", body
 
 
+def _dump(value: Any) -> Any:
+    """A field's value as JSON, in OpenAI's names (`json_schema.schema`)."""
+    if isinstance(value, list):
+        return [_dump(v) for v in value]
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return value
+
+
 T = TypeVar("T")
-OnText = Callable[[str], bool]
-"""Called with each piece of text on the client's thread; False stops the stream."""
+OnDelta = Callable[[Delta], bool]
+"""Called with each chunk's delta of each choice on the client's thread; False stops the
+stream."""
 
 
 class EngineClient:
@@ -89,18 +135,18 @@ class EngineClient:
         if not self._loop.is_running():
             self._loop.close()
 
-    def stream(self, path: str, body: dict[str, Any], on_text: OnText) -> Finish | None:
-        """One streamed generation, waited for: `on_text` gets each chunk's text as it
-        arrives. Returns how it finished, or None where `on_text` stopped it. Raises
+    def stream(self, path: str, body: dict[str, Any], on_delta: OnDelta) -> Finish | None:
+        """One streamed generation, waited for: `on_delta` gets each chunk's delta of each
+        choice as it arrives. Returns how it finished, or None where `on_delta` stopped it. Raises
         EngineLost when the engine goes away, InputError when it refuses the request (a
         prompt over its context), EngineRefused for another error answer."""
-        return self._run(self._stream(path, body, on_text))
+        return self._run(self._stream(path, body, on_delta))
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    async def _stream(self, path: str, body: dict[str, Any], on_text: OnText) -> Finish | None:
-        reason: str | None = None
+    async def _stream(self, path: str, body: dict[str, Any], on_delta: OnDelta) -> Finish | None:
+        reasons: dict[int, str] = {}
         usage: dict[str, int] = {}
         done = False
         try:
@@ -118,16 +164,17 @@ class EngineClient:
                         if chunk.get("usage"):
                             usage = {k: int(v) for k, v in chunk["usage"].items() if _count(v)}
                         for choice in chunk.get("choices") or []:
-                            text = _text_of(choice)
-                            if text and not done and not on_text(text):
+                            delta = _delta_of(choice)
+                            if delta is not None and not done and not on_delta(delta):
                                 response.close()  # the engine sees the client go: abort
                                 return None
-                            reason = choice.get("finish_reason") or reason
+                            if choice.get("finish_reason"):
+                                reasons[choice.get("index", 0)] = choice["finish_reason"]
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise EngineLost(f"the engine stream broke: {type(exc).__name__}: {exc}") from exc
-        if reason is None:
+        if not reasons:
             raise EngineLost("the engine stream ended without a finish reason")
-        return Finish(reason, usage)
+        return Finish(reasons, usage)
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -148,10 +195,19 @@ def _prompt_field(path: str) -> str:
     return "messages" if path.endswith("/chat/completions") else "prompt"
 
 
-def _text_of(choice: dict[str, Any]) -> str:
+def _delta_of(choice: dict[str, Any]) -> Delta | None:
+    """The choice's delta; None where it adds nothing (the role, the finish)."""
     if "delta" in choice:
-        return str((choice["delta"] or {}).get("content") or "")
-    return str(choice.get("text") or "")
+        delta = choice["delta"] or {}
+        text, calls = delta.get("content") or "", delta.get("tool_calls")
+    else:
+        text, calls = choice.get("text") or "", None
+    logprobs = choice.get("logprobs")
+    if isinstance(logprobs, dict) and "content" in logprobs:  # chat: {"content": [...]}
+        logprobs = logprobs["content"]
+    if not text and not calls and not logprobs:
+        return None
+    return Delta(text, choice.get("index", 0), calls or None, logprobs or None)
 
 
 def _count(value: object) -> bool:

@@ -83,6 +83,8 @@ def _vllm(spec: EngineSpec, port: int, size: EngineSize | None) -> list[str]:
         argv += ["--max-num-batched-tokens", str(opts.max_num_batched_tokens)]
     if opts.quantization:
         argv += ["--quantization", opts.quantization]
+    if opts.tool_call_parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", opts.tool_call_parser]
     return argv
 
 

@@ -19,7 +19,8 @@ from typing import Any
 from jobs.schemas.llm import LlmInput, LlmOptions
 from jobs.settings import PipelineConfig, Settings
 from pipelines.base import BackendLost, EngineKnobs, Request, SimplePipeline
-from pipelines.llm.client import EngineClient, EngineLost, request_body
+from pipelines.llm.choices import Choices, merge_partials
+from pipelines.llm.client import Delta, EngineClient, EngineLost, request_body
 from pipelines.llm.server import EngineServer, EngineSpec
 from pipelines.llm.sizing import GIB
 from pipelines.llm.timing import TokenClock
@@ -67,8 +68,9 @@ class LlmPipeline(SimplePipeline[LlmInput]):
             self._monitor.start()
 
     def merge_partials(self, first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any] | None:
-        """Tokens that waited for a write go out as one delta (the first one's index)."""
-        return {"index": first["index"], "text": first["text"] + then["text"]}
+        """Tokens of a choice that waited for a write go out as one delta (the first one's
+        index)."""
+        return merge_partials(first, then)
 
     def unload(self) -> None:
         self._stop.set()
@@ -97,27 +99,26 @@ class LlmPipeline(SimplePipeline[LlmInput]):
             raise BackendLost("the engine is not back up")
         assert self.client is not None and self.server is not None
         path, body = request_body(inp, self.server.spec.served_name)
-        text: list[str] = []
+        choices = Choices(inp.n, chat=inp.messages is not None)
         with self._slots:
             restarts = self.server.restarts
             clock = TokenClock()
 
-            def on_text(piece: str) -> bool:  # on the client's thread, for every chunk
+            def on_delta(delta: Delta) -> bool:  # on the client's thread, for every chunk
                 if request.drop_if_canceled():
                     return False
                 clock.chunk()
-                request.partial({"index": len(text), "text": piece})
-                text.append(piece)
+                request.partial(choices.add(delta))
                 return True
 
             try:
-                finish = self.client.stream(path, body, on_text)
+                finish = self.client.stream(path, body, on_delta)
             except EngineLost as exc:
                 self._engine_lost(restarts)
                 raise BackendLost(str(exc)) from exc
         if finish is None:  # canceled: closing the stream aborted the sequence
             return
-        completion = finish.usage.get("completion_tokens", len(text))
+        completion = finish.usage.get("completion_tokens", choices.deltas)
         usage = {
             "prompt_tokens": finish.usage.get("prompt_tokens", 0),
             "completion_tokens": completion,
@@ -125,14 +126,9 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         }
         for name, ms in clock.timings(completion).items():
             request.record_timing(name, ms)
+        output = choices.output(finish)
         request.succeed(
-            {
-                "text": "".join(text),
-                "finish_reason": finish.reason,
-                "usage": usage,
-                "model": self.server.spec.served_name,
-                "cached": False,
-            }
+            {**output, "usage": usage, "model": self.server.spec.served_name, "cached": False}
         )
 
     def _engine_lost(self, restarts_seen: int) -> None:

@@ -38,8 +38,9 @@ SLEEP_QUEUE_LIMIT = 2
 def inprocess_settings(
     redis_url: str, data_dir: Path, *, auth: bool = True, webhook_secret: str | None = None
 ) -> Settings:
-    """The test kinds `echo` and `sleep`, and an `image` pipeline (no worker serves any
-    of them); a small `sleep` queue; auth required unless `auth` is False."""
+    """The test kinds `echo` and `sleep`, an `image` pipeline and two `llm` ones, on
+    `transformers serve` (`m`) and on vLLM (`v`) (no worker serves any of them); a small
+    `sleep` queue; auth required unless `auth` is False."""
     return Settings(
         redis_url=redis_url,
         data_dir=data_dir,
@@ -55,6 +56,13 @@ def inprocess_settings(
             "echo": PipelineConfig(kind="echo", impl="tests.support.pipelines:EchoPipeline"),
             "sleep": PipelineConfig(kind="sleep", impl="tests.support.pipelines:SleepPipeline"),
             "img": PipelineConfig(kind="image", impl="pipelines.image:ImagePipeline", model="m"),
+            "chat": PipelineConfig(kind="llm", impl="pipelines.llm:LlmPipeline", model="m"),
+            "chat-vllm": PipelineConfig(
+                kind="llm",
+                impl="pipelines.llm:LlmPipeline",
+                model="v",
+                options={"engine": "vllm"},
+            ),
         },
     )
 
