@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -173,15 +173,22 @@ class FileService:
         pipe.delete(keys.upload_jobs(key))
         await pipe.execute()
 
-    async def check_input_refs(self, owner: str, kind: str, data: dict[str, Any]) -> list[str]:
-        """Check every file reference of a job input; returns the stored keys it names."""
+    async def check_input_refs(
+        self,
+        owner: str,
+        kind: str,
+        data: dict[str, Any],
+        nested: Sequence[tuple[str, str]] = (),
+    ) -> list[str]:
+        """Check every file reference of a job input (its file fields, and the `nested`
+        (field, reference) pairs deeper in it); returns the stored keys it names."""
         try:
             fields = file_ref_fields(schema_for(kind, self.settings))
         except KeyError:
             return []  # an unknown kind: the job service says so
+        refs = [(name, data.get(name)) for name in fields] + list(nested)
         used: list[str] = []
-        for name in fields:
-            value = data.get(name)
+        for name, value in refs:
             if isinstance(value, str) and value:
                 used += await self._check_ref(owner, f"input.{name}", value)
         return used

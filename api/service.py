@@ -128,7 +128,7 @@ class JobService:
         """Store and enqueue a job; returns (job, created). Raises QueueFull, InputError."""
         pipeline, request, normalised = self.validate(body)
         cached = await self._cache.lookup(owner, pipeline, request)
-        used = await self.files.check_input_refs(owner, body.kind, body.input)
+        used = await self.files.check_input_refs(owner, body.kind, body.input, request.file_refs())
         if body.webhook is not None:
             await self.check_webhook(body.webhook.url)
         now = time.time()

@@ -173,6 +173,14 @@ class Limits(BaseModel):
     """LLM `max_tokens`."""
     llm_max_prompt_chars: int = 200_000
     """LLM prompt size (all messages)."""
+    llm_max_images: int = 8
+    """Image parts in one LLM request."""
+    llm_max_image_bytes: int = 8 * 1024 * 1024
+    """One image an LLM worker fetches (by file key or URL), and all of a request's data
+    URLs together (413 over)."""
+    llm_image_urls: bool = True
+    """Image parts may be http(s) URLs, fetched by the worker behind the network guard
+    (`net`); false: refused (422)."""
     embed_max_inputs: int = 256
     """Texts in one embedding request."""
     embed_max_chars: int = 32_000

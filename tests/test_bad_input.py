@@ -178,6 +178,7 @@ async def test_openai_routes_name_the_field_as_their_request_does(
 
 _USER = {"role": "user", "content": "Hi"}
 _TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+_IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
 _CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
@@ -209,7 +210,15 @@ _CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": 
              {"type": "text", "text": "What is it?"},
              {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
          ]}]},
-         "messages.0.content.1.type", "image_url parts"),
+         "messages.0.content.1.image_url.url", "(m) takes no images"),
+        ("/v1/chat/completions",
+         {"messages": [{"role": "user", "content": [_IMAGE] * 9}]},
+         "messages", "9 images is over the limit of 8 images"),
+        ("/v1/chat/completions",
+         {"messages": [{"role": "user", "content": [
+             {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+         ]}]},
+         "messages.0.content.0.type", "input_audio parts are not served"),
         ("/v1/completions", {"prompt": "Once", "logprobs": 9}, "logprobs", "less than or equal"),
         ("/v1/completions", {"prompt": "Once", "logprobs": 1}, "logprobs", "(transformers)"),
         ("/v1/completions", {"prompt": "Once", "echo": True}, "echo", "yet"),

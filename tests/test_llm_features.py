@@ -11,11 +11,16 @@ engine processes:
   for `n` and `logprobs`, so that mmq's relay of several choices and of log
   probabilities is checked too (the engine makes up their values: it is not a stand-in
   for vLLM's behaviour);
+- image parts reach a vision-language model on `transformers serve`
+  (`tests.support.models.vision`) as data URLs and as stored file keys, and a model that
+  takes none refuses them by name;
 - the response cache keys on `response_format`.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import sys
 import time
@@ -25,12 +30,14 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from PIL import Image
 
 from common.procs import free_port
 from common.sse import parse_lines
 from tests.conftest import Api, new_owner
 from tests.support.deploy import Deployment, flush, serving, wait_until
 from tests.support.models.tool_caller import ARGUMENTS, TOOL, cached_tool_caller
+from tests.support.models.vision import IMAGE_TOKENS, cached_tiny_vlm
 
 PIPELINES = """
 [pipelines.tools]
@@ -40,6 +47,16 @@ model = {model}
 aliases = ["tool-caller"]
 
 [pipelines.tools.options]
+engine = "transformers"
+max_inflight = 2
+startup_timeout_s = 180
+
+[pipelines.vision]
+kind = "llm"
+impl = "pipelines.llm:LlmPipeline"
+model = {vlm}
+
+[pipelines.vision.options]
 engine = "transformers"
 max_inflight = 2
 startup_timeout_s = 180
@@ -85,11 +102,12 @@ class Engines:
 @pytest.fixture(scope="module")
 def engines(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
     model = cached_tool_caller(tmp_path_factory)
+    vlm = cached_tiny_vlm(tmp_path_factory)
     flush(redis_url)
     port = free_port()
     env = {"HF_HUB_OFFLINE": "1", "MMQ_LEASE__TTL_S": "3", "MMQ_LEASE__HEARTBEAT_S": "0.5"}
     dep = Deployment(redis_url, tmp_path_factory.mktemp("features"), env_overrides=env)
-    extra = PIPELINES.format(model=json.dumps(str(model)), port=port)
+    extra = PIPELINES.format(model=json.dumps(str(model)), vlm=json.dumps(str(vlm)), port=port)
     dep.config_path.write_text(dep.config_path.read_text() + extra)
     with serving(dep):
         engine = dep.launch(
@@ -101,7 +119,9 @@ def engines(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         wait_until(lambda: _answers(f"{wire_url}/health"), engine, timeout_s=30)
         dep.start_api()
         dep.start_reaper()
-        workers = [dep.spawn(f"worker-{n}", "worker", "--pipeline", n) for n in ("tools", "wire")]
+        workers = [
+            dep.spawn(f"worker-{n}", "worker", "--pipeline", n) for n in ("tools", "vision", "wire")
+        ]
         for worker in workers:
             wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=240)
         yield Engines(dep, wire_url)
@@ -263,3 +283,60 @@ def test_the_response_cache_keys_on_response_format(
     outputs = [api.get(r.headers["x-job-id"])["output"] for r in (first, plain, again)]
     assert [o["cached"] for o in outputs] == [False, False, True]
     assert len(engines.received(marker)) == 2
+
+
+def _png(side: int = 40) -> bytes:
+    image = Image.new("RGB", (side, side * 3 // 4), (200, 30, 30))
+    out = io.BytesIO()
+    image.save(out, "PNG")
+    return out.getvalue()
+
+
+def _look(url: str) -> Any:
+    parts = [
+        {"type": "text", "text": "What is it?"},
+        {"type": "image_url", "image_url": {"url": url}},
+    ]
+    return [{"role": "user", "content": parts}]
+
+
+def test_images_reach_a_vision_model_inline_and_by_file_key(oai: openai.OpenAI, api: Api) -> None:
+    text_only = oai.chat.completions.create(
+        model="vision", messages=[{"role": "user", "content": "What is it?"}], max_tokens=2
+    )
+    data_url = "data:image/png;base64," + base64.b64encode(_png()).decode()
+    inline = oai.chat.completions.create(model="vision", messages=_look(data_url), max_tokens=2)
+    # The engine's processor turned the image into its tokens: the model read it.
+    assert text_only.usage is not None and inline.usage is not None
+    assert inline.usage.prompt_tokens == text_only.usage.prompt_tokens + IMAGE_TOKENS
+
+    files = {"file": ("red.png", _png(64), "image/png")}
+    key = api.http.post("/v1/files", files=files).json()["key"]
+    by_key = oai.chat.completions.create(model="vision", messages=_look(key), max_tokens=2)
+    assert by_key.usage is not None and by_key.usage.prompt_tokens == inline.usage.prompt_tokens
+
+    not_an_image = api.http.post("/v1/files", files={"file": ("a.txt", b"hello", "text/plain")})
+    job = api.submit(
+        "llm", model="vision", messages=_look(not_an_image.json()["key"]), max_tokens=2
+    )
+    failed = api.wait(job["id"], timeout_s=60)
+    assert failed["status"] == "failed" and failed["error"]["type"] == "invalid_input"
+    assert "not a png, jpeg, gif or webp image" in failed["error"]["message"]
+
+
+def test_images_are_refused_by_name_where_they_cannot_be_read(oai: openai.OpenAI) -> None:
+    data_url = "data:image/png;base64," + base64.b64encode(_png()).decode()
+    with pytest.raises(openai.UnprocessableEntityError) as text_model:
+        oai.chat.completions.create(model="tool-caller", messages=_look(data_url))
+    assert text_model.value.body["param"] == "messages.0.content.1.image_url.url"  # type: ignore[index]
+    assert "takes no images" in text_model.value.body["message"]  # type: ignore[index]
+    with pytest.raises(openai.UnprocessableEntityError) as not_png:
+        oai.chat.completions.create(model="vision", messages=_look("data:text/plain;base64,aGk="))
+    assert "data:image/(png|jpeg|gif|webp)" in not_png.value.body["message"]  # type: ignore[index]
+    with pytest.raises(openai.UnprocessableEntityError) as missing:
+        oai.chat.completions.create(model="vision", messages=_look("someone/uploads/x/y.png"))
+    assert missing.value.body["param"] == "messages.0.content.1.image_url.url"  # type: ignore[index]
+    huge = "data:image/png;base64," + base64.b64encode(b"\0" * (8 * 1024 * 1024 + 1)).decode()
+    with pytest.raises(openai.APIStatusError) as too_large:
+        oai.chat.completions.create(model="vision", messages=_look(huge))
+    assert too_large.value.status_code == 413

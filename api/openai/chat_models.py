@@ -16,7 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.openai.common import CLOSED, refuse_fields
 from jobs.errors import InputError
-from jobs.schemas.llm import MAX_CHOICES, NamedToolChoice, ResponseFormat, Tool, ToolCall
+from jobs.schemas.llm import (
+    MAX_CHOICES,
+    ImageUrl,
+    NamedToolChoice,
+    ResponseFormat,
+    Tool,
+    ToolCall,
+)
 
 NOT_YET = "mmq does not carry it to its LLM engines yet"
 NOT_CARRIED: dict[str, str] = {
@@ -52,6 +59,24 @@ class ContentPart(BaseModel):
 
     type: str
     text: str | None = None
+    image_url: ImageUrl | None = None
+    """An `image_url` part's image: a data URL, a stored file key, an s3:// or an http(s)
+    URL."""
+
+    def refuse_what_is_not_carried(self, where: str) -> None:
+        carried = {"text": self.text, "image_url": self.image_url}
+        if self.type not in carried:
+            why = f"{self.type} parts are not served by mmq's LLM pipelines (text and images)"
+            raise InputError(f"{where}type", why)
+        if carried[self.type] is None:
+            raise InputError(f"{where}{self.type}", f"a {self.type} part needs its {self.type}")
+        refuse_extra(self.model_extra, where)
+
+    def as_input(self) -> dict[str, Any]:
+        if self.type == "text":
+            return {"type": "text", "text": self.text}
+        assert self.image_url is not None
+        return {"type": "image_url", "image_url": self.image_url.model_dump(exclude_none=True)}
 
 
 class Message(BaseModel):
@@ -68,20 +93,21 @@ class Message(BaseModel):
         if self.role == "function":
             raise InputError(f"{where}role", "deprecated function turns: send tool turns")
         refuse_extra(self.model_extra, where)  # e.g. a turn's name or refusal
-        if isinstance(self.content, list):
-            for i, part in enumerate(self.content):
-                if part.type != "text" or part.text is None:
-                    why = f"{part.type} parts are not served by mmq's LLM pipelines (text only)"
-                    raise InputError(f"{where}content.{i}.type", why)
-                refuse_extra(part.model_extra, f"{where}content.{i}.")
+        for i, part in enumerate(self.content if isinstance(self.content, list) else []):
+            part.refuse_what_is_not_carried(f"{where}content.{i}.")
 
     def as_input(self) -> dict[str, Any]:
+        """The turn as the job input takes it: text parts joined into one text, unless
+        there are images."""
         role = "system" if self.role == "developer" else self.role
-        content = self.content
-        text = (
-            content if isinstance(content, str | None) else "".join(p.text or "" for p in content)
-        )
-        turn: dict[str, Any] = {"role": role, "content": text}
+        content: str | list[dict[str, Any]] | None
+        if isinstance(self.content, list) and any(p.type == "image_url" for p in self.content):
+            content = [part.as_input() for part in self.content]
+        elif isinstance(self.content, list):
+            content = "".join(p.text or "" for p in self.content)
+        else:
+            content = self.content
+        turn: dict[str, Any] = {"role": role, "content": content}
         if self.tool_calls is not None:
             turn["tool_calls"] = [call.model_dump() for call in self.tool_calls]
         if self.tool_call_id is not None:

@@ -44,6 +44,12 @@ class JobInput(BaseModel):
         """How to cache this request's answer; None (the default): never cached."""
         return None
 
+    def file_refs(self) -> list[tuple[str, str]]:
+        """(field, reference) of each file this input names below its top level (an LLM
+        request's image parts); the top-level file fields are marked in the schema
+        (`jobs.filerefs`)."""
+        return []
+
     def cost(self) -> int:
         """What the job counts against its key's cost quota for its kind when it is
         admitted (`jobs.quotas.COST_UNITS`); 0 where it is known only at the end."""

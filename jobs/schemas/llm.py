@@ -2,31 +2,39 @@
 
 from __future__ import annotations
 
+import base64
+import functools
 import hashlib
 import json
-from typing import Any, Literal
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from jobs.errors import InputError
+from jobs.errors import InputError, TooLarge
 from jobs.schemas.base import CachePolicy, JobInput, over_limit
 from jobs.settings import Limits, PipelineConfig, Settings
 from jobs.tokens import count_tokens
 
-Feature = Literal["tools", "tool_choice", "response_format", "logprobs", "n", "presence_penalty"]
+Feature = Literal[
+    "tools", "tool_choice", "response_format", "logprobs", "n", "presence_penalty", "images"
+]
 """What an engine may honour beyond plain text generation. A request that needs one its
 pipeline's engine lacks is refused by name (422) at submit, never sent to an engine that
 would drop it without a word."""
 
 ENGINE_FEATURES: dict[str, frozenset[Feature]] = {
     "vllm": frozenset(
-        {"tools", "tool_choice", "response_format", "logprobs", "n", "presence_penalty"}
+        {"tools", "tool_choice", "response_format", "logprobs", "n", "presence_penalty", "images"}
     ),
     # `transformers serve` (5.23) renders `tools` into the chat template and parses the
     # model's calls back (Qwen, Gemma 4, or the tokenizer's own response template). It
     # drops `tool_choice`, `parallel_tool_calls`, `response_format`, `logprobs`, `n` and
-    # `presence_penalty` with a log line (`UNUSED_CHAT_COMPLETION_FIELDS`).
-    "transformers": frozenset({"tools"}),
+    # `presence_penalty` with a log line (`UNUSED_CHAT_COMPLETION_FIELDS`). It reads image
+    # parts for a vision-language model, and drops them for another (so does mmq's check:
+    # `takes_images`).
+    "transformers": frozenset({"tools", "images"}),
     "url": frozenset(),
 }
 """What each engine honours, in one place: `LlmOptions.engine_features` overrides it (an
@@ -39,6 +47,7 @@ FEATURE_NAMES: dict[Feature, str] = {
     "logprobs": "log probabilities",
     "n": "several choices (n > 1)",
     "presence_penalty": "presence_penalty",
+    "images": "image parts",
 }
 
 
@@ -117,11 +126,40 @@ class ResponseFormat(BaseModel):
         return self
 
 
+class ImageUrl(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(min_length=1, max_length=64 * 1024 * 1024)
+    """A `data:image/…;base64,` URL, a stored file key, an `s3://` URL, or an http(s) URL
+    (a signed one too), which the worker fetches behind the network guard."""
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["text"]
+    text: str = Field(max_length=1_000_000)
+
+
+class ImagePart(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+DATA_URL = re.compile(r"^data:(image/(?:png|jpeg|gif|webp));base64,", re.IGNORECASE)
+"""The data URLs an image part may be: what vision models' processors read."""
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: str | None = Field(default=None, max_length=1_000_000)
+    content: str | list[ContentPart] | None = Field(default=None, max_length=1_000_000)
     tool_calls: list[ToolCall] | None = Field(default=None, max_length=128)
     """The calls an assistant turn made."""
     tool_call_id: str | None = Field(default=None, max_length=256)
@@ -140,7 +178,20 @@ class ChatMessage(BaseModel):
     def text(self) -> str:
         """What the turn costs in prompt text: its content and its calls."""
         calls = "".join(c.function.name + c.function.arguments for c in self.tool_calls or [])
-        return (self.content or "") + calls
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content if isinstance(part, TextPart))
+        return (content or "") + calls
+
+    def images(self) -> list[tuple[int, str]]:
+        """(place among the parts, URL) of each image part."""
+        if not isinstance(self.content, list):
+            return []
+        return [
+            (j, part.image_url.url)
+            for j, part in enumerate(self.content)
+            if isinstance(part, ImagePart)
+        ]
 
 
 class LlmOptions(BaseModel):
@@ -162,6 +213,9 @@ class LlmOptions(BaseModel):
     is refused with a 422 naming the field. Default: the engine's own (`ENGINE_FEATURES`:
     vLLM all of them, `transformers serve` tools); an engine at a URL declares its own.
     """
+    takes_images: bool | None = None
+    """Whether the model reads image parts (a vision-language model); unset: read from
+    its config.json where `model` is a local directory (a `vision_config`), else no."""
     tool_call_parser: str | None = None
     """vLLM: the parser of the model's tool calls (`hermes` for Qwen, `llama3_json`,
     `mistral`, …: vLLM's `--tool-call-parser`, with `--enable-auto-tool-choice`). Without
@@ -283,7 +337,22 @@ class LlmInput(JobInput):
             needed["n"] = "n"
         if self.presence_penalty:
             needed["presence_penalty"] = "presence_penalty"
+        for field, _ in self.image_urls():
+            needed.setdefault(field, "images")
         return needed
+
+    def image_urls(self) -> list[tuple[str, str]]:
+        """(field, URL) of every image part."""
+        return [
+            (f"messages.{i}.content.{j}.image_url.url", url)
+            for i, message in enumerate(self.messages or [])
+            for j, url in message.images()
+        ]
+
+    def file_refs(self) -> list[tuple[str, str]]:
+        """The image parts that name a file (not a data URL): the API checks them at
+        submit, as it checks the file fields of other kinds, and the worker fetches them."""
+        return [(field, url) for field, url in self.image_urls() if not DATA_URL.match(url)]
 
     def check_pipeline(self, config: PipelineConfig) -> None:
         """A field the pipeline's engine would drop is refused by name."""
@@ -295,6 +364,12 @@ class LlmInput(JobInput):
                     field,
                     f"the {config.kind} pipeline's engine ({options.engine}) does not support "
                     f"{FEATURE_NAMES[feature]}",
+                )
+            if feature == "images" and not takes_images(config):
+                raise InputError(
+                    field,
+                    f"the {config.kind} pipeline's model ({config.model}) takes no images "
+                    "(a vision-language model does; `takes_images` in its options says so)",
                 )
 
     def prompt_chars(self) -> int:
@@ -308,12 +383,35 @@ class LlmInput(JobInput):
     def check_limits(self, limits: Limits) -> None:
         if self.max_tokens > limits.llm_max_tokens:
             raise over_limit("max_tokens", self.max_tokens, limits.llm_max_tokens)
+        self._check_images(limits)
         chars = self.prompt_chars()
         if chars > limits.llm_max_prompt_chars:
             field = "messages" if self.messages is not None else "prompt"
             raise InputError(
                 field, f"{chars} characters is over the limit of {limits.llm_max_prompt_chars}"
             )
+
+    def _check_images(self, limits: Limits) -> None:
+        """At most `llm_max_images`; a data URL is an image's, in base64, and together
+        they hold at most `llm_max_image_bytes` (413 over: larger ones go by file key or
+        URL); an http(s) URL only where `llm_image_urls` allows it."""
+        images = self.image_urls()
+        if len(images) > limits.llm_max_images:
+            raise over_limit("messages", len(images), limits.llm_max_images, "images")
+        inline = 0
+        for field, url in images:
+            if url.startswith("data:"):
+                inline += _data_url_bytes(url, field)
+                if inline > limits.llm_max_image_bytes:
+                    raise TooLarge(
+                        field,
+                        f"the request's data URLs hold over {limits.llm_max_image_bytes} "
+                        "bytes of images: send larger ones as stored file keys or URLs",
+                    )
+            elif url.startswith(("http://", "https://")) and not limits.llm_image_urls:
+                raise InputError(
+                    field, "image URLs are not fetched here: send a data URL or a file key"
+                )
 
     def prompt_tokens(self, config: PipelineConfig) -> int:
         """The prompt's length in tokens, as estimated before it runs."""
@@ -349,3 +447,32 @@ def engine_features(options: LlmOptions) -> frozenset[Feature]:
     if options.engine_features is not None:
         return frozenset(options.engine_features)
     return ENGINE_FEATURES[options.engine]
+
+
+def takes_images(config: PipelineConfig) -> bool:
+    """Whether the pipeline's model reads images: its `takes_images` option, else its
+    config.json (a local model directory with a `vision_config`)."""
+    options = config.options_as(LlmOptions)
+    if options.takes_images is not None:
+        return options.takes_images
+    return _has_vision_config(config.model or "")
+
+
+@functools.cache
+def _has_vision_config(model: str) -> bool:
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "vision_config" in config
+
+
+def _data_url_bytes(url: str, field: str) -> int:
+    """The decoded size of an image's data URL; an `InputError` for another data URL."""
+    head = DATA_URL.match(url)
+    if head is None:
+        raise InputError(field, "a data URL must be data:image/(png|jpeg|gif|webp);base64,…")
+    try:
+        return len(base64.b64decode(url[head.end() :], validate=True))
+    except ValueError:
+        raise InputError(field, "the data URL's base64 does not decode") from None

@@ -21,6 +21,7 @@ from jobs.settings import PipelineConfig, Settings
 from pipelines.base import BackendLost, EngineKnobs, Request, SimplePipeline
 from pipelines.llm.choices import Choices, merge_partials
 from pipelines.llm.client import Delta, EngineClient, EngineLost, request_body
+from pipelines.llm.images import inline_images
 from pipelines.llm.server import EngineServer, EngineSpec
 from pipelines.llm.sizing import GIB
 from pipelines.llm.timing import TokenClock
@@ -99,6 +100,9 @@ class LlmPipeline(SimplePipeline[LlmInput]):
             raise BackendLost("the engine is not back up")
         assert self.client is not None and self.server is not None
         path, body = request_body(inp, self.server.spec.served_name)
+        if inp.file_refs():
+            limit = self.settings.limits.llm_max_image_bytes
+            inline_images(body["messages"], request.files.open_input, limit)
         choices = Choices(inp.n, chat=inp.messages is not None)
         with self._slots:
             restarts = self.server.restarts
