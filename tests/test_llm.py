@@ -245,6 +245,13 @@ def test_openai_errors_name_the_field(oai: openai.OpenAI) -> None:
             model="tiny-chat", messages=[{"role": "user", "content": "x"}], n=2
         )
     assert bad_n.value.body["param"] == "n"  # type: ignore[index]
+    tool: Any = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.UnprocessableEntityError) as no_tools:
+        oai.chat.completions.create(
+            model="tiny-chat", messages=[{"role": "user", "content": "x"}], tools=[tool]
+        )
+    assert no_tools.value.body["param"] == "tools"  # type: ignore[index]
+    assert "does not render tools" in no_tools.value.body["message"]  # type: ignore[index]
     with pytest.raises(openai.UnprocessableEntityError) as bad_model:
         oai.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     assert bad_model.value.body["param"] == "model"  # type: ignore[index]

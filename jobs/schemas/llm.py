@@ -213,6 +213,9 @@ class LlmOptions(BaseModel):
     is refused with a 422 naming the field. Default: the engine's own (`ENGINE_FEATURES`:
     vLLM all of them, `transformers serve` tools); an engine at a URL declares its own.
     """
+    takes_tools: bool | None = None
+    """Whether the model sees `tools`; unset: its chat template renders them (read where
+    `model` is a local directory; a hub model is taken at its word)."""
     takes_images: bool | None = None
     """Whether the model reads image parts (a vision-language model); unset: read from
     its config.json where `model` is a local directory (a `vision_config`), else no."""
@@ -365,6 +368,12 @@ class LlmInput(JobInput):
                     f"the {config.kind} pipeline's engine ({options.engine}) does not support "
                     f"{FEATURE_NAMES[feature]}",
                 )
+            if feature == "tools" and not renders_tools(config):
+                raise InputError(
+                    field,
+                    f"the {config.kind} pipeline's model ({config.model}) has a chat template "
+                    "that does not render tools (`takes_tools` in its options says otherwise)",
+                )
             if feature == "images" and not takes_images(config):
                 raise InputError(
                     field,
@@ -456,6 +465,34 @@ def takes_images(config: PipelineConfig) -> bool:
     if options.takes_images is not None:
         return options.takes_images
     return _has_vision_config(config.model or "")
+
+
+def renders_tools(config: PipelineConfig) -> bool:
+    """Whether the pipeline's model sees the tools it is given: its `takes_tools` option,
+    else whether its chat template (in a local model directory) renders `tools`. A model
+    that is not a local directory is taken at its word: its engine renders its template."""
+    options = config.options_as(LlmOptions)
+    if options.takes_tools is not None:
+        return options.takes_tools
+    template = _chat_template(config.model or "")
+    return template is None or "tools" in template
+
+
+@functools.cache
+def _chat_template(model: str) -> str | None:
+    """The chat template of a local model directory; None where there is none to read."""
+    folder = Path(model)
+    try:
+        return (folder / "chat_template.jinja").read_text()
+    except OSError:
+        pass
+    try:
+        template = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(template, list):  # named templates: [{"name": …, "template": …}]
+        return "".join(str(t.get("template", "")) for t in template if isinstance(t, dict))
+    return template if isinstance(template, str) else None
 
 
 @functools.cache

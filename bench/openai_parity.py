@@ -1,0 +1,222 @@
+"""What today's OpenAI clients send, and what mmq answers, per engine: the requests of the
+OpenAI-parity issue, sent with the official `openai` client.
+
+    python -m bench.openai_parity [--out bench/results/openai_parity.json]
+
+It builds the test models (no hub), starts a private deployment with four `llm`
+pipelines and sends each request to each:
+
+- `chat`: the tiny Llama on `transformers serve` (a chat template without tools, no
+  vision tower): what a plain text model answers;
+- `tools`: a tiny Qwen2 on `transformers serve` that always calls `get_weather`
+  (`tests.support.models.tool_caller`);
+- `vision`: a tiny LLaVA on `transformers serve` (`tests.support.models.vision`);
+- `vllm-wire`: `bench.synthetic_engine` declared as vLLM (`engine_features`), to show
+  what is carried to an engine that honours everything (its answers are made up: the
+  cell shows what mmq relays, not what vLLM would generate).
+
+Each cell is the HTTP status and what came back (tool calls, choices, log probabilities,
+or the error's `param` and message). It prints the table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+from PIL import Image
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import run_meta
+from bench.private_deploy import private_deployment
+from common.procs import free_port
+from tests.conftest import new_owner
+from tests.support.deploy import wait_until
+from tests.support.models.llm import build_tiny_llm
+from tests.support.models.tool_caller import build_tool_caller
+from tests.support.models.vision import build_tiny_vlm
+
+console = Console(width=160)
+DEFAULT_OUT = Path("bench/results/openai_parity.json")
+PIPELINES = ("chat", "tools", "vision", "vllm-wire")
+ENGINE = 'engine = "transformers"\nmax_inflight = 2\nstartup_timeout_s = 300\n'
+ALL = '["tools", "tool_choice", "response_format", "logprobs", "n", "presence_penalty", "images"]'
+WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+CALL: Any = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
+SCHEMA: Any = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "place",
+        "strict": True,
+        "schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def _png() -> str:
+    out = io.BytesIO()
+    Image.new("RGB", (48, 36), (200, 30, 30)).save(out, "PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def requests() -> dict[str, Callable[[openai.OpenAI, str], str]]:
+    """The issue's requests, each as a call that returns what came back, in words."""
+    image: Any = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is it?"},
+                {"type": "image_url", "image_url": {"url": _png()}},
+            ],
+        }
+    ]
+    turns: Any = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "clear"}'},
+    ]
+
+    def chat(**kw: Any) -> Callable[[openai.OpenAI, str], str]:
+        def send(client: openai.OpenAI, model: str) -> str:
+            body = {"messages": ASK, "max_tokens": 8, **kw}
+            if body.get("stream"):
+                chunks = list(client.chat.completions.create(model=model, **body))
+                calls = [
+                    tc.function.name
+                    for c in chunks
+                    if c.choices
+                    for tc in c.choices[0].delta.tool_calls or []
+                    if tc.function is not None
+                ]
+                finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+                return f"200, {len(chunks)} chunks, tool_calls deltas {calls}, finish {finish}"
+            answer = client.chat.completions.create(model=model, **body)
+            return _describe(answer)
+
+        return send
+
+    return {
+        'tools, tool_choice="required"': chat(tools=[WEATHER], tool_choice="required"),
+        "tools (auto), streamed": chat(tools=[WEATHER], stream=True),
+        "assistant tool_calls + tool turn": chat(messages=turns, tools=[WEATHER]),
+        "response_format json_schema (strict)": chat(response_format=SCHEMA),
+        "response_format json_object": chat(response_format={"type": "json_object"}),
+        "logprobs=True, top_logprobs=2": chat(logprobs=True, top_logprobs=2),
+        "image_url part (data URL)": chat(messages=image),
+        "n=2": chat(n=2),
+    }
+
+
+def _describe(answer: Any) -> str:
+    parts = [f"200, finish {answer.choices[0].finish_reason}"]
+    calls = answer.choices[0].message.tool_calls
+    if calls:
+        parts.append(
+            "tool_calls " + ", ".join(f"{c.function.name}{c.function.arguments}" for c in calls)
+        )
+    if len(answer.choices) > 1:
+        parts.append(f"{len(answer.choices)} choices")
+    logprobs = answer.choices[0].logprobs
+    if logprobs is not None and logprobs.content:
+        parts.append(f"logprobs on {len(logprobs.content)} tokens")
+    if answer.usage is not None:
+        parts.append(f"prompt {answer.usage.prompt_tokens} tokens")
+    return ", ".join(parts)
+
+
+def ask(send: Callable[[openai.OpenAI, str], str], client: openai.OpenAI, model: str) -> str:
+    try:
+        return send(client, model)
+    except openai.APIStatusError as exc:
+        body: Any = exc.body if isinstance(exc.body, dict) else {}
+        param, message = body.get("param"), str(body.get("message"))
+        return f"{exc.status_code} {param}: {message.removeprefix(f'{param}: ')}"
+
+
+def config(models: dict[str, Path], port: int) -> str:
+    out = []
+    for name in ("chat", "tools", "vision"):
+        out.append(
+            f'[pipelines.{name}]\nkind = "llm"\nimpl = "pipelines.llm:LlmPipeline"\n'
+            f"model = {json.dumps(str(models[name]))}\n\n[pipelines.{name}.options]\n{ENGINE}"
+        )
+    out.append(
+        '[pipelines.vllm-wire]\nkind = "llm"\nimpl = "pipelines.llm:LlmPipeline"\n'
+        'model = "synthetic"\n\n[pipelines.vllm-wire.options]\nengine = "url"\n'
+        f'engine_url = "http://127.0.0.1:{port}"\nengine_features = {ALL}\n'
+        "takes_images = true\nmax_inflight = 8\n"
+    )
+    return "\n" + "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.openai_parity", description=__doc__)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-parity-")))
+        models = {
+            "chat": build_tiny_llm(tmp / "chat"),
+            "tools": build_tool_caller(tmp / "tools"),
+            "vision": build_tiny_vlm(tmp / "vision"),
+        }
+        port = free_port()
+        env = {"HF_HUB_OFFLINE": "1"}
+        dep = stack.enter_context(private_deployment(config(models, port), env, []))
+        engine = dep.launch(
+            "engine", [sys.executable, "-m", "bench.synthetic_engine", "--port", str(port)]
+        )
+        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/health"), engine, timeout_s=30)
+        for name in PIPELINES:  # an engine may take minutes to start on a busy machine
+            worker = dep.spawn(f"worker-{name}", "worker", "--pipeline", name)
+            wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=300)
+        api = new_owner(dep.redis_url, dep.base_url, f"parity{time.monotonic_ns()}")
+        client = openai.OpenAI(base_url=f"{dep.base_url}/v1", api_key=api.key, max_retries=0)
+        rows = {
+            name: {p: ask(send, client, p) for p in PIPELINES} for name, send in requests().items()
+        }
+    table = Table(title="What mmq answers, by pipeline (engine)", show_lines=True)
+    table.add_column("request")
+    for name in PIPELINES:
+        table.add_column(name)
+    for name, cells in rows.items():
+        table.add_row(name, *cells.values())
+    console.print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": run_meta(), "rows": rows}, indent=2) + "\n")
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
