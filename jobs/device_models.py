@@ -17,7 +17,18 @@ class ModelEntry(BaseModel):
     """Loaded when the worker started (never made to give up its room)."""
     loaded_at: float = 0.0
     idle_since: float = 0.0
-    """When it last had no job; 0 while it has work."""
+    """When it last had no job; 0 while it has work (or while it loads)."""
+    slots: int = 1
+    """Jobs its worker runs at once (an LLM engine's `max_inflight`)."""
+    busy: int = 0
+    """Jobs its worker runs now, once the model is loaded."""
+
+    def takes_more(self) -> bool:
+        """Loaded, with a free slot: a job for its pipeline may go to it rather than load
+        a second copy elsewhere."""
+        return (
+            not self.resident and self.busy < self.slots and (self.busy > 0 or self.idle_since > 0)
+        )
 
 
 def device_member(host: str, device: str) -> str:

@@ -36,11 +36,27 @@ ENV = {
 }
 
 
+DOZY = """
+[pipelines.dozy]
+kind = "sleep"
+impl = "tests.support.pipelines:SleepPipeline"
+residency = "on_demand"
+memory_gb = 0.1
+min_loaded_s = 0
+idle_unload_s = 600
+max_batch = 1
+runners = 3
+concurrency = 3
+"""
+"""A model with three slots (as an LLM engine has `max_inflight`), small enough to sit
+beside either of the others."""
+
+
 @pytest.fixture(scope="module")
 def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     flush(redis_url)
     config = pipeline_toml("tts", {}, ON_DEMAND.format(idle=IDLE_UNLOAD_S))
-    config += pipeline_toml("asr", {}, ON_DEMAND.format(idle=600))
+    config += pipeline_toml("asr", {}, ON_DEMAND.format(idle=600)) + DOZY
     workers = ["tts", "asr", "echo", "sleep"]  # echo and sleep: the test config's, for /readyz
     tmp = tmp_path_factory.mktemp("residency")
     with running(redis_url, tmp, ENV, workers, config) as deployment:
@@ -103,7 +119,7 @@ def test_a_model_loads_for_its_first_job_and_unloads_when_idle(
     dep: Deployment, api: Api, r: redis.Redis
 ) -> None:
     ready = httpx.get(f"{dep.base_url}/readyz").json()
-    assert ready["status"] == "ready" and set(ready["cold"]) == {"tts", "asr"}, ready
+    assert ready["status"] == "ready" and set(ready["cold"]) == {"tts", "asr", "dozy"}, ready
     loads = _loads(dep, "tts")
     first = _speak(api)
     assert first["status"] == "succeeded", first
@@ -120,7 +136,7 @@ def test_a_model_loads_for_its_first_job_and_unloads_when_idle(
         assert job["status"] == "succeeded" and job["timings"]["load_ms"] is None
     assert _loads_come_to(dep, "tts", loads + 1) == loads + 1
     assert _loaded(r) == ["tts"]
-    assert httpx.get(f"{dep.base_url}/readyz").json()["cold"] == ["asr"]
+    assert httpx.get(f"{dep.base_url}/readyz").json()["cold"] == ["asr", "dozy"]
     metrics = scrape(dep)
     assert value(metrics, "mmq_models_loaded", pipeline="tts") == 1
     # Idle for idle_unload_s: unloaded, cold again, and loaded again by the next job.
@@ -257,3 +273,45 @@ def test_a_cold_worker_leaves_a_job_to_the_worker_whose_model_is_warm(
     finally:
         second.stop()
         dep.procs.remove(second)
+
+
+def test_a_job_goes_to_a_warm_worker_with_a_free_slot_and_spills_over_when_it_is_full(
+    dep: Deployment, api: Api
+) -> None:
+    """Two workers of a three-slot pipeline: once one has the model loaded, jobs that fit
+    its free slots go to it even while it is busy (no second copy is loaded for them);
+    a burst beyond its slots makes the other load."""
+    first_worker = dep.start_worker("dozy", instance=0)
+    second_worker = dep.start_worker("dozy", instance=1)
+    try:
+        warm = api.wait(api.submit("sleep", model="dozy", steps=1, step_ms=10)["id"])
+        assert warm["status"] == "succeeded" and warm["timings"]["load_ms"] is not None
+        loads = _loads_come_to(dep, "dozy", 1)
+
+        def run(n: int) -> list[dict[str, Any]]:
+            ids = [api.submit("sleep", model="dozy", steps=15, step_ms=100)["id"] for _ in range(n)]
+            return [api.wait(job_id, timeout_s=60) for job_id in ids]
+
+        # The warm worker is busy with one job and has two free slots: the next two go to
+        # it, one at a time (the cold worker, waiting on the queue longest, takes each
+        # message first and gives it back).
+        busy = api.submit("sleep", model="dozy", steps=20, step_ms=100)["id"]
+        wait_until(lambda: api.get(busy)["status"] == "running", timeout_s=10)
+        more = []
+        for _ in range(2):
+            more.append(api.submit("sleep", model="dozy", steps=10, step_ms=100)["id"])
+            wait_until(lambda: api.get(more[-1])["status"] == "running", timeout_s=10)
+        fits = [api.wait(job_id, timeout_s=60) for job_id in [busy, *more]]
+        assert all(j["status"] == "succeeded" for j in fits)
+        assert {j["worker"] for j in fits} == {warm["worker"]}, [j["worker"] for j in fits]
+        time.sleep(1.5)  # the tally's last write
+        assert _loads(dep, "dozy") == loads
+
+        spills = run(6)
+        assert all(j["status"] == "succeeded" and j["attempts"] == 1 for j in spills)
+        assert len({j["worker"] for j in spills}) == 2
+        assert _loads_come_to(dep, "dozy", loads + 1) == loads + 1
+    finally:
+        for worker in (first_worker, second_worker):
+            worker.stop()
+            dep.procs.remove(worker)

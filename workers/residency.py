@@ -165,18 +165,22 @@ class DeviceRoom:
         pipe.sadd(keys.MODEL_DEVICES, self.member)
         pipe.execute()
 
-    def claim(self, pipeline: str, nbytes: int, budget: int, min_loaded_s: float) -> list[str]:
+    def claim(
+        self, pipeline: str, nbytes: int, budget: int, min_loaded_s: float, slots: int = 1
+    ) -> list[str]:
         """`CLAIM`'s answer: ['ok'], or ['wait' | 'full', the workers asked for room...]."""
-        entry = ModelEntry(pipeline=pipeline, bytes=nbytes, resident=False).model_dump_json()
+        entry = ModelEntry(pipeline=pipeline, bytes=nbytes, resident=False, slots=slots)
+        entry_json = entry.model_dump_json()
         args: list[str | float] = [
-            self.worker, entry, budget, self.stale_s, min_loaded_s, self.member
+            self.worker, entry_json, budget, self.stale_s, min_loaded_s, self.member
         ]  # fmt: skip
         keys_ = [self.models_key, keys.WORKERS, self.evictions_key, keys.MODEL_DEVICES]
         return [str(v) for v in self._claim(keys=keys_, args=args)]
 
-    def warm_idle_sibling(self, pipeline: str) -> str | None:
+    def warm_sibling(self, pipeline: str) -> str | None:
         """Another live worker of `pipeline`, on any device of any host, whose model is
-        loaded and idle; None where there is none."""
+        loaded and has a free slot (idle, or an engine with room in its batch); None where
+        there is none."""
         devices = [split_member(str(d)) for d in self.r.smembers(keys.MODEL_DEVICES)]
         pipe = self.r.pipeline(transaction=False)
         for host, device in devices:
@@ -187,8 +191,7 @@ class DeviceRoom:
             for worker, raw in models.items()
             if worker != self.worker
             and (entry := ModelEntry.model_validate_json(raw)).pipeline == pipeline
-            and not entry.resident
-            and entry.idle_since > 0
+            and entry.takes_more()
         ]
         if not candidates:
             return None
@@ -203,12 +206,13 @@ class DeviceRoom:
             None,
         )
 
-    def mark_idle(self, since: float) -> None:
-        """Note when this worker's model went idle (0: it has work again)."""
+    def mark_use(self, busy: int, idle_since: float) -> None:
+        """Note how many jobs this worker's loaded model runs, and since when it is idle
+        (0: it has work)."""
         raw = self.r.hget(self.models_key, self.worker)
         if raw:
             entry = ModelEntry.model_validate_json(raw)
-            entry.idle_since = since
+            entry.busy, entry.idle_since = busy, idle_since
             self.r.hset(self.models_key, self.worker, entry.model_dump_json())
 
     def eviction_asked(self) -> bool:
@@ -281,10 +285,12 @@ class OnDemand:
         config = pipeline.config
         self.idle_unload_s = config.idle_unload_s
         self.min_loaded_s = config.min_loaded_s
+        self.slots = pipeline.knobs().concurrency
         self.loaded = False
         self._model_lock = threading.Lock()
         """Held while the model loads or unloads."""
         self._cv = threading.Condition()
+        self._note_lock = threading.Lock()
         self._in_flight = 0
         self._idle_since = time.monotonic()
         self._stop = threading.Event()
@@ -297,13 +303,14 @@ class OnDemand:
 
     def defer(self, job_id: str) -> bool:
         """A cold worker gives a job back while another worker of its pipeline has the
-        model loaded and idle: that one takes it next (the message goes back to the front
-        of the queue), and no second copy of the model is loaded for it. A warm worker
-        that is busy does not count: a burst spills over onto cold workers, which load."""
+        model loaded and a free slot (idle, or an LLM engine with room in its batch): that
+        one takes it next (the message goes back to the front of the queue), and no second
+        copy of the model is loaded for it. A warm worker with every slot busy does not
+        count: a burst beyond its slots spills over onto cold workers, which load."""
         if self.loaded or self.push_back is None:
             return False
         try:
-            warm = self.room.warm_idle_sibling(self.pipeline.name)
+            warm = self.room.warm_sibling(self.pipeline.name)
         except redis.RedisError:
             return False
         if warm is None:
@@ -315,26 +322,24 @@ class OnDemand:
     def acquire(self, announce: Callable[[], None], canceled: threading.Event) -> float:
         with self._cv:
             self._in_flight += 1
-            became_busy = self._in_flight == 1
         if self.loaded:
-            if became_busy:
-                self._note_idle(0)
+            self._note_use()
             return 0.0
         started = time.monotonic()
         announce()
         with self._model_lock:
             if not self.loaded:
                 self._load(canceled)
+        self._note_use()
         return (time.monotonic() - started) * 1000
 
     def release(self) -> None:
         with self._cv:
             self._in_flight -= 1
-            idle = self._in_flight == 0
-            if idle:
+            if self._in_flight == 0:
                 self._idle_since = time.monotonic()
-        if idle and self.loaded:
-            self._note_idle(time.time())
+        if self.loaded:
+            self._note_use()
 
     # -- the worker's life
 
@@ -356,7 +361,9 @@ class OnDemand:
         waiting = False
         try:
             while True:
-                found = self.room.claim(name, self.nbytes, self.budget, self.min_loaded_s)
+                found = self.room.claim(
+                    name, self.nbytes, self.budget, self.min_loaded_s, self.slots
+                )
                 if found[0] == "ok":
                     break
                 if not waiting:  # the release stage drains the models in the way
@@ -397,11 +404,16 @@ class OnDemand:
         if reason != "stopped":
             self.tally.add([(MODEL_UNLOADS, (name, device, reason), 1)])
 
-    def _note_idle(self, since: float) -> None:
+    def _note_use(self) -> None:
+        """Write how many jobs the loaded model runs now; one writer at a time, each with
+        the count as it is when it writes, so the last one written is the latest."""
         try:
-            self.room.mark_idle(since)
+            with self._note_lock:
+                with self._cv:
+                    busy = self._in_flight
+                self.room.mark_use(busy, time.time() if busy == 0 else 0)
         except redis.RedisError as exc:
-            log.warning("could not note %s idle: %s", self.pipeline.name, exc)
+            log.warning("could not note the use of %s: %s", self.pipeline.name, exc)
 
     # -- the watcher
 
