@@ -52,6 +52,11 @@ def _llm_token(console: Console, data: Data, streamed: int) -> None:
 def _llm_output(console: Console, output: Data, streamed: int) -> None:
     # A cached answer comes whole, without partials.
     console.out("" if streamed else str(output.get("text", "")), highlight=False)
+    for call in output.get("tool_calls") or []:
+        function = call.get("function") or {}
+        _line(
+            console, ("tool call ", "dim"), f"{function.get('name')}({function.get('arguments')})"
+        )
 
 
 def audio_seconds(data: Data) -> float:

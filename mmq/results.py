@@ -32,8 +32,8 @@ def _json(output: Output) -> bytes:
 
 
 def _text(client: Client, output: Output) -> bytes:
-    if "text" not in output:
-        return _json(output)
+    if "text" not in output or output.get("tool_calls") or output.get("choices"):
+        return _json(output)  # tool calls and several choices are not plain text
     return (str(output["text"]).rstrip("\n") + "\n").encode()
 
 

@@ -17,10 +17,13 @@ import httpx
 import pytest
 import redis
 from PIL import Image
+from rich.console import Console
 from rich.control import strip_control_codes
 
 from jobs import keys
 from jobs.apikeys import create_key
+from mmq.follow import RENDERERS
+from mmq.results import result_bytes
 from tests.support.audio import spoken
 from tests.support.deploy import REPO, Deployment, wait_until
 from tests.support.models.sd import TINY_SIZE
@@ -271,3 +274,20 @@ def test_json_prints_the_raw_events_one_object_a_line(
     assert partial["data"] == {"text": "h"} and events[-1]["data"]["status"] == "succeeded"
     assert json.loads(out.read_text())["text"] == "hi"
     assert f"wrote {out}" in done.stderr
+
+
+def test_an_llm_answer_with_tool_calls_reads_as_calls_and_is_written_as_json(
+    tmp_path: Path,
+) -> None:
+    """`mmq follow` shows a tool call (an answer with no text), and `--output` writes such
+    an answer whole as JSON: the calls are not plain text."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    output = {"text": "", "finish_reason": "tool_calls", "tool_calls": [call]}
+    console = Console(file=io.StringIO(), width=120)
+    RENDERERS["llm"].output(console, output, 0)
+    assert 'tool call f({"a": 1})' in console.file.getvalue()  # type: ignore[attr-defined]
+    job = {"kind": "llm", "output": output}
+    written = result_bytes(None, job, tmp_path / "answer.txt")  # type: ignore[arg-type]
+    assert json.loads(written) == output
+    plain = result_bytes(None, {"kind": "llm", "output": {"text": "hi"}}, tmp_path / "a.txt")  # type: ignore[arg-type]
+    assert plain == b"hi\n"
