@@ -1,13 +1,18 @@
 """A device's room in Redis as the workers on it read it (`workers.residency.DeviceRoom`),
-against a real Redis: which sibling a cold worker leaves a job to."""
+against a real Redis: which sibling a cold worker leaves a job to; and a worker that exits
+once it has unloaded (`exit_after_unload`), with real processes."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import redis
 
 from jobs import keys
+from jobs.device_models import split_member
+from tests.conftest import new_owner
+from tests.support.deploy import flush, running
 from workers.residency import DeviceRoom
 
 
@@ -36,3 +41,42 @@ def test_a_warm_sibling_is_one_loaded_with_a_free_slot(redis_url: str) -> None:
         warm.free()
         r.zrem(keys.WORKERS, cold_name, warm_name)
         r.srem(keys.MODEL_DEVICES, warm.member)
+
+
+NAPPER = """
+[pipelines.napper]
+kind = "sleep"
+impl = "tests.support.pipelines:SleepPipeline"
+residency = "on_demand"
+memory_gb = 0.1
+min_loaded_s = 0
+idle_unload_s = 1
+exit_after_unload = true
+"""
+
+
+def test_a_worker_that_exits_after_unloading_leaves_room_and_a_fresh_one_loads_again(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """`exit_after_unload` (the default on a GPU, where a process keeps its CUDA context
+    after an unload): idle, the worker unloads and exits cleanly, its room is given back,
+    and the worker its supervisor starts next loads for the next job."""
+    flush(redis_url)
+    env = {"MMQ_LEASE__HEARTBEAT_S": "0.4", "MMQ_LEASE__TTL_S": "2"}
+    with running(redis_url, tmp_path, env, ["echo", "sleep"], NAPPER) as dep:
+        api = new_owner(dep.redis_url, dep.base_url, f"napper{time.monotonic_ns()}")
+        first = dep.start_worker("napper")
+        job = api.wait(api.submit("sleep", model="napper", steps=2, step_ms=10)["id"])
+        assert job["status"] == "succeeded" and job["timings"]["load_ms"] is not None
+        assert first.process.wait(timeout=30) == 0  # idle for idle_unload_s, then gone
+        assert "unloaded napper" in first.log() and "this worker exits" in first.log()
+        r = redis.Redis.from_url(redis_url, decode_responses=True)
+        entries = [
+            raw for d in r.smembers(keys.MODEL_DEVICES)
+            for raw in r.hgetall(keys.device_models(*split_member(d))).values()
+        ]  # fmt: skip
+        assert not any('"napper"' in raw for raw in entries)
+        second = dep.start_worker("napper", instance=0)  # as its supervisor would
+        again = api.wait(api.submit("sleep", model="napper", steps=2, step_ms=10)["id"])
+        assert again["status"] == "succeeded" and again["timings"]["load_ms"] is not None
+        assert second.alive()  # busy again: it stays (it exits after its own idle unload)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from typing import Any
@@ -201,7 +202,13 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
         message = task_message(app, job_id, queue_name(pipeline_name), priority)
         store.r.rpush(message.list_key, message.envelope)
 
-    residency = residency_for(pipeline, settings, store.r, store.tally, name, push_back)
+    def exit_process() -> None:
+        """A warm shutdown, as on SIGTERM: the worker ends, its supervisor starts another."""
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    residency = residency_for(
+        pipeline, settings, store.r, store.tally, name, push_back, exit_process
+    )
     runner = JobRunner(store, engine, keeper, events, schema, name, files_for, residency)
     register_task(app, runner)
     events.start()

@@ -274,9 +274,12 @@ class OnDemand:
         nbytes: int,
         budget: int,
         push_back: Callable[[str], None] | None = None,
+        exit_process: Callable[[], None] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.push_back = push_back
+        self.exit_process = exit_process
+        """Ends the worker process, as SIGTERM does (`exit_after_unload`)."""
         """Puts a job's message back at the front of its queue (`defer`)."""
         self.room = room
         self.tally = tally
@@ -440,8 +443,13 @@ class OnDemand:
                 self.room.refuse_eviction()  # asked again once it is idle
             return
         with self._model_lock, self._cv:
-            if self._in_flight == 0 and self.loaded:
-                self._unload("evicted" if asked else "idle")
+            if self._in_flight != 0 or not self.loaded:
+                return
+            self._unload("evicted" if asked else "idle")
+        if self.pipeline.config.exits_after_unload and self.exit_process is not None:
+            log.info("%s unloaded: this worker exits, for a fresh one", self.pipeline.name)
+            self._stop.set()
+            self.exit_process()
 
     def _waiting(self) -> int:
         """Jobs waiting in this pipeline's queue. Jobs the release stage holds are not
@@ -486,9 +494,11 @@ def residency_for(
     tally: MetricsTally,
     worker: str,
     push_back: Callable[[str], None] | None = None,
+    exit_process: Callable[[], None] | None = None,
 ) -> Resident | OnDemand:
     """The residency of a worker's pipeline (a resident one is loaded already);
-    `push_back` puts a job's message back at the front of its queue."""
+    `push_back` puts a job's message back at the front of its queue, `exit_process` ends
+    the worker process after an unload (`exit_after_unload`)."""
     config = pipeline.config
     stale_s = STALE_BEATS * settings.lease.heartbeat_s
     room = DeviceRoom(r, settings.host_name, config.device, worker, stale_s)
@@ -496,4 +506,4 @@ def residency_for(
     if config.residency == "resident":
         return Resident(room, pipeline, nbytes)
     budget = device_budget(settings, config.device)
-    return OnDemand(pipeline, room, tally, nbytes, budget, push_back)
+    return OnDemand(pipeline, room, tally, nbytes, budget, push_back, exit_process)
