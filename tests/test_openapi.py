@@ -94,8 +94,9 @@ def minimal(document: dict[str, Any], schema: dict[str, Any]) -> Any:
         props = schema.get("properties", {})
         return {name: minimal(document, props[name]) for name in schema.get("required", [])}
     if kind == "string":
-        assert "pattern" not in schema, f"no minimal value for a pattern: {schema}"
-        return "a" * max(1, schema.get("minLength", 0))
+        text = "a" * max(1, schema.get("minLength", 0))
+        assert re.search(schema.get("pattern", ""), text), f"no minimal value for {schema}"
+        return text
     if kind in ("integer", "number"):
         low = schema.get("minimum", schema.get("exclusiveMinimum", -1) + 1)
         step = schema.get("multipleOf", 1)
@@ -236,6 +237,7 @@ def test_an_openai_request_publishes_its_job_inputs_constraints(
         ("/v1/audio/speech", "speed", 5),
         ("/v1/audio/speech", "instructions", "whisper"),
         ("/v1/audio/speech", "response_format", "ogg"),
+        ("/v1/audio/speech", "input", "a\x00b"),
     ],
 )
 async def test_an_openai_request_outside_its_schema_is_refused_naming_the_field(
@@ -277,6 +279,26 @@ def _allows(schema: dict[str, Any], value: Any) -> bool:
         ("items", lambda items: all(_allows(items, item) for item in value)),
     ]
     return all(check(schema[key]) for key, check in checks if key in schema)
+
+
+@pytest.mark.anyio
+async def test_an_event_id_past_64_bits_is_refused_as_published(
+    api: httpx.AsyncClient, document: dict[str, Any]
+) -> None:
+    """Redis refuses a stream id whose numbers do not fit 64 bits: the document says so,
+    and the route refuses one with 422 rather than break the stream."""
+    r = await api.post("/v1/jobs", json={"kind": "echo", "input": {"text": "a"}})
+    events = f"/v1/jobs/{r.json()['id']}/events"
+    parameters = document["paths"]["/v1/jobs/{job_id}/events"]["get"]["parameters"]
+    huge = "1" * 20 + "-0"
+    for name, where in [("last-event-id", "header"), ("after", "query")]:
+        (published,) = [p for p in parameters if p["name"] == name and p["in"] == where]
+        assert re.search(published["schema"]["pattern"], huge) is None
+        assert re.search(published["schema"]["pattern"], "1764138792000-12")
+    r = await api.get(events, headers={"Last-Event-ID": huge})
+    assert (r.status_code, r.json()["error"]["param"]) == (422, "last-event-id"), r.text
+    r = await api.get(events, params={"after": huge})
+    assert (r.status_code, r.json()["error"]["param"]) == (422, "after"), r.text
 
 
 def _form(document: dict[str, Any], path: str) -> dict[str, Any]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from jobs.errors import InputError
 from jobs.schemas.base import JobInput, over_limit
@@ -25,7 +26,19 @@ CONTENT_TYPES: dict[str, str] = {
 # The constraints of the fields that OpenAI's speech request carries too
 # (`api.openai.speech`): one definition, so that the request validates and publishes what
 # the job input does.
-Text = Annotated[str, Field(min_length=1, max_length=100_000)]
+def _no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise PydanticCustomError("nul_character", "must not contain NUL characters")
+    return text
+
+
+Text = Annotated[
+    str,
+    AfterValidator(_no_nul),
+    Field(min_length=1, max_length=100_000, json_schema_extra={"pattern": "^[^\\x00]*$"}),
+]
+"""Text to speak: a NUL character is refused (the phonemizers cannot take one, and the job
+failed as a fault of the pipeline), published as `pattern`."""
 Voice = Annotated[str, Field(max_length=256)]
 Speed = Annotated[float, Field(ge=0.25, le=4.0)]
 SampleRate = Annotated[int, Field(ge=8000, le=48000)]
