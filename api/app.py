@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 import anyio
 from fastapi import FastAPI
 
-from api import errors
+from api import errors, openapi
 from api.apikeys import ApiKeys
 from api.batches import BatchService
 from api.cache import ResponseCache
@@ -104,6 +104,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(whoami.router)
     console.mount(app)
+    openapi.install(app, settings)
 
     def limit_for(path: str) -> int:
         if path.startswith(FILES_PATH):

@@ -51,14 +51,16 @@ ENDED = frozenset(
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/jobs")
 """What a batch may call: OpenAI's three, and mmq's own job submit (any kind)."""
 
-_WINDOW = re.compile(r"^([1-9][0-9]*)([smh])$")
+WINDOW = r"([1-9][0-9]*)([smh])"
+"""A completion window: seconds, minutes or hours, up to `MAX_WINDOW_S`."""
+_WINDOW = re.compile(WINDOW)
 MAX_WINDOW_S = 24 * 3600
 
 
 def window_seconds(window: str) -> int | None:
     """The seconds of a completion window (`24h`; mmq also takes shorter ones, `90s`,
     `30m`), or None when it is not one."""
-    match = _WINDOW.match(window)
+    match = _WINDOW.fullmatch(window)
     if match is None:
         return None
     seconds = int(match.group(1)) * {"s": 1, "m": 60, "h": 3600}[match.group(2)]

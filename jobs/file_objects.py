@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from typing import Any
+from typing import Any, Literal, get_args
 
 import redis
 import redis.asyncio as aredis
@@ -18,8 +18,11 @@ from pydantic import BaseModel
 
 from jobs import keys
 
-PURPOSES = ("batch", "batch_output", "assistants", "fine-tune", "vision", "user_data", "evals")
+Purpose = Literal[
+    "batch", "batch_output", "assistants", "fine-tune", "vision", "user_data", "evals"
+]
 """What OpenAI's `purpose` may say; mmq reads only `batch` files, and stores the others."""
+PURPOSES: tuple[str, ...] = get_args(Purpose)
 _ID = re.compile(r"^file-[0-9a-f]{24}$")
 
 

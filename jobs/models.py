@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
@@ -101,12 +101,23 @@ class BatchInfo(BaseModel):
     """The batch's jobs, this one included (the first `BATCH_IDS_MAX` where larger)."""
 
 
+EventChoice = Annotated[str, Field(json_schema_extra={"enum": sorted(EVENT_CHOICES)})]
+"""An event type a webhook may ask for: published as the choices that `_known` checks
+(which refuses the others with one message naming them all)."""
+
+
 class WebhookSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Where a job's (or a batch's) events are POSTed, signed. Refused (422) where the
+    deployment has no signing secret (`webhooks.secret`)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     url: str = Field(min_length=1, max_length=2048)
-    """Where each event is POSTed (http or https; public addresses unless settings allow)."""
-    events: list[str] = Field(default_factory=lambda: ["terminal"], min_length=1, max_length=8)
+    """Where each event is POSTed (http or https; public addresses unless the
+    deployment's `net` settings allow others)."""
+    events: list[EventChoice] = Field(
+        default_factory=lambda: ["terminal"], min_length=1, max_length=8
+    )
     """Event types to send: status, partial, progress, output, error, `terminal` (the last
     status event only, the default) or `all`."""
 
@@ -120,9 +131,10 @@ class WebhookSpec(BaseModel):
 
 
 class JobCreate(BaseModel):
-    """Body of `POST /v1/jobs`."""
+    """Body of `POST /v1/jobs`. The API validates `input` with the input model of `kind`
+    (`jobs.schemas`), and the OpenAPI document shows one body per kind (`api.openapi`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     kind: str = Field(min_length=1, max_length=64)
     input: dict[str, Any]
@@ -130,13 +142,14 @@ class JobCreate(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
     webhook: WebhookSpec | None = None
     deadline: AwareDatetime | None = None
-    """When the answer is no longer wanted (RFC 3339 with a zone, or unix seconds): a job
-    still queued then ends `expired` and never runs."""
+    """When the answer is no longer wanted (RFC 3339 with a zone, or unix seconds), in
+    the future: a job still queued then ends `expired` and never runs."""
     max_queue_s: float | None = Field(default=None, gt=0, le=MAX_QUEUE_S)
     """The same, as seconds from now: the longest the job may wait for a worker (the
     pipeline's `max_queue_s` where not given). With `deadline` too, the earlier wins."""
     cancel_at_deadline: bool = False
-    """A job still running at its deadline is canceled too (its partial outputs stay)."""
+    """A job still running at its deadline is canceled too (its partial outputs stay).
+    Needs a deadline: `deadline`, `max_queue_s` or the pipeline's `max_queue_s`."""
 
 
 class Job(BaseModel):

@@ -30,7 +30,13 @@ CHUNK_BYTES = 1024 * 1024
 MAX_KEY_CHARS = 512
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
+SEGMENT = r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}"
+"""One segment of a key (between slashes): 1-128 letters, digits, `.`, `_` or `-`, not
+starting with a dot."""
+KEY_PATTERN = rf"^{SEGMENT}(/{SEGMENT})*$"
+"""A key as `validate_key` takes it (up to `MAX_KEY_CHARS`): the routes that name a key
+publish it."""
+_SEGMENT = re.compile(SEGMENT)
 _CONTENT_TYPE = re.compile(r"^[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+(;[ -~]*)?$")
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -123,7 +129,7 @@ def validate_key(key: str, field: str = "key") -> str:
     for segment in key.split("/"):
         if segment in {"", ".", ".."}:
             raise InputError(field, "must not contain empty, '.' or '..' segments")
-        if not _SEGMENT.match(segment):
+        if not _SEGMENT.fullmatch(segment):
             raise InputError(
                 field,
                 f"segment {segment[:40]!r} must be 1-128 letters, digits, '.', '_' or '-' "

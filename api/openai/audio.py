@@ -22,6 +22,7 @@ from starlette.datastructures import FormData, UploadFile
 
 from api.auth import Owner
 from api.deps import Service
+from api.forms import multipart_body
 from api.openai.answers import failure_body
 from api.openai.common import (
     CLOSED,
@@ -39,7 +40,7 @@ from api.service import JobService
 from api.streaming import stream_job
 from jobs.errors import InputError, MmqError, NotFound, TooLarge
 from jobs.models import Event, EventType, Job, JobCreate
-from jobs.schemas import validation_error_field
+from jobs.schemas import asr, validation_error_field
 from jobs.settings import Limits
 
 router = APIRouter(prefix="/v1/audio", tags=["openai"])
@@ -55,31 +56,11 @@ PARAMS = {
 """Job input fields under another name in OpenAI's request."""
 PENDING_KEY = "pending/uploads/0/audio"
 """Stands in for the upload's key while the rest of the request is validated."""
-UPLOAD_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file", "model"],
-                    "properties": {
-                        "file": {"type": "string", "format": "binary"},
-                        "model": {"type": "string"},
-                        "language": {"type": "string"},
-                        "prompt": {"type": "string"},
-                        "response_format": {"type": "string"},
-                        "temperature": {"type": "number"},
-                        "timestamp_granularities[]": {"type": "array", "items": {"type": "string"}},
-                        "stream": {"type": "boolean"},
-                    },
-                }
-            }
-        },
-    }
-}
-
-
+AUDIO = (
+    "The audio (wav, flac, mp3, ogg/opus, m4a, webm: what FFmpeg reads), at most "
+    "`limits.audio_max_bytes` (413 above) and `limits.audio_max_seconds` long (the "
+    "deployment's settings)."
+)
 NOT_CARRIED = {
     "include": "log probabilities of a transcript are not served",
     "chunking_strategy": "mmq decodes the whole file (no chunking options)",
@@ -93,16 +74,26 @@ too)."""
 class TranscriptionForm(BaseModel):
     """The form fields of a transcription or translation request (not the file)."""
 
-    model_config = ConfigDict(extra="allow", json_schema_extra=CLOSED)
+    model_config = ConfigDict(
+        extra="allow", json_schema_extra=CLOSED, use_attribute_docstrings=True
+    )
 
     model: str = Field(min_length=1, max_length=256)
-    language: str | None = None
-    prompt: str | None = None
+    """An ASR pipeline, its model or one of its aliases: the deployment's configuration
+    says which (`GET /v1/models` lists them); `whisper-1`: the default one."""
+    language: asr.Language | None = None
+    """ISO 639-1 code of the audio's language; unset (or blank): detected."""
+    prompt: asr.Prompt | None = None
+    """Text the decoding starts from (names, spelling)."""
     response_format: ResponseFormat = "json"
-    temperature: float = Field(default=0.0, ge=0.0, le=1.0)
-    timestamp_granularities: list[Literal["word", "segment"]] = Field(default_factory=list)
+    temperature: asr.Temperature = 0.0
+    timestamp_granularities: list[Literal["word", "segment"]] = Field(
+        default_factory=list, max_length=2
+    )
+    """`word`: each word's timestamps too (in `verbose_json`). Sent as
+    `timestamp_granularities[]`, as OpenAI's client does, or without the brackets."""
     stream: bool = False
-    beam_size: int | None = None
+    beam_size: asr.BeamSize | None = None
     """mmq extension: beam width (default 5)."""
     vad_filter: bool | None = None
     """mmq extension: skip silence with Silero VAD before decoding."""
@@ -124,6 +115,9 @@ class TranscriptionForm(BaseModel):
             "word_timestamps": "word" in self.timestamp_granularities,
             **{k: v for k, v in extras.items() if v is not None},
         }
+
+
+UPLOAD_BODY = multipart_body(TranscriptionForm, {"file": AUDIO})
 
 
 @router.post("/transcriptions", responses={413: {}, 422: {}, 429: {}}, openapi_extra=UPLOAD_BODY)

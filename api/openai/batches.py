@@ -17,19 +17,25 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.auth import Owner
 from api.deps import Batches
 from api.openai import answers
+from jobs.batches import ENDPOINTS, WINDOW
 from jobs.models import WebhookSpec
 
 router = APIRouter(prefix="/v1/batches", tags=["openai"])
 
 
 class BatchCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # `endpoint` and `completion_window` publish what `BatchService.create` checks, with
+    # messages of its own.
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     input_file_id: str = Field(min_length=1, max_length=64)
-    endpoint: str = Field(min_length=1, max_length=64)
+    """An OpenAI file object of yours, of purpose `batch`."""
+    endpoint: str = Field(min_length=1, max_length=64, json_schema_extra={"enum": list(ENDPOINTS)})
     """`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, or mmq's `/v1/jobs`."""
-    completion_window: str = Field(default="24h", max_length=8)
-    """`24h`; mmq also takes shorter windows (`90s`, `30m`, `2h`)."""
+    completion_window: str = Field(
+        default="24h", max_length=8, json_schema_extra={"pattern": f"^{WINDOW}$"}
+    )
+    """`24h`; mmq also takes shorter windows (`90s`, `30m`, `2h`), up to 24 hours."""
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     webhook: WebhookSpec | None = None
     """mmq's extension: called once when the batch ends (`batch.completed`, ...), signed

@@ -3,26 +3,40 @@ batch's line's, `api.openai.batch_lines`)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema
 
 from api.openai.common import CLOSED, refuse_fields
 from jobs.errors import InputError
+from jobs.schemas.embed import OneOrMoreTexts
 
 PARAMS: dict[str, str] = {}
 """Job input fields under another name in OpenAI's request (none)."""
 NOT_CARRIED = {"user": "not carried"}
 
 
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="allow", json_schema_extra=CLOSED)
+TEXTS_SCHEMA = TypeAdapter(OneOrMoreTexts).json_schema()
+"""What the `embed` job's `input` takes, published as what this request takes: token
+arrays are taken only to be refused by name, and each text is checked by the job input
+(`input.N` naming it)."""
 
-    input: str | list[str] | list[int] | list[list[int]]
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="allow", json_schema_extra=CLOSED, use_attribute_docstrings=True
+    )
+
+    input: Annotated[str | list[str] | list[int] | list[list[int]], WithJsonSchema(TEXTS_SCHEMA)]
+    """One text or a list of them (not token arrays): at most `limits.embed_max_inputs`
+    texts of `limits.embed_max_chars` characters each (the deployment's settings)."""
     model: str = Field(min_length=1, max_length=256)
-    """An embed pipeline or one of its aliases (`text-embedding-3-small`...)."""
+    """An embed pipeline, its model or one of its aliases (`text-embedding-3-small`...):
+    the deployment's configuration says which (`GET /v1/models` lists them)."""
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
+    """Fewer dimensions per vector, where the pipeline's model allows it (its
+    `options.truncate_dimensions`, a deployment setting)."""
 
 
 def job_input(body: EmbeddingRequest) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -21,13 +21,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import Owner
 from api.deps import Service
-from api.openai.common import Deadline, answer_when_ended, refuse_fields
+from api.openai.common import CLOSED, Deadline, answer_when_ended, refuse_fields
 from jobs.errors import InputError
 from jobs.models import Job, JobCreate
+from jobs.schemas import image
 
 router = APIRouter(prefix="/v1/images", tags=["openai"])
 
-SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
+SIZE = re.compile(r"^(?:(\d{1,5})x(\d{1,5})|auto)$")
+SIZE_PATTERN = rf"^(?:{image.SIDE_PATTERN}x{image.SIDE_PATTERN}|auto)$"
+"""`size` as published: what `SIZE` parses and the job's width and height (`image.Side`)
+take. It is not checked itself: a bad side is refused by the job input, saying why."""
 PARAMS = {"width": "size", "height": "size", "format": "output_format", "kind": "model"}
 """Job input fields under another name in OpenAI's request."""
 NOT_CARRIED = {
@@ -35,31 +39,37 @@ NOT_CARRIED = {
     "style": "not served by mmq's image pipelines",
     "user": "not carried",
 }
-"""OpenAI fields this route refuses when they are given, rather than drop them."""
+"""OpenAI fields this route refuses by name when they are given, rather than drop them
+(any other unknown field is refused too)."""
 
 
 class ImageGenerationRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """OpenAI's request, with mmq's own image options; each field is checked as the
+    `image` job input checks it (`jobs.schemas.image`)."""
 
-    prompt: str = Field(min_length=1)
+    model_config = ConfigDict(
+        extra="allow", json_schema_extra=CLOSED, use_attribute_docstrings=True
+    )
+
+    prompt: image.Prompt
     model: str | None = Field(default=None, max_length=256)
-    """An image pipeline or one of its aliases; unset: the first image pipeline."""
-    n: int = 1
-    size: str | None = Field(default=None, max_length=16)
-    """`WIDTHxHEIGHT` (multiples of 8, up to `limits.image_max_side`), or `auto`."""
-    response_format: Literal["url", "b64_json"] = "url"
-    output_format: Literal["png", "jpeg", "webp"] = "png"
-    quality: str | None = Field(default=None, max_length=32)
-    """Refused when given: `steps` sets the quality here."""
-    style: str | None = Field(default=None, max_length=32)
-    """Refused when given: not served."""
-    user: str | None = Field(default=None, max_length=256)
-    """Refused when given: not carried."""
-    negative_prompt: str | None = None
-    steps: int | None = None
-    guidance_scale: float | None = None
-    seed: int | None = None
-    scheduler: str | None = None
+    """An image pipeline, its model or one of its aliases (the deployment's
+    configuration says which: `GET /v1/models` lists them); unset: the first one."""
+    n: image.Count = 1
+    """Images, up to `limits.image_max_n` (a deployment setting)."""
+    size: str | None = Field(default=None, json_schema_extra={"pattern": SIZE_PATTERN})
+    """`WIDTHxHEIGHT` (each a multiple of 8, from 64 up to `limits.image_max_side`, a
+    deployment setting), or `auto`."""
+    response_format: image.ResponseFormat = "url"
+    output_format: image.Format = "png"
+    negative_prompt: image.NegativePrompt | None = None
+    steps: image.Steps | None = None
+    """Denoising steps (default 30), up to `limits.image_max_steps` (a deployment
+    setting)."""
+    guidance_scale: image.GuidanceScale | None = None
+    seed: image.Seed | None = None
+    scheduler: image.Scheduler | None = None
+    """One that the pipeline's `options.schedulers` allows (a deployment setting)."""
 
 
 @router.post("/generations", responses={422: {}, 429: {}})
@@ -71,7 +81,7 @@ async def create_image(
     deadline: Deadline,
 ) -> JSONResponse:
     """Images from a prompt (OpenAI's images.generate); answers once they are made."""
-    refuse_fields(body.model_dump(include=set(NOT_CARRIED), exclude_none=True), NOT_CARRIED)
+    refuse_fields(body.model_extra, NOT_CARRIED)
     create = JobCreate(kind="image", input=job_input(body), **deadline)
     return await answer_when_ended(
         request, service, owner, create, PARAMS, lambda job: images_response(job, body)
@@ -91,11 +101,12 @@ def job_input(body: ImageGenerationRequest) -> dict[str, Any]:
         "response_format": body.response_format,
         **extras,
     }
-    if body.size not in (None, "auto"):
-        match = SIZE.match(body.size or "")
+    if body.size is not None:
+        match = SIZE.match(body.size)
         if match is None:
             raise InputError("size", "must be WIDTHxHEIGHT (e.g. 512x512) or auto")
-        inp["width"], inp["height"] = int(match.group(1)), int(match.group(2))
+        if match.group(1) is not None:
+            inp["width"], inp["height"] = int(match.group(1)), int(match.group(2))
     return inp
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import struct
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -35,6 +35,7 @@ from api.streaming import prepend, stream_job
 from jobs.errors import InputError
 from jobs.models import Event, EventType, JobCreate
 from jobs.queues import pipeline_for
+from jobs.schemas import tts
 from jobs.schemas.tts import CONTENT_TYPES, AudioFormat, TtsOptions
 from jobs.settings import Settings
 
@@ -47,24 +48,30 @@ PARAMS = {"text": "input", "format": "response_format"}
 
 
 class SpeechRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """OpenAI's request, with mmq's own options; each field is checked as the `tts` job
+    input checks it (`jobs.schemas.tts`)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     model: str = Field(min_length=1, max_length=256)
-    """A TTS pipeline or one of its aliases (`tts-1`...)."""
-    input: str = Field(min_length=1)
-    """The text; at most `limits.text_max_chars` characters."""
-    voice: str = Field(min_length=1, max_length=256)
-    """A voice of the pipeline's `options.voices` (or an alias such as `alloy`)."""
-    instructions: str | None = Field(default=None, max_length=4096)
-    """Refused when given (not empty): Piper and Coqui voices take no instructions."""
+    """A TTS pipeline, its model or one of its aliases (`tts-1`...): the deployment's
+    configuration says which (`GET /v1/models` lists them)."""
+    input: tts.Text
+    """The text: at most `limits.text_max_chars` characters (a deployment setting), with
+    at least one letter or digit."""
+    voice: Annotated[tts.Voice, Field(min_length=1)]
+    """A voice of the pipeline's `options.voices` or one of their aliases (`alloy`...):
+    the deployment's configuration says which."""
+    instructions: str | None = Field(default=None, json_schema_extra={"maxLength": 0})
+    """Refused when it says anything: Piper and Coqui voices take no instructions."""
     response_format: AudioFormat = "mp3"
-    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    speed: tts.Speed = 1.0
     stream_format: Literal["audio", "sse"] = "audio"
-    sample_rate: int | None = Field(default=None, ge=8000, le=48000)
+    sample_rate: tts.SampleRate | None = None
     """mmq extension: output sample rate (default: the voice's; 24 kHz for `pcm`)."""
-    language: str | None = Field(default=None, max_length=16)
+    language: tts.Language | None = None
     """mmq extension: language of multilingual voices (XTTS)."""
-    reference_audio: str | None = Field(default=None, max_length=4096)
+    reference_audio: tts.ReferenceAudio | None = None
     """mmq extension: stored file key of a reference clip, for voices that clone."""
 
 

@@ -21,7 +21,10 @@ from jobs.models import Event
 
 router = APIRouter(prefix="/v1/jobs", tags=["events"])
 
-EVENT_ID = r"^\d+-\d+$"
+EVENT_ID = r"^[0-9]{1,19}-[0-9]{1,19}$"
+"""A Redis stream id: two numbers that fit 64 bits (Redis refuses larger ones, which
+broke the stream), in ASCII digits (`\\d` would take any Unicode digit, and so would a
+client that generates values from the published pattern)."""
 SSE_KEEPALIVE = ": keep-alive\n\n"
 
 

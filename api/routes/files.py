@@ -4,32 +4,65 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.datastructures import UploadFile
 
 from api.auth import Owner, current_owner
 from api.deps import Files
 from api.files import FileInfo, FileService
+from api.forms import multipart_body
 from api.openai import answers
 from jobs.errors import InputError
-from jobs.file_objects import PURPOSES, is_file_id
+from jobs.file_objects import Purpose, is_file_id
+from jobs.schemas import validation_error_field
+from storage.base import KEY_PATTERN, MAX_KEY_CHARS, SEGMENT
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
-UPLOAD_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file"],
-                    "properties": {"file": {"type": "string", "format": "binary"}},
-                }
-            }
-        },
-    }
+
+class UploadForm(BaseModel):
+    """The text fields of an upload (the file is the part `file`); others are ignored."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    purpose: Purpose | None = None
+    """OpenAI's `files.create`: the answer is also an OpenAI file object (`batch`: a
+    batch's input)."""
+
+
+UPLOAD_BODY = multipart_body(
+    UploadForm,
+    {
+        "file": "The file, at most `storage.max_upload_bytes` (a deployment setting; 413 "
+        "above), stored with its part's content type (`application/octet-stream` where it "
+        "has none)."
+    },
+)
+# The key rules are `storage.base.validate_key`'s, which checks them with messages that
+# say which rule a key breaks: published here, not checked twice.
+Key = Annotated[
+    str,
+    Path(
+        description="A storage key of yours (`FileInfo.key`), or an OpenAI file id.",
+        json_schema_extra={"pattern": KEY_PATTERN, "maxLength": MAX_KEY_CHARS},
+    ),
+]
+FileId = Annotated[
+    str,
+    Path(
+        description="An OpenAI file id (`file-…`); a storage key is taken too.",
+        json_schema_extra={"pattern": f"^{SEGMENT}$"},
+    ),
+]
+DOWNLOAD: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The file's bytes, with the content type it was stored with.",
+        "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+    },
+    401: {},
+    404: {},
 }
 DOWNLOAD_HEADERS = {
     # A stored file is the uploader's content: never let a browser run it on our origin.
@@ -61,12 +94,14 @@ async def upload_file(request: Request, owner: Owner, files: Files) -> JSONRespo
         purpose = form.get("purpose")
         if purpose is not None and not isinstance(purpose, str):
             raise InputError("purpose", "must be a text field")
-        if purpose is not None and purpose not in PURPOSES:
-            raise InputError("purpose", f"must be one of {list(PURPOSES)}")
+        try:
+            fields = UploadForm.model_validate({"purpose": purpose})
+        except ValidationError as exc:
+            raise validation_error_field(exc, "") from None
         info = await files.upload(owner, upload)
         body = info.model_dump()
-        if purpose is not None:
-            obj = await files.name_object(owner, info, upload.filename or "file", purpose)
+        if fields.purpose is not None:
+            obj = await files.name_object(owner, info, upload.filename or "file", fields.purpose)
             body = obj.openai() | body
     finally:
         await form.close()
@@ -87,10 +122,10 @@ async def list_files(
     return answers.page([obj.openai() for obj in found], more)
 
 
-@router.get("/{file_id}/content", response_class=StreamingResponse, responses={401: {}, 404: {}})
+@router.get("/{file_id}/content", response_class=StreamingResponse, responses=DOWNLOAD)
 async def file_content(
     request: Request,
-    file_id: str,
+    file_id: FileId,
     files: Files,
     expires: Annotated[str | None, Query(max_length=20)] = None,
     signature: Annotated[str | None, Query(max_length=128)] = None,
@@ -105,7 +140,7 @@ async def file_content(
 @router.get("/{file_id}", responses={401: {}, 404: {}})
 async def file_object(
     request: Request,
-    file_id: str,
+    file_id: FileId,
     files: Files,
     expires: Annotated[str | None, Query(max_length=20)] = None,
     signature: Annotated[str | None, Query(max_length=128)] = None,
@@ -117,10 +152,10 @@ async def file_object(
     return JSONResponse(obj.openai())
 
 
-@router.get("/{key:path}", response_class=StreamingResponse, responses={401: {}, 404: {}})
+@router.get("/{key:path}", response_class=StreamingResponse, responses=DOWNLOAD)
 async def download_file(
     request: Request,
-    key: str,
+    key: Key,
     files: Files,
     expires: Annotated[str | None, Query(max_length=20)] = None,
     signature: Annotated[str | None, Query(max_length=128)] = None,
@@ -140,7 +175,7 @@ async def _stream(files: FileService, key: str) -> StreamingResponse:
 
 
 @router.delete("/{key:path}", status_code=204, responses={401: {}, 404: {}})
-async def delete_file(key: str, owner: Owner, files: Files) -> Response:
+async def delete_file(key: Key, owner: Owner, files: Files) -> Response:
     """Delete one of your files: by its storage key (204), or by its OpenAI file id
     (OpenAI's `files.delete`: 200 with the deleted object)."""
     if is_file_id(key):

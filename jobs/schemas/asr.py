@@ -3,24 +3,33 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.schemas.base import JobInput
 
+# The constraints of the fields that OpenAI's transcription form carries too
+# (`api.openai.audio`): one definition, so that the form validates and publishes what the
+# job input does.
+Language = Annotated[str, Field(pattern=r"^[a-z]{2,3}$")]
+Prompt = Annotated[str, Field(max_length=2000)]
+BeamSize = Annotated[int, Field(ge=1, le=10)]
+Temperature = Annotated[float, Field(ge=0.0, le=1.0)]
+
 
 class AsrInput(JobInput):
     audio: str = Field(min_length=1, max_length=4096)
-    """The audio: a stored file key, an http(s) URL, or an s3:// URL."""
-    language: str | None = Field(default=None, pattern=r"^[a-z]{2,3}$")
+    """The audio: a stored file key of yours, an http(s) URL, or an s3:// URL (a URL must
+    reach a public address unless the deployment allows private ones)."""
+    language: Language | None = None
     """ISO 639-1 code; unset: detected."""
     task: Literal["transcribe", "translate"] = "transcribe"
-    beam_size: int = Field(default=5, ge=1, le=10)
+    beam_size: BeamSize = 5
     vad_filter: bool = False
     word_timestamps: bool = False
-    initial_prompt: str | None = Field(default=None, max_length=2000)
-    temperature: float = Field(default=0.0, ge=0.0, le=1.0)
+    initial_prompt: Prompt | None = None
+    temperature: Temperature = 0.0
 
     def cost_after(self, output: dict[str, Any]) -> int:
         """Seconds of audio, known once it is decoded: counted when the job succeeds."""

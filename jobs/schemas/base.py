@@ -21,12 +21,15 @@ class CachePolicy:
 
 
 class JobInput(BaseModel):
-    """Input of a job kind. Unknown fields are refused."""
+    """Input of a job kind. Unknown fields are refused. The docstrings of its fields are
+    their descriptions in the OpenAPI document (`api.openapi`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     model: str | None = None
-    """Model (pipeline name or alias); default: the kind's first enabled pipeline."""
+    """A pipeline of the kind, by its name, model or one of its aliases (the
+    deployment's configuration says which: `GET /v1/models` lists them); default: the
+    kind's first enabled pipeline."""
 
     def check_limits(self, limits: Limits) -> None:
         """Raise `InputError` for a value over a deployment limit (settings)."""

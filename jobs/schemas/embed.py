@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from jobs.errors import InputError
 from jobs.schemas.base import JobInput, over_limit
@@ -30,14 +31,30 @@ class EmbedOptions(BaseModel):
     """Texts per forward pass: a batch of requests is encoded together in chunks of this."""
 
 
+def _not_empty(text: str) -> str:
+    if not text:
+        raise PydanticCustomError("empty_text", "an empty text has no embedding")
+    return text
+
+
+Text = Annotated[str, AfterValidator(_not_empty), Field(json_schema_extra={"minLength": 1})]
+"""A text to embed: an empty one has no embedding (published as `minLength`, refused
+saying why)."""
+Texts = Annotated[list[Text], Field(min_length=1)]
+OneOrMoreTexts = Text | Texts
+"""What `input` takes: one text, or a list of them."""
+
+
 class EmbedInput(JobInput):
-    input: list[str] = Field(min_length=1)
-    """The texts to embed (a single string is one text); a vector for each, in order."""
+    input: Texts
+    """The texts to embed (a single string is one text); a vector for each, in order. At
+    most `limits.embed_max_inputs` texts of `limits.embed_max_chars` characters each (the
+    deployment's settings)."""
     dimensions: int | None = Field(default=None, ge=1)
     """Fewer dimensions per vector, where the pipeline's model allows it
     (`options.truncate_dimensions`)."""
 
-    @field_validator("input", mode="before")
+    @field_validator("input", mode="before", json_schema_input_type=OneOrMoreTexts)
     @classmethod
     def _one_text(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
@@ -50,8 +67,6 @@ class EmbedInput(JobInput):
         if len(self.input) > limits.embed_max_inputs:
             raise over_limit("input", len(self.input), limits.embed_max_inputs, "texts")
         for i, text in enumerate(self.input):
-            if not text:
-                raise InputError(f"input.{i}", "an empty text has no embedding")
             if len(text) > limits.embed_max_chars:
                 raise over_limit(f"input.{i}", len(text), limits.embed_max_chars, "characters")
 

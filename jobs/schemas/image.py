@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from jobs.errors import InputError
 from jobs.schemas.base import JobInput, over_limit
@@ -38,39 +38,73 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
 """Scheduler names a request may give; a pipeline's `options.schedulers` may narrow them."""
 
 
+def _known_scheduler(value: str) -> str:
+    if value not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {value!r}; use one of {sorted(SCHEDULERS)}")
+    return value
+
+
+# The constraints of the fields that OpenAI's image request carries too
+# (`api.openai.images`): one definition, so that the request validates and publishes what
+# the job input does.
+Prompt = Annotated[str, Field(min_length=1, max_length=4000)]
+NegativePrompt = Annotated[str, Field(max_length=4000)]
+Side = Annotated[int, Field(ge=64, multiple_of=8)]
+
+
+def _side_pattern() -> str:
+    """A regex of the numerals (up to 5 digits) that `Side` takes: multiples of 8 from
+    64. A number is a multiple of 8 when its last three digits are; those are an even
+    hundreds digit and two digits that are a multiple of 8, or an odd one and two
+    digits that are 4 more than one."""
+
+    def two(start: int) -> str:
+        return "|".join(f"{n:02d}" for n in range(start, 100, 8))
+
+    even, odd = f"(?:{two(0)})", f"(?:{two(4)})"
+    three = f"[2468]{even}|[13579]{odd}"
+    return f"(?:{two(64)}|{three}|[1-9][0-9]?(?:[02468]{even}|[13579]{odd}))"
+
+
+SIDE_PATTERN = _side_pattern()
+"""`Side` as a numeral: how OpenAI's `size` (`WIDTHxHEIGHT`) publishes it."""
+Steps = Annotated[int, Field(ge=1)]
+GuidanceScale = Annotated[float, Field(ge=0.0, le=30.0)]
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Count = Annotated[int, Field(ge=1)]
+Scheduler = Annotated[
+    str,
+    Field(max_length=64, json_schema_extra={"enum": sorted(SCHEDULERS)}),
+    AfterValidator(_known_scheduler),
+]
+Format = Literal["png", "jpeg", "webp"]
+ResponseFormat = Literal["url", "b64_json"]
+
+
 class ImageInput(JobInput):
-    prompt: str = Field(min_length=1, max_length=4000)
-    negative_prompt: str | None = Field(default=None, max_length=4000)
-    width: int = Field(default=512, ge=64)
-    height: int = Field(default=512, ge=64)
-    steps: int = Field(default=30, ge=1)
-    guidance_scale: float = Field(default=7.5, ge=0.0, le=30.0)
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    prompt: Prompt
+    negative_prompt: NegativePrompt | None = None
+    width: Side = 512
+    """A multiple of 8, up to `limits.image_max_side` (a deployment setting)."""
+    height: Side = 512
+    """A multiple of 8, up to `limits.image_max_side` (a deployment setting)."""
+    steps: Steps = 30
+    """Denoising steps, up to `limits.image_max_steps` (a deployment setting)."""
+    guidance_scale: GuidanceScale = 7.5
+    seed: Seed | None = None
     """Seed of the first image (image i gets seed + i); unset: picked, and reported."""
-    n: int = Field(default=1, ge=1)
-    scheduler: str | None = Field(default=None, max_length=64)
-    """One of `SCHEDULERS`; unset: the pipeline's default (the model's own scheduler)."""
-    format: Literal["png", "jpeg", "webp"] = "png"
-    response_format: Literal["url", "b64_json"] = "url"
+    n: Count = 1
+    """Images, up to `limits.image_max_n` (a deployment setting)."""
+    scheduler: Scheduler | None = None
+    """One of `SCHEDULERS` that the pipeline's `options.schedulers` allows (a deployment
+    setting); unset: the pipeline's default (the model's own scheduler)."""
+    format: Format = "png"
+    response_format: ResponseFormat = "url"
     """`b64_json`: the output also carries each image base64-encoded."""
     init_image: str | None = Field(default=None, max_length=4096)
     """Stored file key of a start image (image-to-image)."""
     strength: float = Field(default=0.8, gt=0.0, le=1.0)
     """Image-to-image: how far from the start image (1.0: all `steps` run)."""
-
-    @field_validator("scheduler")
-    @classmethod
-    def _known_scheduler(cls, value: str | None) -> str | None:
-        if value is not None and value not in SCHEDULERS:
-            raise ValueError(f"unknown scheduler {value!r}; use one of {sorted(SCHEDULERS)}")
-        return value
-
-    @field_validator("width", "height")
-    @classmethod
-    def _multiple_of_8(cls, value: int) -> int:
-        if value % 8:
-            raise ValueError("must be a multiple of 8")
-        return value
 
     def cost(self) -> int:
         """Megapixel-steps: denoising steps times each image's pixels (in millions), for

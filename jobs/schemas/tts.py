@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from jobs.errors import InputError
 from jobs.schemas.base import JobInput, over_limit
@@ -22,15 +23,41 @@ CONTENT_TYPES: dict[str, str] = {
 """Media type of each format; `opus` is Opus in Ogg, `pcm` raw little-endian PCM16 mono."""
 
 
+# The constraints of the fields that OpenAI's speech request carries too
+# (`api.openai.speech`): one definition, so that the request validates and publishes what
+# the job input does.
+def _no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise PydanticCustomError("nul_character", "must not contain NUL characters")
+    return text
+
+
+Text = Annotated[
+    str,
+    AfterValidator(_no_nul),
+    Field(min_length=1, max_length=100_000, json_schema_extra={"pattern": "^[^\\x00]*$"}),
+]
+"""Text to speak: a NUL character is refused (the phonemizers cannot take one, and the job
+failed as a fault of the pipeline), published as `pattern`."""
+Voice = Annotated[str, Field(max_length=256)]
+Speed = Annotated[float, Field(ge=0.25, le=4.0)]
+SampleRate = Annotated[int, Field(ge=8000, le=48000)]
+Language = Annotated[str, Field(max_length=16)]
+ReferenceAudio = Annotated[str, Field(max_length=4096)]
+
+
 class TtsInput(JobInput):
-    text: str = Field(min_length=1, max_length=100_000)
-    voice: str | None = Field(default=None, max_length=256)
-    """A voice the deployment allows; unset: the pipeline's default voice."""
+    text: Text
+    """What to say: at most `limits.text_max_chars` characters (a deployment setting),
+    with at least one letter or digit."""
+    voice: Voice | None = None
+    """A voice of the pipeline's `options.voices` or one of their aliases (the
+    deployment's settings); unset: the pipeline's default voice."""
     format: AudioFormat = "wav"
-    speed: float = Field(default=1.0, ge=0.25, le=4.0)
-    sample_rate: int | None = Field(default=None, ge=8000, le=48000)
-    language: str | None = Field(default=None, max_length=16)
-    reference_audio: str | None = Field(default=None, max_length=4096)
+    speed: Speed = 1.0
+    sample_rate: SampleRate | None = None
+    language: Language | None = None
+    reference_audio: ReferenceAudio | None = None
     """Stored file key of a reference clip (voice cloning engines)."""
 
     def cost(self) -> int:
