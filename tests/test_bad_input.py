@@ -51,7 +51,7 @@ async def _nothing_queued(inprocess: InProcess, api: httpx.AsyncClient) -> None:
         ({"kind": "tts", "input": {"text": "x" * 6000}}, "input.text"),
         ({"kind": "tts", "input": {"text": "   "}}, "input.text"),
         ({"kind": "llm", "input": {"prompt": "hi", "max_tokens": 10**6}}, "input.max_tokens"),
-        ({"kind": "llm", "input": {"messages": []}}, "input"),
+        ({"kind": "llm", "input": {"messages": []}}, "input.messages"),
         ({"kind": "asr", "input": {"audio": "k", "beam_size": 0}}, "input.beam_size"),
         ({"kind": "tts", "input": {"text": "hello"}}, "kind"),
     ],

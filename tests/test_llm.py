@@ -188,7 +188,7 @@ def test_cancel_stops_the_generation(api: Api) -> None:
     ("inp", "param"),
     [
         ({"prompt": "x", "messages": [{"role": "user", "content": "x"}]}, "input"),
-        ({"messages": []}, "input"),
+        ({"messages": []}, "input.messages"),
         ({"prompt": "x", "max_tokens": 10**6}, "input.max_tokens"),
         ({"prompt": "x", "temperature": 3}, "input.temperature"),
         ({"prompt": "x", "model": "gpt-9"}, "input.model"),

@@ -83,7 +83,7 @@ def minimal(document: dict[str, Any], schema: dict[str, Any]) -> Any:
     """The least value that `schema` allows, built from what it says alone: an object
     with its required properties only."""
     schema = value_schema(document, schema)
-    if "anyOf" in schema:
+    if "anyOf" in schema and "type" not in schema:
         return minimal(document, schema["anyOf"][0])
     if "const" in schema:
         return schema["const"]
@@ -92,7 +92,10 @@ def minimal(document: dict[str, Any], schema: dict[str, Any]) -> Any:
     kind = schema.get("type")
     if kind == "object":
         props = schema.get("properties", {})
-        return {name: minimal(document, props[name]) for name in schema.get("required", [])}
+        # Fields one of which is required (`oneOf`/`anyOf` of `required` lists): the first.
+        either = (schema.get("oneOf") or schema.get("anyOf") or [{}])[0].get("required", [])
+        required = [*schema.get("required", []), *either]
+        return {name: minimal(document, props[name]) for name in required}
     if kind == "string":
         text = "a" * max(1, schema.get("minLength", 0))
         assert re.search(schema.get("pattern", ""), text), f"no minimal value for {schema}"
@@ -146,7 +149,7 @@ async def test_the_submit_body_is_one_per_served_kind_with_its_input_model(
     document: dict[str, Any], inprocess: InProcess
 ) -> None:
     bodies = kind_bodies(document)
-    assert sorted(bodies) == inprocess.settings.enabled_kinds == ["echo", "image", "sleep"]
+    assert sorted(bodies) == inprocess.settings.enabled_kinds == ["echo", "image", "llm", "sleep"]
     for kind, body in bodies.items():
         model = schema_for(kind, inprocess.settings)
         published = resolve(document, body["properties"]["input"])

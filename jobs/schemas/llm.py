@@ -156,7 +156,12 @@ DATA_URL = re.compile(r"^data:(image/(?:png|jpeg|gif|webp));base64,", re.IGNOREC
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        # What `_shape_of_its_role` checks, as far as a schema says it.
+        json_schema_extra={"anyOf": [{"required": ["content"]}, {"required": ["tool_calls"]}]},
+    )
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = Field(default=None, max_length=1_000_000)
@@ -277,7 +282,11 @@ MAX_CHOICES = 16
 
 
 class LlmInput(JobInput):
-    messages: list[ChatMessage] | None = Field(default=None, max_length=1000)
+    model_config = ConfigDict(
+        json_schema_extra={"oneOf": [{"required": ["messages"]}, {"required": ["prompt"]}]}
+    )
+
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=1000)
     """Chat messages; exactly one of `messages` and `prompt`."""
     prompt: str | None = Field(default=None, max_length=1_000_000)
     """Plain completion prompt."""
@@ -305,8 +314,6 @@ class LlmInput(JobInput):
     def _one_prompt(self) -> LlmInput:
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("give exactly one of messages and prompt")
-        if self.messages is not None and not self.messages:
-            raise ValueError("messages must not be empty")
         if self.messages is None and (self.tools or self.tool_choice or self.response_format):
             raise ValueError("tools, tool_choice and response_format are for chat (messages)")
         if self.top_logprobs is not None and not self.logprobs:
