@@ -16,14 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.openai.common import CLOSED, refuse_fields
 from jobs.errors import InputError
-from jobs.schemas.llm import (
-    MAX_CHOICES,
-    ImageUrl,
-    NamedToolChoice,
-    ResponseFormat,
-    Tool,
-    ToolCall,
-)
+from jobs.schemas.llm import MAX_CHOICES, ChatFeatures, ImageUrl, ToolCall
 
 NOT_YET = "mmq does not carry it to its LLM engines yet"
 NOT_CARRIED: dict[str, str] = {
@@ -168,15 +161,9 @@ class Sampling(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-class ChatRequest(Sampling):
+class ChatRequest(Sampling, ChatFeatures):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: list[Tool] | None = Field(default=None, min_length=1, max_length=128)
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     def refuse_what_is_not_carried(self) -> None:
         super().refuse_what_is_not_carried()
@@ -187,21 +174,9 @@ class ChatRequest(Sampling):
         values = self.sampling_input()
         if self.max_completion_tokens is not None:
             values["max_tokens"] = self.max_completion_tokens
-        tooling = {
-            "tools": self.tools,
-            "tool_choice": self.tool_choice,
-            "parallel_tool_calls": self.parallel_tool_calls,
-            "response_format": self.response_format,
-            "top_logprobs": self.top_logprobs,
-        }
-        for name, value in tooling.items():
-            if value is not None:
-                values[name] = _plain(value)
-        return {
-            **values,
-            "logprobs": self.logprobs,
-            "messages": [m.as_input() for m in self.messages],
-        }
+        features = set(ChatFeatures.model_fields)  # the job input's own, as they are
+        values |= self.model_dump(include=features, by_alias=True, exclude_none=True)
+        return {**values, "messages": [m.as_input() for m in self.messages]}
 
 
 class CompletionRequest(Sampling):
@@ -222,12 +197,3 @@ class CompletionRequest(Sampling):
         if self.logprobs is not None:
             values |= {"logprobs": True, "top_logprobs": self.logprobs}
         return values
-
-
-def _plain(value: Any) -> Any:
-    """A request field's value as the job input takes it (OpenAI's names)."""
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, BaseModel):
-        return value.model_dump(by_alias=True, exclude_none=True)
-    return value

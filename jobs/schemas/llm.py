@@ -155,6 +155,22 @@ DATA_URL = re.compile(r"^data:(image/(?:png|jpeg|gif|webp));base64,", re.IGNOREC
 """The data URLs an image part may be: what vision models' processors read."""
 
 
+class ChatFeatures(BaseModel):
+    """The fields of a chat request beyond plain text generation, the same in OpenAI's
+    request and in the job input (one definition for both)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    tools: Annotated[list[Tool], Field(min_length=1, max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool = False
+    """Each output token's log probability, in the partial events and the output."""
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    """With `logprobs`: this many most likely tokens at each position."""
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -281,7 +297,7 @@ class LlmOptions(BaseModel):
 MAX_CHOICES = 16
 
 
-class LlmInput(JobInput):
+class LlmInput(JobInput, ChatFeatures):
     model_config = ConfigDict(
         json_schema_extra={"oneOf": [{"required": ["messages"]}, {"required": ["prompt"]}]}
     )
@@ -297,14 +313,6 @@ class LlmInput(JobInput):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     stop: list[str] | None = Field(default=None, max_length=4)
     seed: int | None = None
-    tools: list[Tool] | None = Field(default=None, min_length=1, max_length=128)
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
-    logprobs: bool = False
-    """Each output token's log probability, in the partial events and the output."""
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    """With `logprobs`: this many most likely tokens at each position."""
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     """Choices to generate for the prompt, in one job."""
     cache: bool = True
