@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import openai
@@ -42,8 +42,10 @@ from rich.table import Table
 from bench.common import run_meta
 from bench.private_deploy import private_deployment
 from common.procs import free_port
+from jobs.schemas.llm import Feature
 from tests.conftest import new_owner
 from tests.support.deploy import wait_until
+from tests.support.kinds import llm_toml
 from tests.support.models.llm import build_tiny_llm
 from tests.support.models.tool_caller import build_tool_caller
 from tests.support.models.vision import build_tiny_vlm
@@ -51,8 +53,6 @@ from tests.support.models.vision import build_tiny_vlm
 console = Console(width=160)
 DEFAULT_OUT = Path("bench/results/openai_parity.json")
 PIPELINES = ("chat", "tools", "vision", "vllm-wire")
-ENGINE = 'engine = "transformers"\nmax_inflight = 2\nstartup_timeout_s = 300\n'
-ALL = '["tools", "tool_choice", "response_format", "logprobs", "n", "presence_penalty", "images"]'
 WEATHER: Any = {
     "type": "function",
     "function": {
@@ -157,19 +157,15 @@ def ask(send: Callable[[openai.OpenAI, str], str], client: openai.OpenAI, model:
 
 
 def config(models: dict[str, Path], port: int) -> str:
-    out = []
-    for name in ("chat", "tools", "vision"):
-        out.append(
-            f'[pipelines.{name}]\nkind = "llm"\nimpl = "pipelines.llm:LlmPipeline"\n'
-            f"model = {json.dumps(str(models[name]))}\n\n[pipelines.{name}.options]\n{ENGINE}"
-        )
-    out.append(
-        '[pipelines.vllm-wire]\nkind = "llm"\nimpl = "pipelines.llm:LlmPipeline"\n'
-        'model = "synthetic"\n\n[pipelines.vllm-wire.options]\nengine = "url"\n'
-        f'engine_url = "http://127.0.0.1:{port}"\nengine_features = {ALL}\n'
-        "takes_images = true\nmax_inflight = 8\n"
-    )
-    return "\n" + "\n".join(out)
+    transformers = {"engine": "transformers", "max_inflight": 2, "startup_timeout_s": 300}
+    wire = {
+        "engine": "url", "engine_url": f"http://127.0.0.1:{port}", "max_inflight": 8,
+        "engine_features": list(get_args(Feature)), "takes_images": True,
+    }  # fmt: skip
+    tables = [
+        llm_toml(name, str(models[name]), transformers) for name in ("chat", "tools", "vision")
+    ]
+    return "".join(tables) + llm_toml("vllm-wire", "synthetic", wire)
 
 
 def main(argv: list[str] | None = None) -> int:

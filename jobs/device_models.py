@@ -21,7 +21,8 @@ class ModelEntry(BaseModel):
     slots: int = 1
     """Jobs its worker runs at once (an LLM engine's `max_inflight`)."""
     busy: int = 0
-    """Jobs its worker runs now, once the model is loaded."""
+    """Jobs its worker ran when it last went idle, busy or full (written then, not at
+    every job: `workers.residency.OnDemand`)."""
 
     def takes_more(self) -> bool:
         """Loaded, with a free slot: a job for its pipeline may go to it rather than load

@@ -36,42 +36,12 @@ from common.procs import free_port
 from common.sse import parse_lines
 from tests.conftest import Api, new_owner
 from tests.support.deploy import Deployment, flush, serving, wait_until
+from tests.support.kinds import llm_toml
 from tests.support.models.tool_caller import ARGUMENTS, TOOL, cached_tool_caller
 from tests.support.models.vision import IMAGE_TOKENS, cached_tiny_vlm
 
-PIPELINES = """
-[pipelines.tools]
-kind = "llm"
-impl = "pipelines.llm:LlmPipeline"
-model = {model}
-aliases = ["tool-caller"]
-
-[pipelines.tools.options]
-engine = "transformers"
-max_inflight = 2
-startup_timeout_s = 180
-
-[pipelines.vision]
-kind = "llm"
-impl = "pipelines.llm:LlmPipeline"
-model = {vlm}
-
-[pipelines.vision.options]
-engine = "transformers"
-max_inflight = 2
-startup_timeout_s = 180
-
-[pipelines.wire]
-kind = "llm"
-impl = "pipelines.llm:LlmPipeline"
-model = "synthetic"
-
-[pipelines.wire.options]
-engine = "url"
-engine_url = "http://127.0.0.1:{port}"
-engine_features = ["tools", "tool_choice", "response_format", "logprobs", "n", "presence_penalty"]
-max_inflight = 8
-"""
+TRANSFORMERS = {"engine": "transformers", "max_inflight": 2, "startup_timeout_s": 180}
+VLLM_FEATURES = ["tools", "tool_choice", "response_format", "logprobs", "n", "presence_penalty"]
 WEATHER: Any = {
     "type": "function",
     "function": {
@@ -107,7 +77,12 @@ def engines(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     port = free_port()
     env = {"HF_HUB_OFFLINE": "1", "MMQ_LEASE__TTL_S": "3", "MMQ_LEASE__HEARTBEAT_S": "0.5"}
     dep = Deployment(redis_url, tmp_path_factory.mktemp("features"), env_overrides=env)
-    extra = PIPELINES.format(model=json.dumps(str(model)), vlm=json.dumps(str(vlm)), port=port)
+    wire = {"engine": "url", "engine_url": f"http://127.0.0.1:{port}", "max_inflight": 8}
+    extra = (
+        llm_toml("tools", str(model), TRANSFORMERS, aliases=["tool-caller"])
+        + llm_toml("vision", str(vlm), TRANSFORMERS)
+        + llm_toml("wire", "synthetic", wire | {"engine_features": VLLM_FEATURES})
+    )
     dep.config_path.write_text(dep.config_path.read_text() + extra)
     with serving(dep):
         engine = dep.launch(

@@ -21,20 +21,10 @@ from common.procs import free_port
 from common.sse import SseParser
 from tests.conftest import Api, new_owner
 from tests.support.deploy import Deployment, Proc, flush, serving, wait_until
+from tests.support.kinds import llm_toml
 
 STEP_MS = 10
 TOKEN = " tok"
-RELAY_PIPELINE = """
-[pipelines.relay]
-kind = "llm"
-impl = "pipelines.llm:LlmPipeline"
-model = "synthetic"
-
-[pipelines.relay.options]
-engine = "url"
-engine_url = "http://127.0.0.1:{port}"
-max_inflight = 32
-"""
 
 
 @dataclass
@@ -51,7 +41,14 @@ def relay(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     port = free_port()
     env = {"MMQ_API__WORKERS": "2", "MMQ_LEASE__TTL_S": "3", "MMQ_LEASE__HEARTBEAT_S": "0.5"}
     dep = Deployment(redis_url, tmp_path_factory.mktemp("relay"), env_overrides=env)
-    dep.config_path.write_text(dep.config_path.read_text() + RELAY_PIPELINE.format(port=port))
+    dep.config_path.write_text(
+        dep.config_path.read_text()
+        + llm_toml(
+            "relay",
+            "synthetic",
+            {"engine": "url", "engine_url": f"http://127.0.0.1:{port}", "max_inflight": 32},
+        )
+    )
     with serving(dep):
         engine = dep.launch(
             "engine",

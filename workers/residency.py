@@ -278,9 +278,9 @@ class OnDemand:
     ) -> None:
         self.pipeline = pipeline
         self.push_back = push_back
+        """Puts a job's message back at the front of its queue (`defer`)."""
         self.exit_process = exit_process
         """Ends the worker process, as SIGTERM does (`exit_after_unload`)."""
-        """Puts a job's message back at the front of its queue (`defer`)."""
         self.room = room
         self.tally = tally
         self.nbytes = nbytes
@@ -294,6 +294,8 @@ class OnDemand:
         """Held while the model loads or unloads."""
         self._cv = threading.Condition()
         self._note_lock = threading.Lock()
+        self._noted: tuple[bool, bool] | None = None
+        """(idle, full) as last written to the model's entry; None: not since it loaded."""
         self._in_flight = 0
         self._idle_since = time.monotonic()
         self._stop = threading.Event()
@@ -368,6 +370,7 @@ class OnDemand:
                     name, self.nbytes, self.budget, self.min_loaded_s, self.slots
                 )
                 if found[0] == "ok":
+                    self._noted = None  # a fresh entry: written again once loaded
                     break
                 if not waiting:  # the release stage drains the models in the way
                     self.room.wait_for_room(name, time.time())
@@ -408,13 +411,20 @@ class OnDemand:
             self.tally.add([(MODEL_UNLOADS, (name, device, reason), 1)])
 
     def _note_use(self) -> None:
-        """Write how many jobs the loaded model runs now; one writer at a time, each with
-        the count as it is when it writes, so the last one written is the latest."""
+        """Write how many jobs the loaded model runs now, when that changes what its
+        entry tells (idle, or full: `ModelEntry.takes_more`, and the idle time that
+        evictions go by), not at every job's start and end: two round trips a job would
+        weigh on an LLM engine's hundreds of requests a second. One writer at a time, each
+        with the count as it is when it writes, so the last one written is the latest."""
         try:
             with self._note_lock:
                 with self._cv:
                     busy = self._in_flight
+                state = (busy == 0, busy >= self.slots)
+                if state == self._noted:
+                    return
                 self.room.mark_use(busy, time.time() if busy == 0 else 0)
+                self._noted = state
         except redis.RedisError as exc:
             log.warning("could not note the use of %s: %s", self.pipeline.name, exc)
 

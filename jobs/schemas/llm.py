@@ -8,7 +8,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -25,9 +25,7 @@ pipeline's engine lacks is refused by name (422) at submit, never sent to an eng
 would drop it without a word."""
 
 ENGINE_FEATURES: dict[str, frozenset[Feature]] = {
-    "vllm": frozenset(
-        {"tools", "tool_choice", "response_format", "logprobs", "n", "presence_penalty", "images"}
-    ),
+    "vllm": frozenset(get_args(Feature)),
     # `transformers serve` (5.23) renders `tools` into the chat template and parses the
     # model's calls back (Qwen, Gemma 4, or the tokenizer's own response template). It
     # drops `tool_choice`, `parallel_tool_calls`, `response_format`, `logprobs`, `n` and

@@ -21,11 +21,10 @@ from typing import Any, TypeVar
 
 import aiohttp
 import orjson
-from pydantic import BaseModel
 
 from common.sse import SseParser
 from jobs.errors import InputError
-from jobs.schemas.llm import LlmInput
+from jobs.schemas.llm import ChatFeatures, LlmInput
 
 
 class EngineLost(RuntimeError):
@@ -42,10 +41,6 @@ class Finish:
     """Each choice's finish reason, by its index."""
     usage: dict[str, int] = field(default_factory=dict)
 
-    @property
-    def reason(self) -> str | None:
-        return self.reasons.get(0)
-
 
 @dataclass(slots=True)
 class Delta:
@@ -60,8 +55,9 @@ class Delta:
     a dict of lists (completions)."""
 
 
-CARRIED = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
-"""Chat fields that go to the engine as they are, when set."""
+CARRIED = set(ChatFeatures.model_fields) - {"logprobs"}
+"""Chat fields that go to the engine as they are, when set (`logprobs` goes only when
+true)."""
 
 
 def request_body(inp: LlmInput, model: str) -> tuple[str, dict[str, Any]]:
@@ -87,28 +83,14 @@ def request_body(inp: LlmInput, model: str) -> tuple[str, dict[str, Any]]:
         body["n"] = inp.n
     if inp.messages is not None:
         body["messages"] = [m.model_dump(exclude_none=True) for m in inp.messages]
-        for name in CARRIED:
-            value = getattr(inp, name)
-            if value is not None:
-                body[name] = _dump(value)
+        body |= inp.model_dump(mode="json", include=CARRIED, by_alias=True, exclude_none=True)
         if inp.logprobs:
             body["logprobs"] = True
-            if inp.top_logprobs is not None:
-                body["top_logprobs"] = inp.top_logprobs
         return "/v1/chat/completions", body
     body["prompt"] = inp.prompt
     if inp.logprobs:  # the completions API's logprobs is the number of top tokens
         body["logprobs"] = inp.top_logprobs or 0
     return "/v1/completions", body
-
-
-def _dump(value: Any) -> Any:
-    """A field's value as JSON, in OpenAI's names (`json_schema.schema`)."""
-    if isinstance(value, list):
-        return [_dump(v) for v in value]
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return value
 
 
 T = TypeVar("T")

@@ -10,6 +10,7 @@ import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from host.redis_server import RedisServer
 from tests.support.deploy import Deployment, serving, wait_until
@@ -52,6 +53,17 @@ model = {sd}
 }
 """Each built-in kind's pipeline on its tiny model (`pipeline_toml`)."""
 KIND_NAMES = ("llm", "image", "asr", "tts")
+
+
+def llm_toml(name: str, model: str, options: dict[str, Any], **pipeline: Any) -> str:
+    """A `[pipelines.NAME]` table of the `llm` kind on `model`, with `pipeline`'s keys and
+    its `options` (values written as JSON, which TOML reads the same for strings, numbers,
+    booleans and lists)."""
+    lines = [f"[pipelines.{name}]", 'kind = "llm"', 'impl = "pipelines.llm:LlmPipeline"']
+    lines += [f"{key} = {json.dumps(value)}" for key, value in {"model": model, **pipeline}.items()]
+    lines += ["", f"[pipelines.{name}.options]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in options.items()]
+    return "\n" + "\n".join(lines) + "\n"
 
 
 def pipeline_toml(kind: str, models: dict[str, Path], extra: str = "") -> str:
