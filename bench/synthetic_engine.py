@@ -10,7 +10,8 @@ HTTP response, the way vLLM writes them. A request joins at the next step and ru
 a usage chunk (with `stream_options.include_usage`), `data: [DONE]` and the end of the
 response. A client that closes its connection aborts its sequence. Non-streamed requests
 get the whole answer after the same steps. `GET /health` and `GET /v1/models` answer too,
-and `GET /stats` counts sequences running, finished and aborted, and tokens.
+and `GET /stats` counts sequences running, finished and aborted, tokens, and the most
+sequences that ran in one step (`peak`).
 
 It writes vLLM's wire format for `n` (a chunk per choice, each with its `index`) and
 `logprobs` (a made-up log probability on each token, in the chat or the completions API's
@@ -65,6 +66,8 @@ class Engine:
     requests: int = 0
     aborted: int = 0
     """Sequences whose client went away before their last token."""
+    peak: int = 0
+    """The most sequences that ran in one step."""
     received: deque[dict[str, object]] = field(default_factory=lambda: deque(maxlen=256))
     """The last requests' paths and bodies (`GET /requests`)."""
 
@@ -80,6 +83,7 @@ class Engine:
         if self.joining:
             self.running.extend(self.joining)
             self.joining.clear()
+            self.peak = max(self.peak, len(self.running))
         still = []
         for seq in self.running:
             if seq.conn.closed:
@@ -238,6 +242,7 @@ class EngineConnection(asyncio.Protocol):
             stats = {
                 "running": len(engine.running) + len(engine.joining),
                 "requests": engine.requests, "tokens": engine.tokens, "aborted": engine.aborted,
+                "peak": engine.peak,
             }  # fmt: skip
             self.write(_response("200 OK", "application/json", json.dumps(stats).encode()))
         elif method == "GET" and path == "/requests":

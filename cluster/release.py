@@ -2,8 +2,9 @@
 room. Held jobs go by fair share between keys; the lines of batches go behind all
 interactive work, and end in exactly one output file.
 
-Every `batches.release_interval_s`, it reads each pipeline's slots (`Slots`: its live
-workers' `concurrency`, less running jobs and messages waiting in its queue). With
+Every `batches.release_interval_s`, it reads each pipeline's slots (`Slots`: what its live
+workers run at once, as each published it (`concurrency`; an LLM worker's engine takes
+`max_inflight`), less running jobs and messages waiting in its queue). With
 `fairness.enabled`, a submit that finds no room (the `keys.room` this stage wrote, or
 another key's job held at its priority or above) is held, and here each pipeline's free
 slots go to its held jobs, highest priority first, and within a priority to the key
@@ -17,7 +18,7 @@ each active batch (oldest first):
 2. **Release**: while the batch is in progress and its window is open, lines are made
    jobs of priority `batch` (`keys.queued_batch`: the 429 bound never counts them),
    as many as their pipeline has room for. A pipeline's room is its live workers'
-   slots (`concurrency` each, less `batches.reserve_slots`) minus the batch lines it
+   slots (less `batches.reserve_slots`) minus the batch lines it
    already holds, and none while an interactive job waits in its queue. The queue
    stays shallow, so what waits can still be reordered, and an interactive job is taken
    before any released line (priority `batch` is kombu's last step). A line's job id is
@@ -323,12 +324,21 @@ class ReleaseStage:
 
     def _slots(self, live: list[str]) -> dict[str, Slots]:
         """Each pipeline with live workers (`live`): its slots and what holds them now."""
-        workers: dict[str, int] = {}
-        for name in live:
-            pipeline = name.split("@", 1)[0].rsplit("-", 1)[0]
-            workers[pipeline] = workers.get(pipeline, 0) + 1
-        names = [p for p in workers if p in self.settings.pipelines]
         pipe = self.r.pipeline(transaction=False)
+        for name in live:
+            pipe.hget(keys.worker(name), "slots")
+        workers: dict[str, int] = {}
+        totals: dict[str, int] = {}
+        for name, published in zip(live, pipe.execute(), strict=True):
+            pipeline = name.split("@", 1)[0].rsplit("-", 1)[0]
+            config = self.settings.pipelines.get(pipeline)
+            if config is None:
+                continue
+            workers[pipeline] = workers.get(pipeline, 0) + 1
+            # What the worker runs at once (an LLM worker: the engine's max_inflight),
+            # as it published it; the setting for a worker that has not said yet.
+            totals[pipeline] = totals.get(pipeline, 0) + int(published or config.concurrency)
+        names = list(workers)
         for pipeline in names:
             for priority in PRIORITIES:
                 pipe.llen(priority_list(queue_name(pipeline), PRIORITY_VALUES[priority]))
@@ -340,7 +350,7 @@ class ReleaseStage:
             lengths = [int(next(found)) for _ in PRIORITIES]
             held = [max(0, int(n or 0)) for n in next(found)]
             slots[pipeline] = Slots(
-                total=workers[pipeline] * self.settings.pipelines[pipeline].concurrency,
+                total=totals[pipeline],
                 ahead=workers[pipeline],
                 running=running.get(pipeline, 0),
                 queued=lengths[:-1],

@@ -185,6 +185,7 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
         "pipeline": pipeline_name,
         "device": config.device,
         "instance": str(instance),
+        "slots": str(knobs.concurrency),
     }
     keeper = LeaseKeeper(store, settings, name, info, batch_size=lambda: engine.running)
     storage = make_storage(settings)
