@@ -28,6 +28,7 @@ from api.overview import OverviewReader
 from api.ratelimit import RateLimitHeaders
 from api.routes import admin, console, events, files, health, jobs, metrics, whoami
 from api.service import JobService
+from common.heap import freeze_startup_heap
 from jobs import redis_client
 from jobs.broker import make_celery, webhook_sender
 from jobs.metered import MeteredAsyncJobStore
@@ -63,7 +64,7 @@ def create_app(settings: Settings) -> FastAPI:
         )
         celery = make_celery(settings)
         store = MeteredAsyncJobStore(client, settings, on_event=webhook_sender(celery))
-        hub = EventHub(client)
+        hub = EventHub(client, keepalive_s=settings.api.keepalive_s)
         await hub.start()
         files = FileService(settings, storage, client)
         cache = ResponseCache(settings, store)
@@ -77,6 +78,7 @@ def create_app(settings: Settings) -> FastAPI:
             overview=OverviewReader(client, settings),
             batches=BatchService(settings, client, files, service),
         )
+        freeze_startup_heap()
         try:
             yield
         finally:

@@ -346,13 +346,11 @@ class JobService:
         index = keys.owner_jobs(owner)
         return await list_jobs(self._store, index, keep, limit=limit, cursor=cursor)
 
-    async def follow(
-        self, owner: str, job_id: str, after: str | None, *, keepalive_s: float
-    ) -> streams.Batches:
+    async def follow(self, owner: str, job_id: str, after: str | None) -> streams.Batches:
         """The job's events after `after` (all of them when None), replayed and then live
         until its terminal status event, in batches (those that arrived together), with
-        None after each `keepalive_s` without one.
+        None for a keep-alive (`api.streams.follow`).
         Raises NotFound here, before any event, unless the job is `owner`'s."""
         if await self._store.owner_of(job_id) != owner:  # one field read, not the whole job
             raise NotFound(f"no job {job_id!r}")
-        return streams.follow(self._store, self._hub, job_id, after, keepalive_s)
+        return streams.follow(self._store, self._hub, job_id, after)

@@ -37,13 +37,12 @@ async def stream_job(
     cancel_on_disconnect: bool = False,
 ) -> AsyncGenerator[T, None]:
     """The frames that `to_frames` makes of each event of the job after `after`, and
-    `keepalive` (where given) after each `api.keepalive_s` without an event, until the
+    `keepalive` (where given) when the job has been quiet for about `api.keepalive_s`, until the
     terminal status event. With `join` (a byte or text stream), the frames of events that
     arrived together go out as one write. Raises NotFound here, before any frame, unless
     the job is `owner`'s. With `cancel_on_disconnect`, closing the frames (or canceling
     their task) before the end cancels the job: its client went away."""
-    keepalive_s = service.settings.api.keepalive_s
-    events = await service.follow(owner, job_id, after, keepalive_s=keepalive_s)
+    events = await service.follow(owner, job_id, after)
     return _frames(service, owner, job_id, events, to_frames, keepalive, join, cancel_on_disconnect)
 
 

@@ -43,7 +43,7 @@ class ApiSettings(BaseModel):
     retry_after_s: int = 2
     """Retry-After sent with 429 when a queue is full."""
     keepalive_s: float = 15.0
-    """Seconds between keep-alive comments on an idle event stream."""
+    """An idle event stream gets a keep-alive comment at least this often (seconds)."""
     workers: int = Field(default=1, ge=1, le=64)
     """API processes sharing the port (uvicorn's workers), each with its own event loop,
     pub/sub connection and Redis pool: one process carries a few thousand streamed

@@ -46,6 +46,8 @@ class EventWriter:
         self._handed = 0
         self._written = 0
         self._cv = threading.Condition()
+        self._idle = False
+        """Whether the writer waits for events (only then does `emit` wake it)."""
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="event-writer", daemon=True)
 
@@ -64,7 +66,8 @@ class EventWriter:
         with self._cv:
             self._pending.append(event)
             self._handed += 1
-            self._cv.notify_all()
+            if self._idle:
+                self._cv.notify_all()
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every event handed over so far is written; False on timeout."""
@@ -75,7 +78,9 @@ class EventWriter:
     def _run(self) -> None:
         while True:
             with self._cv:
+                self._idle = True
                 self._cv.wait_for(lambda: bool(self._pending) or self._stopping)
+                self._idle = False
                 if not self._pending:
                     return
                 batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]

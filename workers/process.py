@@ -21,6 +21,7 @@ from celery import Celery
 from redis.exceptions import RedisError
 
 from cluster.retention import RetentionIndex
+from common.heap import freeze_startup_heap
 from jobs import keys, redis_client
 from jobs.broker import make_celery, webhook_sender
 from jobs.kombu_redis import task_message
@@ -218,6 +219,7 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
     residency.start()
     metrics.start()
     store.tally.start()
+    freeze_startup_heap()
     try:
         app.worker_main(
             [

@@ -49,8 +49,8 @@ async def job_events(
     last_event_id: Annotated[str | None, Header(pattern=EVENT_ID)] = None,
 ) -> StreamingResponse:
     """The job's events as SSE: replay from the start (or after `Last-Event-ID` / `after`),
-    then live until the terminal status event; a keep-alive comment every
-    `api.keepalive_s` seconds (15 by default)."""
+    then live until the terminal status event; a keep-alive comment at least every
+    `api.keepalive_s` seconds (15 by default) while it is quiet."""
     frames = await stream_job(
         service,
         owner,
