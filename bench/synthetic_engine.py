@@ -20,6 +20,13 @@ received them: a test sees that a field reached the engine. It does nothing else
 any field (no tools, no JSON): it measures, and shows what it was sent; it stands in for
 no engine's behaviour.
 
+It also takes `vllm serve`'s command line (`serve MODEL --port N ...`, other flags
+ignored) and vLLM's sleep mode as vLLM serves it: with `--enable-sleep-mode` and
+`VLLM_SERVER_DEV_MODE=1`, `POST /sleep?level=1`, `POST /wake_up` and `GET /is_sleeping`;
+a generation asked of a sleeping engine gets a 503. `/stats` counts the sleeps and wakes
+and gives the process id: an on-demand pipeline's engine can be run where vLLM cannot
+(no GPU), to see that mmq puts it to sleep and wakes it instead of starting another.
+
 Raw asyncio (a Protocol per connection, pre-encoded frames: each sequence's token chunk is
 encoded once and written again each step), so a token costs about 10 µs of CPU here: a
 load that mmq cannot carry shows up as mmq's, not the engine's. `--cpu-report` prints the
@@ -32,6 +39,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import resource
 import signal
 import time
@@ -68,6 +76,11 @@ class Engine:
     """Sequences whose client went away before their last token."""
     peak: int = 0
     """The most sequences that ran in one step."""
+    sleep_mode: bool = False
+    """Started with `--enable-sleep-mode` in vLLM's development mode: `/sleep` answers."""
+    asleep: bool = False
+    sleeps: int = 0
+    wakes: int = 0
     received: deque[dict[str, object]] = field(default_factory=lambda: deque(maxlen=256))
     """The last requests' paths and bodies (`GET /requests`)."""
 
@@ -234,7 +247,8 @@ class EngineConnection(asyncio.Protocol):
             self.buffer = self.buffer[end + 4 + length :]
             self.handle(method, path, body)
 
-    def handle(self, method: str, path: str, raw: bytes) -> None:
+    def handle(self, method: str, target: str, raw: bytes) -> None:
+        path = target.partition("?")[0]
         if method == "GET" and path in ("/health", "/ping"):
             self.write(_response("200 OK", "text/plain", b""))
         elif method == "GET" and path == "/stats":
@@ -242,7 +256,8 @@ class EngineConnection(asyncio.Protocol):
             stats = {
                 "running": len(engine.running) + len(engine.joining),
                 "requests": engine.requests, "tokens": engine.tokens, "aborted": engine.aborted,
-                "peak": engine.peak,
+                "peak": engine.peak, "sleeps": engine.sleeps, "wakes": engine.wakes,
+                "pid": os.getpid(),
             }  # fmt: skip
             self.write(_response("200 OK", "application/json", json.dumps(stats).encode()))
         elif method == "GET" and path == "/requests":
@@ -251,7 +266,13 @@ class EngineConnection(asyncio.Protocol):
         elif method == "GET" and path == "/v1/models":
             models = {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
             self.write(_response("200 OK", "application/json", json.dumps(models).encode()))
+        elif path in ("/sleep", "/wake_up", "/is_sleeping") and self.engine.sleep_mode:
+            self.sleep_mode(method, path)
         elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
+            if self.engine.asleep:
+                error = b'{"error":{"message":"the engine is sleeping"}}'
+                self.write(_response("503 Service Unavailable", "application/json", error))
+                return
             self.counter[0] += 1
             body = json.loads(raw or b"{}")
             self.engine.received.append({"path": path, "body": body})
@@ -262,9 +283,23 @@ class EngineConnection(asyncio.Protocol):
         else:
             self.write(_response("404 Not Found", "application/json", b'{"error":"not found"}'))
 
+    def sleep_mode(self, method: str, path: str) -> None:
+        engine = self.engine
+        if method == "POST" and path == "/sleep":
+            engine.sleeps += not engine.asleep
+            engine.asleep = True
+        elif method == "POST" and path == "/wake_up":
+            engine.wakes += engine.asleep
+            engine.asleep = False
+        elif method == "GET":
+            state = json.dumps({"is_sleeping": engine.asleep}).encode()
+            self.write(_response("200 OK", "application/json", state))
+            return
+        self.write(_response("200 OK", "text/plain", b""))
 
-async def serve(host: str, port: int, step_ms: float, cpu_report: bool) -> None:
-    engine = Engine(step_s=step_ms / 1000.0)
+
+async def serve(host: str, port: int, step_ms: float, cpu_report: bool, sleep: bool) -> None:
+    engine = Engine(step_s=step_ms / 1000.0, sleep_mode=sleep)
     counter = [0]
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: EngineConnection(engine, counter), host, port)
@@ -292,13 +327,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--step-ms", type=float, default=20.0)
     parser.add_argument("--cpu-report", action="store_true")
-    args = parser.parse_args(argv)
+    parser.add_argument("--enable-sleep-mode", action="store_true")
+    parser.add_argument("command", nargs="*", help="`serve MODEL`, as `vllm serve` takes it")
+    args, _ = parser.parse_known_args(argv)  # vllm serve's other flags
+    sleep = args.enable_sleep_mode and os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
+    main = serve(args.host, args.port, args.step_ms, args.cpu_report, sleep)
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(args.host, args.port, args.step_ms, args.cpu_report))
+        asyncio.run(main)
     else:
-        uvloop.run(serve(args.host, args.port, args.step_ms, args.cpu_report))
+        uvloop.run(main)
     return 0
 
 

@@ -176,6 +176,12 @@ class Pipeline(ABC, Generic[InputT, PreparedT]):
     def unload(self) -> None:
         """Free the model."""
 
+    def park(self) -> bool:
+        """Free the device's memory but keep what makes the next `load` fast (an LLM
+        engine's sleep mode); False (the default) where the pipeline cannot, and the
+        worker unloads it instead. `unload` frees a parked model for good."""
+        return False
+
 
 class SimplePipeline(Pipeline[InputT, Request[InputT]]):
     """A pipeline with nothing to set up per request: `run` gets the requests."""

@@ -290,6 +290,8 @@ class OnDemand:
         self.min_loaded_s = config.min_loaded_s
         self.slots = pipeline.knobs().concurrency
         self.loaded = False
+        self.parked = False
+        """Unloaded by `Pipeline.park` (an engine asleep): freed for good at the stop."""
         self._model_lock = threading.Lock()
         """Held while the model loads or unloads."""
         self._cv = threading.Condition()
@@ -357,6 +359,9 @@ class OnDemand:
         with self._model_lock:
             if self.loaded:
                 self._unload("stopped")
+            elif self.parked:
+                self.pipeline.unload()
+                self.parked = False
 
     # -- loading and unloading
 
@@ -396,19 +401,23 @@ class OnDemand:
             self.room.free()
             raise
         seconds = time.monotonic() - started
-        self.loaded = True
+        self.loaded, self.parked = True, False
         log.info("loaded %s on %s in %.2fs", name, device, seconds)
         self.tally.add([(MODEL_LOADS, (name, device), 1), (MODEL_LOAD_SECONDS, (name,), seconds)])
 
-    def _unload(self, reason: str) -> None:
+    def _unload(self, reason: str) -> bool:
+        """Unload the model (or park it, unless the worker stops); True where parked."""
         name, device = self.pipeline.name, self.room.device
-        self.pipeline.unload()
-        self.loaded = False
+        parked = reason != "stopped" and self.pipeline.park()
+        if not parked:
+            self.pipeline.unload()
+        self.loaded, self.parked = False, parked
         free_memory()
         self.room.free()
-        log.info("unloaded %s from %s (%s)", name, device, reason)
+        log.info("%s %s from %s (%s)", "parked" if parked else "unloaded", name, device, reason)
         if reason != "stopped":
             self.tally.add([(MODEL_UNLOADS, (name, device, reason), 1)])
+        return parked
 
     def _note_use(self) -> None:
         """Write how many jobs the loaded model runs now, when that changes what its
@@ -455,8 +464,10 @@ class OnDemand:
         with self._model_lock, self._cv:
             if self._in_flight != 0 or not self.loaded:
                 return
-            self._unload("evicted" if asked else "idle")
-        if self.pipeline.config.exits_after_unload and self.exit_process is not None:
+            parked = self._unload("evicted" if asked else "idle")
+        # A parked model's process (a sleeping engine) goes with the worker: it stays.
+        exits = self.pipeline.config.exits_after_unload and not parked
+        if exits and self.exit_process is not None:
             log.info("%s unloaded: this worker exits, for a fresh one", self.pipeline.name)
             self._stop.set()
             self.exit_process()

@@ -290,6 +290,19 @@ class LlmOptions(BaseModel):
     default: the model directory's, else characters / 4."""
     cache_ttl_s: float = Field(default=3600.0, ge=0)
     """How long a deterministic answer (temperature 0) is reused; 0: no response cache."""
+    sleep_mode: bool | None = None
+    """vLLM with `residency = "on_demand"`: an unload puts the engine to sleep (vLLM's
+    sleep mode, level 1: the weights to host memory, the KV cache dropped, the GPU's memory
+    given back) instead of stopping it, and the next load wakes it, in seconds rather
+    than a whole start. The engine runs with `--enable-sleep-mode` and
+    `VLLM_SERVER_DEV_MODE=1` (which also serves vLLM's other development routes on its
+    loopback port). Unset: on for vLLM on a GPU when on demand."""
+
+    @model_validator(mode="after")
+    def _sleeps_on_vllm(self) -> LlmOptions:
+        if self.sleep_mode and self.engine != "vllm":
+            raise ValueError("sleep_mode is vLLM's: it needs engine = 'vllm'")
+        return self
 
 
 MAX_CHOICES = 16

@@ -29,6 +29,8 @@ class EngineSpec:
     data_dir: Path
     memory_cap_bytes: int | None = None
     """The pipeline's `memory_gb`: the most the engine is sized for, weights included."""
+    sleeps: bool = False
+    """Started in vLLM's sleep mode: an unload puts it to sleep (`EngineServer.sleep`)."""
 
     @property
     def served_name(self) -> str:
@@ -85,6 +87,8 @@ def _vllm(spec: EngineSpec, port: int, size: EngineSize | None) -> list[str]:
         argv += ["--quantization", opts.quantization]
     if opts.tool_call_parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", opts.tool_call_parser]
+    if spec.sleeps:
+        argv.append("--enable-sleep-mode")
     return argv
 
 

@@ -22,7 +22,7 @@ from pipelines.base import BackendLost, EngineKnobs, Request, SimplePipeline
 from pipelines.llm.choices import Choices, merge_partials
 from pipelines.llm.client import Delta, EngineClient, EngineLost, request_body
 from pipelines.llm.images import inline_images
-from pipelines.llm.server import EngineServer, EngineSpec
+from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
 from pipelines.llm.sizing import GIB
 from pipelines.llm.timing import TokenClock
 
@@ -53,20 +53,70 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         config = self.config
         cap = int(config.memory_gb * GIB) if config.memory_gb else None
         return EngineSpec(
-            self.name, config.model, config.device, self.options, self.settings.data_dir, cap
+            self.name,
+            config.model,
+            config.device,
+            self.options,
+            self.settings.data_dir,
+            cap,
+            sleeps=self.sleeps,
         )
 
+    @property
+    def sleeps(self) -> bool:
+        """Whether an unload on demand puts the engine to sleep (`park`), not stops it."""
+        if self.options.sleep_mode is not None:
+            return self.options.sleep_mode
+        on_gpu = self.config.device.startswith(("gpu", "mig", "cuda"))
+        return self.options.engine == "vllm" and on_gpu and self.config.residency == "on_demand"
+
     def load(self) -> None:
-        self._stop.clear()  # loaded again after an unload (on demand)
+        server = self.server
+        if server is not None and server.asleep and server.alive():
+            try:
+                server.wake()
+            except EngineStartError as exc:
+                log.warning("engine %s did not wake (%s); starting it again", self.name, exc)
+            else:
+                self._watch_engine()
+                self._ready.set()
+                return
+        if server is not None:  # one that died asleep, or did not wake
+            self.unload()
         self.server = EngineServer(self.spec)
         self.server.start()
         self.client = EngineClient(
             self.server.base_url, self.options.request_timeout_s, self.options.max_inflight + 2
         )
         self._ready.set()
-        if self.server.managed:
-            self._monitor = threading.Thread(target=self._watch, name="engine-monitor", daemon=True)
-            self._monitor.start()
+        self._watch_engine()
+
+    def park(self) -> bool:
+        """vLLM's sleep mode (`sleeps`): the engine sleeps, its process and the worker's
+        connections stay, and the next `load` wakes it. False (nothing done) where it does
+        not sleep: the worker unloads."""
+        if not self.sleeps or self.server is None or not self.server.alive():
+            return False
+        self._ready.clear()
+        self._unwatch_engine()
+        if self.server.sleep():
+            return True
+        self._ready.set()
+        self._watch_engine()
+        return False
+
+    def _watch_engine(self) -> None:
+        """Restart the engine whenever it dies, from now until `_unwatch_engine`."""
+        if self.server is None or not self.server.managed:
+            return
+        self._stop.clear()
+        self._monitor = threading.Thread(target=self._watch, name="engine-monitor", daemon=True)
+        self._monitor.start()
+
+    def _unwatch_engine(self) -> None:
+        self._stop.set()
+        if self._monitor.is_alive():
+            self._monitor.join(MONITOR_INTERVAL_S * 4)
 
     def merge_partials(self, first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any] | None:
         """Tokens of a choice that waited for a write go out as one delta (the first one's
@@ -74,10 +124,8 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         return merge_partials(first, then)
 
     def unload(self) -> None:
-        self._stop.set()
         self._ready.clear()
-        if self._monitor.is_alive():
-            self._monitor.join(MONITOR_INTERVAL_S * 4)
+        self._unwatch_engine()
         if self.server is not None:
             self.server.stop()
         if self.client is not None:

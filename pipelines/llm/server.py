@@ -35,6 +35,8 @@ from pipelines.llm.startup import (
 log = logging.getLogger(__name__)
 
 PROBE_INTERVAL_S = 0.5
+SLEEP_TIMEOUT_S = 120.0
+"""How long a sleep (weights copied to host memory) or a wake may take."""
 
 __all__ = ["EngineServer", "EngineSpec", "EngineStartError", "engine_command"]
 
@@ -52,6 +54,8 @@ class EngineServer:
         self.size: EngineSize | None = None
         self._sized = False
         self._log_start = 0
+        self.asleep = False
+        """Put to sleep (`sleep`): the process runs, its weights in host memory."""
 
     @property
     def managed(self) -> bool:
@@ -97,7 +101,10 @@ class EngineServer:
         hub_cache = os.environ.get("HF_HUB_CACHE") or str(self.spec.data_dir / "hf-hub")
         Path(cache).mkdir(parents=True, exist_ok=True)
         Path(hub_cache).mkdir(parents=True, exist_ok=True)
-        return {**os.environ, "VLLM_CACHE_ROOT": cache, "HF_HUB_CACHE": hub_cache}
+        env = {**os.environ, "VLLM_CACHE_ROOT": cache, "HF_HUB_CACHE": hub_cache}
+        if self.spec.sleeps:  # vLLM serves /sleep and /wake_up in its development mode
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        return env
 
     def alive(self) -> bool:
         """False once a managed engine process has exited."""
@@ -161,6 +168,35 @@ class EngineServer:
             return EngineStartError(reason)
         return EngineStartError(reason, self.log_path, log_tail(self.log_path, self._log_start))
 
+    def sleep(self) -> bool:
+        """Put the engine to sleep (vLLM's sleep mode, level 1: the weights to host memory,
+        the KV cache dropped); False where it did not (the engine stays as it was)."""
+        try:
+            r = httpx.post(f"{self.base_url}/sleep", params={"level": 1}, timeout=SLEEP_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            log.warning("engine %s did not sleep: %s", self.spec.pipeline, exc)
+            return False
+        if r.status_code != 200:
+            log.warning("engine %s did not sleep: HTTP %d %s", self.spec.pipeline, r.status_code,
+                        r.text[:300])  # fmt: skip
+            return False
+        self.asleep = True
+        log.info("engine %s: asleep", self.spec.pipeline)
+        return True
+
+    def wake(self) -> None:
+        """Wake a sleeping engine and return once it answers a generation again."""
+        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        try:
+            r = httpx.post(f"{self.base_url}/wake_up", timeout=SLEEP_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            raise self._failed(f"the engine did not wake: {exc}") from exc
+        if r.status_code != 200:
+            raise self._failed(f"the engine did not wake: HTTP {r.status_code} {r.text[:300]}")
+        self.asleep = False
+        self.wait_ready()
+        log.info("engine %s: awake", self.spec.pipeline)
+
     def restart(self) -> None:
         self.stop()
         self.restarts += 1
@@ -168,6 +204,7 @@ class EngineServer:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         process, self.process = self.process, None
+        self.asleep = False
         if process is None or process.poll() is not None:
             return
         process.terminate()
