@@ -22,7 +22,7 @@ from jobs.states import JobStatus
 SSE_KEEPALIVE = b": keep-alive\n\n"
 
 
-def _request_timeout(
+async def _request_timeout(  # async: FastAPI runs a plain `def` on its thread pool
     x_request_timeout: Annotated[
         float | None,
         Header(
