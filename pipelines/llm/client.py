@@ -3,11 +3,11 @@
 `EngineClient.stream` posts a chat or completion request with `stream: true` and hands the
 text of each chunk to a callback as it arrives, then returns the finish reason and usage.
 Every stream of a worker runs on one asyncio loop, on a thread of its own, over one
-connection pool: a token costs a parse and a callback, where a thread per stream (and a
-synchronous HTTP client in each) cost a switch between threads for every token, and a
-worker feeds hundreds of streams at once. Closing a stream early closes its connection,
-which vLLM (and `transformers serve`) take as an abort: a canceled job stops taking a
-slot in the engine's batch.
+connection pool (`pipelines.llm.http`): a token costs a parse and a callback, where a
+thread per stream (and a synchronous HTTP client in each) cost a switch between threads
+for every token, and a worker feeds hundreds of streams at once. Closing a stream early
+closes its connection, which vLLM (and `transformers serve`) take as an abort: a canceled
+job stops taking a slot in the engine's batch.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import aiohttp
 import orjson
 
 from common.sse import SseParser
 from jobs.errors import InputError
 from jobs.schemas.llm import ChatFeatures, LlmInput
+from pipelines.llm.http import Broken, Pool
 
 
 class EngineLost(RuntimeError):
@@ -106,12 +106,12 @@ class EngineClient:
             target=self._loop.run_forever, name="engine-client", daemon=True
         )
         self._thread.start()
-        self._session = self._run(_session(base_url, read_timeout_s, connections))
+        self._pool = self._run(_pool(base_url, read_timeout_s, connections))
 
     def close(self) -> None:
         if self._loop.is_closed():
             return
-        self._run(self._session.close())
+        self._run(self._pool.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
         if not self._loop.is_running():
@@ -128,35 +128,54 @@ class EngineClient:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     async def _stream(self, path: str, body: dict[str, Any], on_delta: OnDelta) -> Finish | None:
-        reasons: dict[int, str] = {}
-        usage: dict[str, int] = {}
-        done = False
+        stream = _Stream(on_delta)
         try:
-            async with self._session.post(path, json=body) as response:
-                if response.status != 200:
-                    text = await response.text(errors="replace")
-                    _raise_for(response.status, text, _prompt_field(path))
-                parser = SseParser()
-                async for data in response.content.iter_any():
-                    for message in parser.feed_bytes(data):
-                        if message.data == "[DONE]":
-                            done = True  # read on to the response's end: the connection is kept
-                            continue
-                        chunk = orjson.loads(message.data)
-                        if chunk.get("usage"):
-                            usage = {k: int(v) for k, v in chunk["usage"].items() if _count(v)}
-                        for choice in chunk.get("choices") or []:
-                            delta = _delta_of(choice)
-                            if delta is not None and not done and not on_delta(delta):
-                                response.close()  # the engine sees the client go: abort
-                                return None
-                            if choice.get("finish_reason"):
-                                reasons[choice.get("index", 0)] = choice["finish_reason"]
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise EngineLost(f"the engine stream broke: {type(exc).__name__}: {exc}") from exc
-        if not reasons:
+            status = await self._pool.request(path, orjson.dumps(body), stream.feed)
+        except Broken as exc:
+            if stream.stopped:
+                return None  # closing the connection aborted the sequence in the engine
+            raise EngineLost(f"the engine stream broke: {exc}") from exc
+        if status != 200:
+            _raise_for(status, stream.error.decode(errors="replace"), _prompt_field(path))
+        if not stream.reasons:
             raise EngineLost("the engine stream ended without a finish reason")
-        return Finish(reasons, usage)
+        return Finish(stream.reasons, stream.usage)
+
+
+class _Stream:
+    """One response of the engine: its SSE chunks parsed as they come (`feed`)."""
+
+    def __init__(self, on_delta: OnDelta) -> None:
+        self.on_delta = on_delta
+        self.parser = SseParser()
+        self.error = bytearray()
+        """The body of an error answer."""
+        self.reasons: dict[int, str] = {}
+        self.usage: dict[str, int] = {}
+        self.done = False
+        """`data: [DONE]` came: the rest is read, so that the connection is kept."""
+        self.stopped = False
+        """`on_delta` said stop."""
+
+    def feed(self, status: int, data: bytes) -> bool:
+        if status != 200:
+            self.error += data
+            return True
+        for message in self.parser.feed_bytes(data):
+            if message.data == "[DONE]":
+                self.done = True
+                continue
+            chunk = orjson.loads(message.data)
+            if chunk.get("usage"):
+                self.usage = {k: int(v) for k, v in chunk["usage"].items() if _count(v)}
+            for choice in chunk.get("choices") or []:
+                delta = _delta_of(choice)
+                if delta is not None and not self.done and not self.on_delta(delta):
+                    self.stopped = True
+                    return False  # the engine sees the client go: abort
+                if choice.get("finish_reason"):
+                    self.reasons[choice.get("index", 0)] = choice["finish_reason"]
+        return True
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -167,10 +186,8 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-async def _session(base_url: str, read_timeout_s: float, connections: int) -> aiohttp.ClientSession:
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=read_timeout_s)
-    connector = aiohttp.TCPConnector(limit=connections)
-    return aiohttp.ClientSession(base_url=base_url, timeout=timeout, connector=connector)
+async def _pool(base_url: str, read_timeout_s: float, connections: int) -> Pool:
+    return Pool(base_url, read_timeout_s, connections)  # made on the loop that runs it
 
 
 def _prompt_field(path: str) -> str:
