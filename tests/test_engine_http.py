@@ -145,3 +145,25 @@ def test_an_error_answer_is_read_whole(engine: Serve, status: bytes, raised: typ
     finally:
         client.close()
     assert "x" * 400 in str(caught.value)  # the message, not its first piece
+
+
+def test_a_kept_connection_closed_unanswered_sends_the_request_once_more(engine: Serve) -> None:
+    served: list[int] = []
+
+    def answer(conn: socket.socket, n: int) -> None:
+        _read_request(conn)
+        if n == 0:  # the first answer, then the next request is dropped with the connection
+            conn.sendall(HEAD + _chunked(CHUNK) + _chunked(END) + b"0\r\n\r\n")
+            _read_request(conn)
+            conn.close()
+            return
+        served.append(n)
+        conn.sendall(HEAD + _chunked(CHUNK) + _chunked(END) + b"0\r\n\r\n")
+
+    client = EngineClient(engine(answer), read_timeout_s=10, connections=4)
+    try:
+        assert _texts(client) == ["hi"]
+        assert _texts(client) == ["hi"]  # sent again, on connection 1
+    finally:
+        client.close()
+    assert served == [1]

@@ -24,6 +24,10 @@ from urllib.parse import urlsplit
 import httptools
 
 CONNECT_TIMEOUT_S = 5.0
+KEEP_IDLE_S = 2.0
+"""An idle connection older than this is closed, not reused: servers close theirs after a
+few seconds (uvicorn, and so vLLM, after 5), and a request written to a connection the
+server is closing would be lost."""
 WATCH_INTERVAL_S = 1.0
 """How often connections are checked for a read that has gone silent too long."""
 
@@ -49,6 +53,8 @@ class Exchange(asyncio.Protocol):
         self._done: asyncio.Future[None] | None = None
         self.reusable = False
         self.closed = False
+        self.answered = False
+        """Some of the response to the request in flight has come."""
         self.last_read = loop.time()
 
     # -- asyncio.Protocol
@@ -58,6 +64,7 @@ class Exchange(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self._loop.time()
+        self.answered = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -91,15 +98,15 @@ class Exchange(asyncio.Protocol):
 
     # -- one request
 
-    async def send(self, head: bytes, body: bytes, sink: Sink) -> int:
+    async def send(self, request: bytes, sink: Sink) -> int:
         """Send a request and feed its response to `sink` until the response ends;
         returns its status."""
         assert self._transport is not None
         self._parser = httptools.HttpResponseParser(self)
-        self._sink, self._status, self.reusable = sink, 0, False
+        self._sink, self._status, self.reusable, self.answered = sink, 0, False, False
         self._done = self._loop.create_future()
         self.last_read = self._loop.time()
-        self._transport.write(head + body)
+        self._transport.write(request)
         try:
             await self._done
         finally:
@@ -143,7 +150,7 @@ class Pool:
         self._port = url.port or (443 if url.scheme == "https" else 80)
         self._ssl = ssl.create_default_context() if url.scheme == "https" else None
         self._prefix = url.path.rstrip("/")
-        self._host_header = url.netloc.rpartition("@")[2].encode()
+        self._host_header = url.netloc.rpartition("@")[2]
         self._read_timeout_s = read_timeout_s
         self._slots = asyncio.Semaphore(connections)
         self._idle: list[Exchange] = []
@@ -154,21 +161,32 @@ class Pool:
         """POST `body` (JSON) to `path` and feed the response to `sink`; returns its status
         once the response has ended. Raises `Broken` (or what `sink` raised)."""
         head = (
-            f"POST {self._prefix}{path} HTTP/1.1\r\nHost: {self._host_header.decode()}\r\n"
+            f"POST {self._prefix}{path} HTTP/1.1\r\nHost: {self._host_header}\r\n"
             f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
         ).encode()
         async with self._slots:
-            exchange = await self._take()
-            self._busy.add(exchange)
+            exchange, reused = await self._take()
             try:
-                return await exchange.send(head, body, sink)
-            finally:
-                self._busy.discard(exchange)
-                if exchange.reusable and not exchange.closed:
-                    self._idle.append(exchange)
-                else:
-                    exchange.abort()
+                return await self._send(exchange, head + body, sink)
+            except Broken:
+                if not reused or exchange.answered:
+                    raise
+            # A kept connection the server closed before it read the request (it closes
+            # idle ones): the request never reached it, so it goes once more, on a new one.
+            exchange, _ = await self._take(fresh=True)
+            return await self._send(exchange, head + body, sink)
+
+    async def _send(self, exchange: Exchange, request: bytes, sink: Sink) -> int:
+        self._busy.add(exchange)
+        try:
+            return await exchange.send(request, sink)
+        finally:
+            self._busy.discard(exchange)
+            if exchange.reusable and not exchange.closed:
+                self._idle.append(exchange)
+            else:
+                exchange.abort()
 
     async def close(self) -> None:
         if self._watcher is not None:
@@ -177,14 +195,16 @@ class Pool:
             exchange.abort()
         self._idle.clear()
 
-    async def _take(self) -> Exchange:
-        while self._idle:
+    async def _take(self, fresh: bool = False) -> tuple[Exchange, bool]:
+        """A connection, and whether it served a request before."""
+        loop = asyncio.get_running_loop()
+        while self._idle and not fresh:
             exchange = self._idle.pop()
-            if not exchange.closed:
-                return exchange
+            if not exchange.closed and loop.time() - exchange.last_read < KEEP_IDLE_S:
+                return exchange, True
+            exchange.abort()
         if self._watcher is None:
             self._watcher = asyncio.create_task(self._watch())
-        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
                 _, exchange = await loop.create_connection(
@@ -192,7 +212,7 @@ class Pool:
                 )
         except (OSError, TimeoutError) as exc:
             raise Broken(f"cannot connect to the engine: {type(exc).__name__}: {exc}") from exc
-        return exchange
+        return exchange, False
 
     async def _watch(self) -> None:
         """Abort connections whose response has been silent for `read_timeout_s` (one
