@@ -331,13 +331,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs="*", help="`serve MODEL`, as `vllm serve` takes it")
     args, _ = parser.parse_known_args(argv)  # vllm serve's other flags
     sleep = args.enable_sleep_mode and os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
-    main = serve(args.host, args.port, args.step_ms, args.cpu_report, sleep)
+    server = serve(args.host, args.port, args.step_ms, args.cpu_report, sleep)
     try:
         import uvloop
     except ImportError:
-        asyncio.run(main)
+        asyncio.run(server)
     else:
-        uvloop.run(main)
+        uvloop.run(server)
     return 0
 
 

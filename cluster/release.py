@@ -39,13 +39,13 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 import redis
 from celery import Celery
 
 from api.openai import answers
 from api.views import job_view
+from cluster.slots import INTERACTIVE, Room, Slots, read_slots
 from jobs import keys
 from jobs.batches import (
     COLLECT,
@@ -61,11 +61,9 @@ from jobs.broker import enqueue_webhook, job_message
 from jobs.codec import dumps, text_list, text_map
 from jobs.device_models import ModelEntry, split_member
 from jobs.file_objects import FileObject, save_object_sync
-from jobs.kombu_redis import PRIORITY_VALUES, priority_list
 from jobs.lua import RELEASE_HELD
 from jobs.metered import MeteredJobStore
 from jobs.models import Job
-from jobs.queues import queue_name
 from jobs.redis_client import FAILOVER_ERRORS
 from jobs.settings import Settings
 from jobs.states import JobStatus
@@ -86,78 +84,11 @@ NO_LIMIT = 2**31
 """The queued-set bound of a batch line's submit: the release stage is its bound."""
 LIVE_BEATS = 3
 WATCH_TRIES = 10
-PRIORITIES = list(PRIORITY_VALUES)
-"""In order: high, normal, low, batch."""
-INTERACTIVE = PRIORITIES[:-1]
 MAX_DEPTH_ROUNDS = 64
 """Interactive messages waiting ahead of a pipeline's slots, at most, in rounds of them."""
 ROOM_STEPS = 3
 """A pipeline's room is kept this many steps: past that (no release stage runs), submits
 push their messages at once."""
-
-
-@dataclass
-class Slots:
-    """One pipeline's worker slots and what holds them: running jobs, messages waiting in
-    its queue (interactive, and batch lines), jobs held by fair share."""
-
-    total: int
-    ahead: int
-    """Messages that may wait beyond the slots (one per worker), so that a slot that
-    frees between two steps is taken at once."""
-    running: int
-    queued: list[int]
-    """Interactive messages waiting in its queue, per priority (high, normal, low)."""
-    batch_queued: int
-    held: list[int]
-    """Jobs held by fair share, per priority (high, normal, low)."""
-
-    depth: int = 0
-    """Interactive messages allowed to wait in the queue beyond the slots (`Depth`)."""
-
-    @property
-    def interactive_queued(self) -> int:
-        return sum(self.queued)
-
-    @property
-    def held_total(self) -> int:
-        return sum(self.held)
-
-    def interactive_room(self, level: int = len(INTERACTIVE) - 1) -> int:
-        """Messages of priority `INTERACTIVE[level]` that may still be pushed: the slots,
-        and `depth` waiting ahead (a slot that frees between two steps takes the next at
-        once; a key whose turn comes waits behind at most that). Messages of lower
-        priorities and batch lines waiting in the queue do not count: a worker takes the
-        higher one first."""
-        ahead = sum(self.queued[: level + 1])
-        return self.total + (self.depth or self.total) - self.running - ahead
-
-    def submit_room(self, level: int) -> int:
-        """What a submit at `INTERACTIVE[level]` may push at once: none while a job is
-        held at that priority or above (it goes first)."""
-        if sum(self.held[: level + 1]) > 0:
-            return 0
-        return max(0, self.interactive_room(level))
-
-    def batch_room(self, reserve: int) -> int:
-        """Batch lines that may still be released: none while interactive work waits."""
-        if self.interactive_queued or self.held_total > 0:
-            return 0
-        ahead = 0 if reserve else self.ahead
-        return self.total + ahead - reserve - self.running - self.batch_queued
-
-
-@dataclass
-class Room:
-    """Per pipeline: slots a batch line may still take."""
-
-    free: dict[str, int]
-
-    def take(self, pipeline: str) -> bool:
-        if self.free.get(pipeline, 0) <= 0:
-            return False
-        self.free[pipeline] -= 1
-        return True
 
 
 class ReleaseStage:
@@ -184,7 +115,7 @@ class ReleaseStage:
         for batch in batches:
             self._collect_ended(batch)
         live = self._live_workers()
-        slots = self._slots(live)
+        slots = read_slots(self.r, self.settings, live)
         draining = self._draining(set(live))
         # Held jobs are released even with fair share turned off since: none is stranded.
         self._release_held({p: s for p, s in slots.items() if p not in draining})
@@ -321,55 +252,6 @@ class ReleaseStage:
         forgotten = [w for w, beat in zip(silent, pipe.execute(), strict=True) if beat is None]
         if forgotten:
             self.r.hdel(keys.device_models(host, device), *forgotten)
-
-    def _slots(self, live: list[str]) -> dict[str, Slots]:
-        """Each pipeline with live workers (`live`): its slots and what holds them now."""
-        pipe = self.r.pipeline(transaction=False)
-        for name in live:
-            pipe.hget(keys.worker(name), "slots")
-        workers: dict[str, int] = {}
-        totals: dict[str, int] = {}
-        for name, published in zip(live, pipe.execute(), strict=True):
-            pipeline = name.split("@", 1)[0].rsplit("-", 1)[0]
-            config = self.settings.pipelines.get(pipeline)
-            if config is None:
-                continue
-            workers[pipeline] = workers.get(pipeline, 0) + 1
-            # What the worker runs at once (an LLM worker: the engine's max_inflight),
-            # as it published it; the setting for a worker that has not said yet.
-            totals[pipeline] = totals.get(pipeline, 0) + int(published or config.concurrency)
-        names = list(workers)
-        for pipeline in names:
-            for priority in PRIORITIES:
-                pipe.llen(priority_list(queue_name(pipeline), PRIORITY_VALUES[priority]))
-            pipe.hmget(keys.HELD, [f"{pipeline}|{p}" for p in INTERACTIVE])
-        found = iter(pipe.execute())
-        running = self._running()
-        slots: dict[str, Slots] = {}
-        for pipeline in names:
-            lengths = [int(next(found)) for _ in PRIORITIES]
-            held = [max(0, int(n or 0)) for n in next(found)]
-            slots[pipeline] = Slots(
-                total=totals[pipeline],
-                ahead=workers[pipeline],
-                running=running.get(pipeline, 0),
-                queued=lengths[:-1],
-                batch_queued=lengths[-1],
-                held=held,
-            )
-        return slots
-
-    def _running(self) -> dict[str, int]:
-        """Running jobs per pipeline (every priority)."""
-        ids = text_list(self.r.zrange(keys.RUNNING, 0, -1))
-        pipe = self.r.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hget(keys.job(job_id), "pipeline")
-        counts: dict[str, int] = {}
-        for pipeline in pipe.execute():
-            if pipeline:
-                counts[str(pipeline)] = counts.get(str(pipeline), 0) + 1
-        return counts
 
     def _release_held(self, slots: dict[str, Slots]) -> None:
         """Fair share: each pipeline's free slots go to its held jobs, highest priority

@@ -203,6 +203,13 @@ class WebhookSettings(BaseModel):
 
 
 MIB = 1024 * 1024
+GPU_KINDS = ("gpu", "mig", "cuda")
+"""Device kinds (the part before `:`) that are a GPU or a slice of one."""
+
+
+def on_gpu(device: str) -> bool:
+    """Whether `device` (cpu, gpu:N, mig:UUID, cuda:N) is a GPU or a MIG slice."""
+    return device.split(":", 1)[0] in GPU_KINDS
 
 
 class S3Settings(BaseModel):
@@ -349,7 +356,7 @@ class PipelineConfig(BaseModel):
     def exits_after_unload(self) -> bool:
         if self.exit_after_unload is not None:
             return self.exit_after_unload
-        return self.device.startswith(("gpu", "mig", "cuda"))
+        return on_gpu(self.device)
 
     max_queue_s: float | None = Field(default=None, gt=0, le=MAX_QUEUE_S)
     """The longest its jobs wait for a worker unless the request says (`max_queue_s`,

@@ -25,9 +25,8 @@ import numpy as np
 
 from jobs.errors import InputError
 from jobs.schemas.embed import EmbedInput, EmbedOptions
+from jobs.settings import on_gpu
 from pipelines.base import Pipeline, Request
-
-GPU_PREFIXES = ("cuda", "gpu", "mig")
 
 
 @dataclass
@@ -62,9 +61,9 @@ class EmbedPipeline(Pipeline[EmbedInput, Texts]):
         from sentence_transformers import SentenceTransformer
 
         self.options = self.config.options_as(EmbedOptions)
-        on_gpu = self.config.device.split(":", 1)[0] in GPU_PREFIXES
         source = self.config.model or str(default_model_dir())
-        self.model = SentenceTransformer(source, device="cuda" if on_gpu else "cpu")
+        device = "cuda" if on_gpu(self.config.device) else "cpu"
+        self.model = SentenceTransformer(source, device=device)
         self.window = int(self.model.max_seq_length or 512)
         self.dimensions = int(self.model.get_embedding_dimension() or 0)
 

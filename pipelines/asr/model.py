@@ -14,9 +14,7 @@ from pathlib import Path
 from faster_whisper import WhisperModel
 
 from jobs.schemas.asr import AsrOptions
-from jobs.settings import PipelineConfig
-
-GPU_PREFIXES = ("cuda", "gpu", "mig")
+from jobs.settings import PipelineConfig, on_gpu
 
 
 @dataclass(frozen=True)
@@ -62,12 +60,12 @@ def spec_from_config(config: PipelineConfig) -> ModelSpec:
     `cpu_threads` 0 (the default) gives every call all the cores.
     """
     options = config.options_as(AsrOptions)
-    on_gpu = config.device.split(":", 1)[0] in GPU_PREFIXES
+    gpu = on_gpu(config.device)
     return ModelSpec(
         source=config.model or str(default_model_dir()),
-        device="cuda" if on_gpu else "cpu",
+        device="cuda" if gpu else "cpu",
         device_index=options.device_index,
-        compute_type=options.compute_type or ("float16" if on_gpu else "int8"),
+        compute_type=options.compute_type or ("float16" if gpu else "int8"),
         cpu_threads=options.cpu_threads or all_cores(),
         num_workers=options.num_workers,
         download_root=options.download_root,

@@ -58,6 +58,8 @@ class Delta:
 CARRIED = set(ChatFeatures.model_fields) - {"logprobs"}
 """Chat fields that go to the engine as they are, when set (`logprobs` goes only when
 true)."""
+SAMPLING = {"presence_penalty", "frequency_penalty", "stop", "seed", "n"}
+"""Fields that go to the engine where the request sets them to other than their default."""
 
 
 def request_body(inp: LlmInput, model: str) -> tuple[str, dict[str, Any]]:
@@ -71,16 +73,7 @@ def request_body(inp: LlmInput, model: str) -> tuple[str, dict[str, Any]]:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    if inp.presence_penalty:
-        body["presence_penalty"] = inp.presence_penalty
-    if inp.frequency_penalty:
-        body["frequency_penalty"] = inp.frequency_penalty
-    if inp.stop:
-        body["stop"] = inp.stop
-    if inp.seed is not None:
-        body["seed"] = inp.seed
-    if inp.n > 1:
-        body["n"] = inp.n
+    body |= inp.model_dump(include=SAMPLING, exclude_defaults=True)
     if inp.messages is not None:
         body["messages"] = [m.model_dump(exclude_none=True) for m in inp.messages]
         body |= inp.model_dump(mode="json", include=CARRIED, by_alias=True, exclude_none=True)
@@ -106,7 +99,7 @@ class EngineClient:
             target=self._loop.run_forever, name="engine-client", daemon=True
         )
         self._thread.start()
-        self._pool = self._run(_pool(base_url, read_timeout_s, connections))
+        self._pool = Pool(base_url, read_timeout_s, connections)
 
     def close(self) -> None:
         if self._loop.is_closed():
@@ -184,10 +177,6 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
-
-
-async def _pool(base_url: str, read_timeout_s: float, connections: int) -> Pool:
-    return Pool(base_url, read_timeout_s, connections)  # made on the loop that runs it
 
 
 def _prompt_field(path: str) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobs.schemas.llm import LlmOptions
+from jobs.settings import on_gpu
 from pipelines.llm.memory import ShapeUnknown, device_memory, model_shape
 from pipelines.llm.sizing import BLOCK_TOKENS, DEFAULT_CONTEXT_TOKENS, EngineSize, size_engine
 from pipelines.llm.startup import EngineStartError
@@ -38,7 +39,7 @@ class EngineSpec:
 
     @property
     def on_gpu(self) -> bool:
-        return self.device.startswith(("gpu", "mig", "cuda"))
+        return on_gpu(self.device)
 
 
 def engine_size(spec: EngineSpec) -> EngineSize | None:

@@ -18,6 +18,7 @@ from typing import Any
 from host.devices import read_usage
 from host.model_memory import RUN_DTYPE_BYTES, local_model, run_dtype_bytes, weight_bytes
 from jobs.schemas.llm import LlmOptions
+from jobs.settings import on_gpu
 from pipelines.llm.sizing import GIB, Memory, ModelShape
 
 MEMINFO = Path("/proc/meminfo")
@@ -32,10 +33,8 @@ class ShapeUnknown(ValueError):
 
 def device_memory(device: str, options: LlmOptions, cap_bytes: int | None) -> Memory | None:
     """The memory the engine may have on `device` (cpu, gpu:N, mig:UUID)."""
-    if device.startswith(("gpu", "mig", "cuda")):
-        found = _gpu_memory(device, options.gpu_memory_utilization)
-    else:
-        found = _cpu_memory()
+    gpu = on_gpu(device)
+    found = _gpu_memory(device, options.gpu_memory_utilization) if gpu else _cpu_memory()
     if found is None or cap_bytes is None or cap_bytes >= found.bytes:
         return found
     return Memory(cap_bytes, found.on_gpu, f"memory_gb {cap_bytes / GIB:.3g} of {found.source}")

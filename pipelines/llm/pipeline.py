@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jobs.schemas.llm import LlmInput, LlmOptions
-from jobs.settings import PipelineConfig, Settings
+from jobs.settings import PipelineConfig, Settings, on_gpu
 from pipelines.base import BackendLost, EngineKnobs, Request, SimplePipeline
 from pipelines.llm.choices import Choices, merge_partials
 from pipelines.llm.client import Delta, EngineClient, EngineLost, request_body
@@ -67,8 +67,8 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         """Whether an unload on demand puts the engine to sleep (`park`), not stops it."""
         if self.options.sleep_mode is not None:
             return self.options.sleep_mode
-        on_gpu = self.config.device.startswith(("gpu", "mig", "cuda"))
-        return self.options.engine == "vllm" and on_gpu and self.config.residency == "on_demand"
+        gpu = on_gpu(self.config.device)
+        return self.options.engine == "vllm" and gpu and self.config.residency == "on_demand"
 
     def load(self) -> None:
         server = self.server
