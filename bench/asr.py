@@ -92,7 +92,7 @@ def load_audio(args: argparse.Namespace) -> tuple[bytes, str, str | None]:
     """The audio, its file name and the script (None for `--audio`)."""
     if args.audio:
         return args.audio.read_bytes(), args.audio.name, None
-    from tests.support.audio import LONG, reference, spoken
+    from harness.audio import LONG, reference, spoken
 
     return spoken(LONG[:3], "wav"), "clip.wav", reference(LONG[:3])
 
@@ -216,7 +216,7 @@ def closed_loop(call: Transcribe, requests: int, concurrency: int, into: Samples
 def summarize(
     target: str, concurrency: int, got: Samples, duration_s: float, script: str | None
 ) -> Level:
-    from tests.support.audio import wer
+    from harness.audio import wer
 
     wers = [wer(script, text) for text in got.texts] if script else []
     return Level(

@@ -126,7 +126,7 @@ def load_audio(args: argparse.Namespace) -> tuple[bytes, str, str | None]:
     """The audio, its file name and its reference text (None for `--audio`)."""
     if args.audio:
         return args.audio.read_bytes(), args.audio.name, None
-    from tests.support.audio import LONG, reference, spoken
+    from harness.audio import LONG, reference, spoken
 
     return spoken(LONG, "mp3"), "meeting.mp3", reference(LONG)
 
@@ -264,7 +264,7 @@ def table(levels: list[Level]) -> Table:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from tests.support.audio import silence, wer
+    from harness.audio import silence, wer
 
     audio, name, reference = load_audio(args)
     duration_s = _duration(audio)

@@ -44,8 +44,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import run_meta
+from harness.faults import FaultRun, under_load
 from host.redis_server import RedisServer
-from tests.support.faults import FaultRun, under_load
 
 console = Console(width=140)
 DURABILITY = {
@@ -87,7 +87,7 @@ def crash(args: argparse.Namespace, name: str, tmp: Path) -> dict[str, Any]:
 def failover(args: argparse.Namespace, name: str, tmp: Path) -> dict[str, Any]:
     """SIGKILL the primary of a Sentinel group; once the replica is promoted, the old
     primary comes back (empty) as its replica, as an operator or orchestrator would."""
-    from tests.support.sentinel import SentinelGroup
+    from harness.sentinel import SentinelGroup
 
     with SentinelGroup(tmp / "group") as group:
 

@@ -94,7 +94,7 @@ class AsrSection:
             ),
         }
         result.notes.append(
-            "Random weights: each window decodes a fixed ~100 tokens (tests/support/models/"
+            "Random weights: each window decodes a fixed ~100 tokens (harness/models/"
             "whisper.py), so a short window costs as much as a full one; text is not scored."
             if ctx.plan.device == "cuda"
             else "CPU: the packaged tiny.en (int8); batching is not how a CPU is used best."
@@ -138,7 +138,7 @@ def clip(plan: Plan) -> bytes:
     bench.gpu --write-asr-audio FILE` on a host that has Piper), else spoken here."""
     if plan.asr_audio:
         return Path(plan.asr_audio).read_bytes()
-    from tests.support.audio import LONG, SHORT, spoken
+    from harness.audio import LONG, SHORT, spoken
 
     return spoken(LONG if plan.asr_long else SHORT, "mp3")
 

@@ -6,7 +6,7 @@ to `POST /v1/chat/completions` of the API (through Redis and the worker) and str
 the engine's port, taking turns (`bench.llm_stream.compare`, as `bench.llm` does): TTFT,
 TPOT, ITL, end to end, output tokens/s and goodput. Requests are
 greedy with `max_tokens`; the random model never emits its end token, so every request
-decodes exactly `max_tokens` tokens (tests/support/models/llm.py).
+decodes exactly `max_tokens` tokens (harness/models/llm.py).
 """
 
 from __future__ import annotations

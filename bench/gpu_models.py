@@ -1,6 +1,6 @@
 """The models `bench.gpu` serves: built from configs with random weights, no download.
 
-On a GPU, the real models' shapes (tests/support/models): Whisper large-v3 (CTranslate2
+On a GPU, the real models' shapes (harness/models): Whisper large-v3 (CTranslate2
 float16), Stable Diffusion 1.5 (float16), a Llama-3-8B-shaped decoder (bfloat16; fewer
 layers where the GPU is small) and Coqui's full VITS. On the CPU, the packaged tiny.en
 and the tests' tiny models. Each is built once into `root` and reused while it is there.
@@ -54,7 +54,7 @@ def plan_models(plan: Plan, root: Path, gpu_free_gib: float) -> Models:
     device = "cuda" if gpu else "cpu"
     m = Models()
     if gpu:
-        from tests.support.models.whisper import build_whisper
+        from harness.models.whisper import build_whisper
 
         path = root / "whisper-large-v3"
         m.builders["asr"] = (
@@ -87,19 +87,19 @@ def plan_models(plan: Plan, root: Path, gpu_free_gib: float) -> Models:
 
 
 def _sd(path: Path, size: str, device: str) -> object:
-    from tests.support.models.sd import build_sd
+    from harness.models.sd import build_sd
 
     return build_sd(path, size, 0, device)
 
 
 def _llm(path: Path, size: str, layers: int | None, device: str) -> object:
-    from tests.support.models.llm import build_llm
+    from harness.models.llm import build_llm
 
     return build_llm(path, size, layers, device)
 
 
 def _vits(path: Path, size: str) -> object:
-    from tests.support.models.coqui import build_vits
+    from harness.models.coqui import build_vits
 
     return build_vits(path, size)
 

@@ -26,7 +26,7 @@ LABELS = {
     "first_step_p50_s": "first step p50 s",
 }
 MODELS_NOTE = (
-    "Models are built from configs with random weights (tests/support/models; on the CPU, "
+    "Models are built from configs with random weights (harness/models; on the CPU, "
     "ASR uses the packaged tiny.en): compute and memory are the real models', quality "
     "(WER, images, voices, text) is not measured. Ratios compare rows of this one run."
 )

@@ -124,7 +124,7 @@ def model_path(args: argparse.Namespace, stack: ExitStack) -> tuple[str, bool]:
     """The model to serve, and whether it was built here (then loaded offline)."""
     if args.model not in {"tiny", "sd15"}:
         return args.model, False
-    from tests.support.models.sd import build_sd
+    from harness.models.sd import build_sd
 
     root = args.model_dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
     path = Path(root) / args.model

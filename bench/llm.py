@@ -111,7 +111,7 @@ def deploy(args: argparse.Namespace, stack: ExitStack) -> tuple[str, str, Superv
     tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-llm-")))
     model = args.model
     if model == "tiny":
-        from tests.support.models.llm import build_llm
+        from harness.models.llm import build_llm
 
         model = str(build_llm(tmp / "tiny-llm", "tiny"))
     args.model_path = model

@@ -9,8 +9,8 @@ pipelines and sends each request to each:
 - `chat`: the tiny Llama on `transformers serve` (a chat template without tools, no
   vision tower): what a plain text model answers;
 - `tools`: a tiny Qwen2 on `transformers serve` that always calls `get_weather`
-  (`tests.support.models.tool_caller`);
-- `vision`: a tiny LLaVA on `transformers serve` (`tests.support.models.vision`);
+  (`harness.models.tool_caller`);
+- `vision`: a tiny LLaVA on `transformers serve` (`harness.models.vision`);
 - `vllm-wire`: `bench.synthetic_engine` declared as vLLM (`engine_features`), to show
   what is carried to an engine that honours everything (its answers are made up: the
   cell shows what mmq relays, not what vLLM would generate).
@@ -42,13 +42,13 @@ from rich.table import Table
 from bench.common import run_meta
 from bench.private_deploy import private_deployment
 from common.procs import free_port
+from harness.client import new_owner
+from harness.deploy import wait_until
+from harness.kinds import llm_toml
+from harness.models.llm import build_tiny_llm
+from harness.models.tool_caller import build_tool_caller
+from harness.models.vision import build_tiny_vlm
 from jobs.schemas.llm import Feature
-from tests.conftest import new_owner
-from tests.support.deploy import wait_until
-from tests.support.kinds import llm_toml
-from tests.support.models.llm import build_tiny_llm
-from tests.support.models.tool_caller import build_tool_caller
-from tests.support.models.vision import build_tiny_vlm
 
 console = Console(width=160)
 DEFAULT_OUT = Path("bench/results/openai_parity.json")

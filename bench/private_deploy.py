@@ -11,8 +11,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from common.procs import free_port
+from harness.deploy import Deployment, running
 from host.redis_server import RedisServer
-from tests.support.deploy import Deployment, running
 
 
 @contextlib.contextmanager

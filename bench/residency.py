@@ -36,11 +36,11 @@ from rich.table import Table
 
 from bench.common import percentile_ms, run_meta
 from bench.private_deploy import private_deployment
+from harness.audio import SHORT, spoken
+from harness.deploy import Deployment
+from harness.kinds import pipeline_toml
+from harness.metrics import scrape, value
 from jobs.apikeys import create_key
-from tests.support.audio import SHORT, spoken
-from tests.support.deploy import Deployment
-from tests.support.kinds import pipeline_toml
-from tests.support.metrics import scrape, value
 
 console = Console(width=140)
 
@@ -158,11 +158,11 @@ def mixed(args: argparse.Namespace, min_loaded_s: float) -> dict[str, Any]:
 def _models(kinds: list[str], tmp: Path) -> dict[str, Path]:
     models: dict[str, Path] = {}
     if "image" in kinds:
-        from tests.support.models.sd import build_tiny_sd
+        from harness.models.sd import build_tiny_sd
 
         models["sd"] = build_tiny_sd(tmp / "sd")
     if "llm" in kinds:
-        from tests.support.models.llm import build_tiny_llm
+        from harness.models.llm import build_tiny_llm
 
         models["llm"] = build_tiny_llm(tmp / "llm")
     return models

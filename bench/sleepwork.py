@@ -16,7 +16,7 @@ from bench.private_deploy import private_deployment
 PIPELINE = """
 [pipelines.work]
 kind = "sleep"
-impl = "tests.support.pipelines:SleepPipeline"
+impl = "harness.pipelines:SleepPipeline"
 max_batch = 1
 concurrency = {slots}
 runners = {slots}

@@ -3,7 +3,7 @@
     python -m bench.soak [--hosts 3] [--minutes 10] [--rate 2] [--fault-every-s 40]
                          [--seed 1] [--out bench/results/soak.json]
 
-Needs root (Linux network namespaces, tests/support/netns.py). One "host" runs Redis
+Needs root (Linux network namespaces, harness/netns.py). One "host" runs Redis
 (valkey, `appendonly yes`, `appendfsync always`, `redis.durability = fsync`), one the API
 and the reaper, and `--hosts` more each run `mmq workers --host-name wN` (supervised:
 noop, tts and asr workers from the repository's mmq.toml, on the CPU). The client is the
@@ -46,13 +46,13 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import percentile_ms, run_meta
+from harness.deploy import REPO, Deployment, answers, cmdline, serving, wait_until
+from harness.faults import settle
+from harness.netns import NetHost, Network, pids_inside, unavailable
 from host.redis_server import server_binary
 from jobs import keys
 from jobs.apikeys import create_key
 from jobs.codec import time_seconds
-from tests.support.deploy import REPO, Deployment, answers, cmdline, serving, wait_until
-from tests.support.faults import settle
-from tests.support.netns import NetHost, Network, pids_inside, unavailable
 
 console = Console(width=140)
 REDIS_PORT = 6379
@@ -163,7 +163,7 @@ def start(net: Network, tmp: Path, workers: int) -> Soak:
 
 
 def _upload_clip(soak: Soak) -> str:
-    from tests.support.audio import spoken
+    from harness.audio import spoken
 
     files = {"file": ("clip.wav", spoken(("Hello from the soak.",), "wav"), "audio/wav")}
     headers = {"Authorization": f"Bearer {soak.key}"}

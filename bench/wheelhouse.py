@@ -48,7 +48,7 @@ from bench import lockfile
 ROOT = "mmq"
 EXTRAS = ("asr", "tts", "image", "llm", "embed")
 ALSO = ("jiwer", "torchcodec")
-"""Outside mmq's extras: jiwer is imported by bench.gpu's helpers (tests/support/audio.py);
+"""Outside mmq's extras: jiwer is imported by bench.gpu's helpers (harness/audio.py);
 torchcodec must be installed for coqui-tts to import beside torch >= 2.9, and is never
 loaded (scripts/install.sh installs it the same way, from requirements/torch-cpu.txt)."""
 PLATFORMS = (

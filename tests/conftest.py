@@ -6,16 +6,14 @@ import base64
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 import redis
 
+from harness.client import Api, new_owner
+from harness.deploy import Deployment, flush, serving
+from harness.inprocess import InProcess, inprocess_settings, serve_in_process
 from host.redis_server import RedisServer
-from jobs.apikeys import create_key
-from tests.support.deploy import Deployment, flush, serving
-from tests.support.inprocess import InProcess, inprocess_settings, serve_in_process
 
 WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"mmq-test-webhook-secret-32-bytes").decode()
 
@@ -41,10 +39,10 @@ def rclient(redis_url: str) -> redis.Redis:
 @pytest.fixture(scope="session")
 def kinds_dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     """A worker of every built-in kind on its tiny model, with echo and sleep, on a Redis
-    of its own (no test's flush touches it): see tests/support/kinds.py."""
-    from tests.support.kinds import kinds_deployment
-    from tests.support.models.llm import cached_tiny_llm
-    from tests.support.models.sd import cached_tiny_sd
+    of its own (no test's flush touches it): see harness/kinds.py."""
+    from harness.kinds import kinds_deployment
+    from harness.models.llm import cached_tiny_llm
+    from harness.models.sd import cached_tiny_sd
 
     models = {"llm": cached_tiny_llm(tmp_path_factory), "sd": cached_tiny_sd(tmp_path_factory)}
     env = {
@@ -73,48 +71,6 @@ def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield dep
 
 
-class Api:
-    """An httpx client for one owner's API key."""
-
-    def __init__(self, base_url: str, key: str | None) -> None:
-        self.key = key or ""
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=30)
-
-    def submit(self, kind: str, priority: str = "normal", **inp: Any) -> dict[str, Any]:
-        r = self.http.post("/v1/jobs", json={"kind": kind, "input": inp, "priority": priority})
-        assert r.status_code == 202, r.text
-        return dict(r.json())
-
-    def get(self, job_id: str) -> dict[str, Any]:
-        r = self.http.get(f"/v1/jobs/{job_id}")
-        assert r.status_code == 200, r.text
-        return dict(r.json())
-
-    def wait(self, job_id: str, timeout_s: float = 30) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            r = self.http.get(f"/v1/jobs/{job_id}", headers={"Prefer": "wait=5"})
-            if r.status_code == 200:
-                return dict(r.json())
-        raise TimeoutError(f"job {job_id} did not end in {timeout_s}s")
-
-
-def new_owner(redis_url: str, base_url: str, name: str) -> Api:
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    return Api(base_url, create_key(client, name))
-
-
-def limited_owner(redis_url: str, base_url: str, **limits: Any) -> Api:
-    """A new owner with its own limits (`jobs.quotas.KeyLimits`: max_queued, requests,
-    weight)."""
-    from jobs.quotas import KeyLimits, set_limits
-
-    name = f"k{time.monotonic_ns()}"
-    set_limits(redis.Redis.from_url(redis_url, decode_responses=True), name, KeyLimits(**limits))
-    return new_owner(redis_url, base_url, name)
-
-
 @pytest.fixture
 def api(deployment: Deployment, request: pytest.FixtureRequest) -> Api:
     """A client with a fresh owner for this test."""
@@ -130,7 +86,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def inprocess(redis_url: str, tmp_path: Path) -> AsyncIterator[InProcess]:
-    """The API in this process on a flushed Redis, no worker (tests/support/inprocess.py).
+    """The API in this process on a flushed Redis, no worker (harness/inprocess.py).
     Async: a test that uses it is marked `anyio`."""
     flush(redis_url)
     settings = inprocess_settings(redis_url, tmp_path, webhook_secret=WEBHOOK_SECRET)

@@ -14,11 +14,11 @@ import httpx
 import pytest
 import redis
 
+from harness.client import Api, new_owner
+from harness.deploy import Deployment, wait_until
+from harness.inprocess import SLEEP_QUEUE_LIMIT, inprocess_settings, serve_in_process
 from host.devices import Usage
 from jobs.apikeys import create_key
-from tests.conftest import Api, new_owner
-from tests.support.deploy import Deployment, wait_until
-from tests.support.inprocess import SLEEP_QUEUE_LIMIT, inprocess_settings, serve_in_process
 from workers.metrics import WorkerMetrics
 
 

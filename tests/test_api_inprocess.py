@@ -16,16 +16,16 @@ import pytest
 from starlette.types import Message
 
 from common.sse import parse_lines
-from jobs import keys
-from jobs.apikeys import create_key
-from tests.support.deploy import flush
-from tests.support.inprocess import (
+from harness.deploy import flush
+from harness.inprocess import (
     BASE_URL,
     MAX_WAIT_S,
     InProcess,
     inprocess_settings,
     serve_in_process,
 )
+from jobs import keys
+from jobs.apikeys import create_key
 
 pytestmark = pytest.mark.anyio
 

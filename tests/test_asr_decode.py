@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.audio import FORMATS, SHORT, encode, silence, speech, spoken
 from jobs.errors import InputError, TooLarge
 from jobs.settings import Limits
 from pipelines.asr.decode import SAMPLE_RATE, decode_file
 from pipelines.asr.prepare import quiet_cut
-from tests.support.audio import FORMATS, SHORT, encode, silence, speech, spoken
 
 
 def _write(tmp_path: Path, data: bytes, name: str) -> Path:

@@ -17,9 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mmq.client import Client
-from tests.conftest import Api, new_owner
-from tests.support.audio import (
+from harness.audio import (
     ASR_MAX_BYTES,
     ASR_MAX_SECONDS,
     FORMATS,
@@ -34,8 +32,10 @@ from tests.support.audio import (
     spoken,
     wer,
 )
-from tests.support.deploy import Deployment
-from tests.support.metrics import check_job_counted
+from harness.client import Api, new_owner
+from harness.deploy import Deployment
+from harness.metrics import check_job_counted
+from mmq.client import Client
 
 MAX_WER = 0.15
 

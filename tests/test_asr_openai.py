@@ -10,9 +10,7 @@ from typing import Any
 import openai
 import pytest
 
-from mmq.client import Client
-from tests.conftest import Api, new_owner
-from tests.support.audio import (
+from harness.audio import (
     ASR_MAX_BYTES,
     LONG,
     SHORT,
@@ -22,7 +20,9 @@ from tests.support.audio import (
     spoken,
     wer,
 )
-from tests.support.deploy import Deployment
+from harness.client import Api, new_owner
+from harness.deploy import Deployment
+from mmq.client import Client
 
 MAX_WER = 0.15
 

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from harness.inprocess import SLEEP_QUEUE_LIMIT, InProcess
 from jobs import keys
-from tests.support.inprocess import SLEEP_QUEUE_LIMIT, InProcess
 
 pytestmark = pytest.mark.anyio
 

@@ -18,11 +18,11 @@ import openai
 import pytest
 import redis
 
+from harness.batches import job_line, jsonl
+from harness.client import new_owner
+from harness.deploy import Deployment, flush, running, serving, wait_until
 from host.redis_server import RedisServer
 from jobs import keys
-from tests.conftest import new_owner
-from tests.support.batches import job_line, jsonl
-from tests.support.deploy import Deployment, flush, running, serving, wait_until
 
 ENV = {
     "MMQ_BATCHES__RELEASE_INTERVAL_S": "0.1",

@@ -48,8 +48,8 @@ def bench(*args: str, timeout_s: float) -> tuple[subprocess.CompletedProcess[str
 def test_quick_cpu_run_measures_every_section(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    from tests.support.models.llm import cached_tiny_llm
-    from tests.support.models.sd import cached_tiny_sd
+    from harness.models.llm import cached_tiny_llm
+    from harness.models.sd import cached_tiny_sd
 
     out, models = tmp_path / "out", tmp_path / "m"
     models.mkdir()
@@ -118,7 +118,7 @@ def test_whisper_builder_decodes_a_designed_window(tmp_path: Path) -> None:
     the audio: no fallback, one segment a window, the next window a full window later."""
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
-    from tests.support.models.whisper import TEXT_TOKENS, build_whisper
+    from harness.models.whisper import TEXT_TOKENS, build_whisper
 
     model = WhisperModel(str(build_whisper(tmp_path / "w", "tiny")), compute_type="int8")
     audio = np.random.default_rng(0).normal(0, 0.1, 36 * 16000).astype(np.float32)
@@ -140,7 +140,7 @@ def test_llama3_vocabulary_model_streams_ascii_to_max_tokens(tmp_path: Path) -> 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tests.support.models.llm import build_llm
+    from harness.models.llm import build_llm
 
     path = build_llm(tmp_path / "llm", "tiny-llama3-vocab")
     tokenizer = AutoTokenizer.from_pretrained(path)

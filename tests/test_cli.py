@@ -20,13 +20,13 @@ from PIL import Image
 from rich.console import Console
 from rich.control import strip_control_codes
 
+from harness.audio import spoken
+from harness.deploy import REPO, Deployment, wait_until
+from harness.models.sd import TINY_SIZE
 from jobs import keys
 from jobs.apikeys import create_key
 from mmq.follow import RENDERERS
 from mmq.results import result_bytes
-from tests.support.audio import spoken
-from tests.support.deploy import REPO, Deployment, wait_until
-from tests.support.models.sd import TINY_SIZE
 
 
 @pytest.fixture(scope="module")

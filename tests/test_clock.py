@@ -16,10 +16,10 @@ import libfaketime
 import pytest
 import redis
 
+from harness.client import new_owner
+from harness.deploy import Deployment, Proc, flush, serving, status_events, wait_until
 from jobs import keys
 from jobs.codec import time_seconds
-from tests.conftest import new_owner
-from tests.support.deploy import Deployment, Proc, flush, serving, status_events, wait_until
 
 TTL_S = 2.0
 SKEW_S = 60

@@ -18,13 +18,13 @@ import pytest
 import redis
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from harness.audio import LONG, SHORT, encode, speech
+from harness.batches import job_line, jsonl, upload
+from harness.client import Api
+from harness.deploy import REPO, Deployment
+from harness.models.sd import TINY_SIZE
 from jobs.apikeys import create_key
 from jobs.quotas import KeyLimits, set_limits
-from tests.conftest import Api
-from tests.support.audio import LONG, SHORT, encode, speech
-from tests.support.batches import job_line, jsonl, upload
-from tests.support.deploy import REPO, Deployment
-from tests.support.models.sd import TINY_SIZE
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(

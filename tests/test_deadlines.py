@@ -15,16 +15,16 @@ import pytest
 import redis
 
 from api.openai.common import failure_response
+from harness.client import Api, new_owner
+from harness.deploy import Deployment, Proc, flush, serving, wait_until
 from jobs import keys
 from mmq.client import Client
-from tests.conftest import Api, new_owner
-from tests.support.deploy import Deployment, Proc, flush, serving, wait_until
 
 LEASE = {"ttl_s": 2, "heartbeat_s": 0.3, "reaper_interval_s": 0.2}
 LIMITED = """
 [pipelines.sleep_limited]
 kind = "sleep"
-impl = "tests.support.pipelines:SleepPipeline"
+impl = "harness.pipelines:SleepPipeline"
 max_queue_s = 0.5
 """
 """A pipeline of the sleep kind whose jobs wait at most 0.5 s; no worker serves it."""

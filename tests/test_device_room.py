@@ -9,10 +9,10 @@ from pathlib import Path
 
 import redis
 
+from harness.client import new_owner
+from harness.deploy import flush, running
 from jobs import keys
 from jobs.device_models import split_member
-from tests.conftest import new_owner
-from tests.support.deploy import flush, running
 from workers.residency import DeviceRoom
 
 
@@ -46,7 +46,7 @@ def test_a_warm_sibling_is_one_loaded_with_a_free_slot(redis_url: str) -> None:
 NAPPER = """
 [pipelines.napper]
 kind = "sleep"
-impl = "tests.support.pipelines:SleepPipeline"
+impl = "harness.pipelines:SleepPipeline"
 residency = "on_demand"
 memory_gb = 0.1
 min_loaded_s = 0

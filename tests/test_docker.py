@@ -20,12 +20,12 @@ import yaml
 
 from api.metrics import Snapshot, families
 from bench.docker_tools import steps_run
+from harness.deploy import REPO
 from host.devices import Topology, cpu_device
 from host.placement import load_placement, plan_placement
 from jobs.schemas.llm import LlmOptions
 from jobs.schemas.tts import TtsOptions
 from jobs.settings import Settings, load_settings
-from tests.support.deploy import REPO
 from tests.test_devices import topology
 
 DOCKER = REPO / "docker"

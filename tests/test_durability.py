@@ -19,13 +19,13 @@ import pytest
 import redis
 
 from common.procs import free_port
+from harness.deploy import REPO, wait_until
+from harness.faults import under_load
+from harness.inprocess import inprocess_settings, serve_in_process
 from host.redis_server import RedisServer, server_binary
 from jobs import keys
 from jobs.durability import server_problem
 from jobs.settings import RedisSettings
-from tests.support.deploy import REPO, wait_until
-from tests.support.faults import under_load
-from tests.support.inprocess import inprocess_settings, serve_in_process
 
 LOAD_S = 4.0
 CLIENTS = 4
@@ -185,7 +185,7 @@ def test_replica_level_keeps_every_accepted_job_across_a_failover(tmp_path: Path
     SIGKILL the primary. Sentinel promotes the replica; with its one replica gone, the
     new primary confirms nothing until the old one rejoins as its replica (503 meanwhile,
     never a 202 that a second failure could lose); then every accepted job ends once."""
-    from tests.support.sentinel import SentinelGroup
+    from harness.sentinel import SentinelGroup
 
     with SentinelGroup(tmp_path / "group") as group:
         times: dict[str, float] = {}

@@ -13,9 +13,9 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from common.sse import parse_lines
+from harness.client import Api, new_owner
+from harness.deploy import Deployment
 from mmq.client import AsyncClient, Client, MmqAPIError
-from tests.conftest import Api, new_owner
-from tests.support.deploy import Deployment
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from harness.client import Api, limited_owner
+from harness.deploy import Deployment, flush, running, wait_until
 from jobs import keys
-from tests.conftest import Api, limited_owner
-from tests.support.deploy import Deployment, flush, running, wait_until
 
 STEP_MS = 100
 """One sleep job's time: the worker runs one at a time."""

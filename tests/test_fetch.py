@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.files import MIB, http_server, pattern_sha256
 from jobs.errors import InputError, TooLarge
 from jobs.settings import Settings
 from storage.factory import make_storage
 from storage.fetch import InputFetcher
 from storage.local import LocalStorage
-from tests.support.files import MIB, http_server, pattern_sha256
 
 
 def _fetcher(tmp_path: Path, **net: object) -> InputFetcher:

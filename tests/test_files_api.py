@@ -12,11 +12,9 @@ import httpx
 import pytest
 import redis
 
-from jobs import keys
-from storage.signing import Signer
-from tests.conftest import Api, new_owner
-from tests.support.deploy import Deployment, flush
-from tests.support.files import (
+from harness.client import Api, new_owner
+from harness.deploy import Deployment, flush
+from harness.files import (
     MIB,
     add_file_pipeline,
     file_tree,
@@ -27,6 +25,8 @@ from tests.support.files import (
     reset_peak_rss,
     stopping,
 )
+from jobs import keys
+from storage.signing import Signer
 
 MAX_UPLOAD_BYTES = 66 * MIB
 

@@ -1,4 +1,4 @@
-"""A deployment across hosts (network namespaces, tests/support/netns.py) survives
+"""A deployment across hosts (network namespaces, harness/netns.py) survives
 partitions: Redis and the reaper on one host, the API on another, a sleep worker on each
 of two more; the tests are the client, in the root namespace, over the hosts' addresses.
 
@@ -23,13 +23,13 @@ import pytest
 import redis
 
 from common.sse import parse_lines
+from harness.deploy import Deployment, Proc, answers, serving, status_events, wait_until
+from harness.netns import NetHost, Network, unavailable
 from host.redis_server import server_binary
 from jobs import keys
 from jobs.apikeys import create_key
 from jobs.codec import text_map
 from jobs.states import TERMINAL_VALUES
-from tests.support.deploy import Deployment, Proc, answers, serving, status_events, wait_until
-from tests.support.netns import NetHost, Network, unavailable
 
 REDIS_PORT = 6379
 API_PORT = 8000

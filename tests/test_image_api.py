@@ -17,11 +17,11 @@ import openai
 import pytest
 from PIL import Image
 
+from harness.client import Api, new_owner
+from harness.deploy import Deployment, flush, serving, wait_until
+from harness.metrics import check_job_counted
+from harness.models.sd import TINY_SIZE, cached_tiny_sd
 from mmq.client import Client
-from tests.conftest import Api, new_owner
-from tests.support.deploy import Deployment, flush, serving, wait_until
-from tests.support.metrics import check_job_counted
-from tests.support.models.sd import TINY_SIZE, cached_tiny_sd
 
 MAX_SIDE = 256
 IMAGE_PIPELINE = """

@@ -22,6 +22,7 @@ from PIL import Image
 from pydantic import ValidationError
 
 from cluster.retention import RetentionIndex
+from harness.models.sd import TINY_SIZE, cached_tiny_sd, offline_hub
 from jobs.errors import InputError
 from jobs.models import EventType
 from jobs.schemas.image import ImageInput, ImageOptions
@@ -29,7 +30,6 @@ from jobs.settings import PipelineConfig, Settings
 from pipelines.image import ImagePipeline
 from storage.base import Storage, job_key
 from storage.factory import make_storage
-from tests.support.models.sd import TINY_SIZE, cached_tiny_sd, offline_hub
 from workers.engine import Engine, WorkItem
 from workers.jobfiles import JobFiles
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from harness.client import Api, new_owner
+from harness.deploy import Deployment, Proc, flush, serving, wait_until
 from jobs import keys
-from tests.conftest import Api, new_owner
-from tests.support.deploy import Deployment, Proc, flush, serving, wait_until
 
 HEARTBEAT_S = 0.5
 PLACEMENT = """

@@ -13,6 +13,8 @@ import pytest
 import redis
 from celery import Celery
 
+from harness.client import Api, new_owner
+from harness.deploy import Deployment, flush, serving, status_events, wait_until
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from jobs import keys
 from jobs.broker import make_celery
@@ -21,8 +23,6 @@ from jobs.models import Job
 from jobs.queues import TASK_NAME, queue_name
 from jobs.settings import load_settings
 from jobs.store import JobStore
-from tests.conftest import Api, new_owner
-from tests.support.deploy import Deployment, flush, serving, status_events, wait_until
 
 LEASE = {"ttl_s": 2.0, "heartbeat_s": 0.4, "reaper_interval_s": 0.3, "max_attempts": 2}
 

@@ -19,12 +19,12 @@ import openai
 import pytest
 
 from common.sse import parse_lines
+from harness.client import Api, new_owner
+from harness.deploy import Deployment, Proc, flush, serving, wait_until
+from harness.metrics import JOB_HISTOGRAMS, check_job_counted
+from harness.models.llm import cached_tiny_llm
 from jobs.schemas.llm import LlmOptions
 from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
-from tests.conftest import Api, new_owner
-from tests.support.deploy import Deployment, Proc, flush, serving, wait_until
-from tests.support.metrics import JOB_HISTOGRAMS, check_job_counted
-from tests.support.models.llm import cached_tiny_llm
 
 LONG_THRESHOLD = 60
 LLM_PIPELINES = """

@@ -2,7 +2,7 @@
 engine processes:
 
 - tool calling end to end on `transformers serve` with a model that calls a tool
-  (`tests.support.models.tool_caller`): `tool_calls` in the answer, as streamed deltas,
+  (`harness.models.tool_caller`): `tool_calls` in the answer, as streamed deltas,
   in the job's output and partial events, and a conversation with the call and its
   result sent back;
 - what only vLLM honours (`tool_choice`, `parallel_tool_calls`, `response_format`,
@@ -12,7 +12,7 @@ engine processes:
   probabilities is checked too (the engine makes up their values: it is not a stand-in
   for vLLM's behaviour);
 - image parts reach a vision-language model on `transformers serve`
-  (`tests.support.models.vision`) as data URLs and as stored file keys, and a model that
+  (`harness.models.vision`) as data URLs and as stored file keys, and a model that
   takes none refuses them by name;
 - the response cache keys on `response_format`.
 """
@@ -34,11 +34,11 @@ from PIL import Image
 
 from common.procs import free_port
 from common.sse import parse_lines
-from tests.conftest import Api, new_owner
-from tests.support.deploy import Deployment, flush, serving, wait_until
-from tests.support.kinds import llm_toml
-from tests.support.models.tool_caller import ARGUMENTS, TOOL, cached_tool_caller
-from tests.support.models.vision import IMAGE_TOKENS, cached_tiny_vlm
+from harness.client import Api, new_owner
+from harness.deploy import Deployment, flush, serving, wait_until
+from harness.kinds import llm_toml
+from harness.models.tool_caller import ARGUMENTS, TOOL, cached_tool_caller
+from harness.models.vision import IMAGE_TOKENS, cached_tiny_vlm
 
 TRANSFORMERS = {"engine": "transformers", "max_inflight": 2, "startup_timeout_s": 180}
 VLLM_FEATURES = ["tools", "tool_choice", "response_format", "logprobs", "n", "presence_penalty"]

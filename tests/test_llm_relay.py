@@ -19,9 +19,9 @@ import pytest
 
 from common.procs import free_port
 from common.sse import SseParser
-from tests.conftest import Api, new_owner
-from tests.support.deploy import Deployment, Proc, flush, serving, wait_until
-from tests.support.kinds import llm_toml
+from harness.client import Api, new_owner
+from harness.deploy import Deployment, Proc, flush, serving, wait_until
+from harness.kinds import llm_toml
 
 STEP_MS = 10
 TOKEN = " tok"

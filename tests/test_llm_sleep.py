@@ -19,11 +19,11 @@ import pytest
 import redis
 
 from common.procs import free_port
+from harness.client import Api, new_owner
+from harness.deploy import REPO, Deployment, flush, running, wait_until
+from harness.kinds import llm_toml
+from harness.metrics import scrape, value
 from jobs import keys
-from tests.conftest import Api, new_owner
-from tests.support.deploy import REPO, Deployment, flush, running, wait_until
-from tests.support.kinds import llm_toml
-from tests.support.metrics import scrape, value
 
 IDLE_UNLOAD_S = 1.0
 ENV = {

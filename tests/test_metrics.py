@@ -10,12 +10,12 @@ from typing import Any
 import redis
 
 from api.metrics import Snapshot, render
+from harness.client import Api
+from harness.deploy import Deployment, wait_until
+from harness.hosts import cpu_host_only
+from harness.metrics import Samples, parse, scrape, value
 from host.devices import Usage
 from jobs.settings import Settings
-from tests.conftest import Api
-from tests.support.deploy import Deployment, wait_until
-from tests.support.hosts import cpu_host_only
-from tests.support.metrics import Samples, parse, scrape, value
 from workers.metrics import WorkerMetrics
 
 

@@ -7,10 +7,10 @@ import ipaddress
 import httpx
 import pytest
 
+from harness.files import http_server
 from jobs.errors import InputError
 from jobs.netguard import AddressRefused, GuardedTransport, NetPolicy, check_url
 from jobs.settings import NetSettings
-from tests.support.files import http_server
 
 REFUSED = {
     "127.0.0.1": "loopback",

@@ -1,7 +1,7 @@
 """The OpenAPI document against what the routes validate: each published body, field and
 parameter is the one the route checks with, so that a generated client or request that
 keeps to the document is not refused for it, and one that breaks it is refused (422
-naming the field). The API runs in this process (tests/support/inprocess.py)."""
+naming the field). The API runs in this process (harness/inprocess.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from api.openai.batches import BatchCreate
 from api.openai.embedding_models import EmbeddingRequest
 from api.openai.images import SIZE_PATTERN, ImageGenerationRequest
 from api.openai.speech import SpeechRequest
+from harness.inprocess import InProcess
 from jobs.batches import ENDPOINTS
 from jobs.errors import InputError
 from jobs.file_objects import PURPOSES
@@ -26,7 +27,6 @@ from jobs.schemas import AsrInput, EmbedInput, ImageInput, TtsInput, schema_for
 from jobs.schemas.image import Side
 from jobs.webhooks import EVENT_CHOICES
 from storage.base import KEY_PATTERN, MAX_KEY_CHARS, validate_key
-from tests.support.inprocess import InProcess
 
 CONSTRAINTS = (
     "minimum",

@@ -33,7 +33,7 @@ H100_MIG = topology("h100_mig_7x1g10gb.json")
 def settings(**pipelines: dict[str, Any]) -> Settings:
     return Settings(
         pipelines={
-            name: PipelineConfig(kind=name, impl="tests.support.pipelines:EchoPipeline", **cfg)
+            name: PipelineConfig(kind=name, impl="harness.pipelines:EchoPipeline", **cfg)
             for name, cfg in pipelines.items()
         }
     )

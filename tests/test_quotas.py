@@ -21,19 +21,19 @@ import openai
 import pytest
 import redis
 
+from harness.audio import silence
+from harness.client import Api, limited_owner
+from harness.deploy import Deployment, flush, running, serving, wait_until
 from host.redis_server import RedisServer
 from jobs import keys
 from jobs.apikeys import create_key
 from jobs.quotas import KeyLimits, set_limits
-from tests.conftest import Api, limited_owner
-from tests.support.audio import silence
-from tests.support.deploy import Deployment, flush, running, serving, wait_until
 
 WINDOW_S = 3
 IDLE = """
 [pipelines.idle]
 kind = "sleep"
-impl = "tests.support.pipelines:SleepPipeline"
+impl = "harness.pipelines:SleepPipeline"
 """
 """A pipeline of the sleep kind that no worker serves: its jobs stay queued."""
 LLM = """

@@ -17,12 +17,12 @@ import httpx
 import pytest
 import redis
 
+from harness.audio import SHORT, spoken
+from harness.client import Api, new_owner
+from harness.deploy import Deployment, flush, running, wait_until
+from harness.kinds import pipeline_toml
+from harness.metrics import scrape, value
 from jobs import keys
-from tests.conftest import Api, new_owner
-from tests.support.audio import SHORT, spoken
-from tests.support.deploy import Deployment, flush, running, wait_until
-from tests.support.kinds import pipeline_toml
-from tests.support.metrics import scrape, value
 
 IDLE_UNLOAD_S = 2.0
 ON_DEMAND = 'residency = "on_demand"\nmemory_gb = 1.0\nmin_loaded_s = 0\nidle_unload_s = {idle}\n'
@@ -39,7 +39,7 @@ ENV = {
 DOZY = """
 [pipelines.dozy]
 kind = "sleep"
-impl = "tests.support.pipelines:SleepPipeline"
+impl = "harness.pipelines:SleepPipeline"
 residency = "on_demand"
 memory_gb = 0.1
 min_loaded_s = 0

@@ -10,13 +10,13 @@ import pytest
 import redis
 
 from cluster.retention import RetentionIndex, RetentionSweeper
+from harness.deploy import Deployment, flush, wait_until
+from harness.files import file_tree, stopping
 from jobs import keys
 from jobs.settings import Settings
 from storage.base import job_folder, upload_key
 from storage.factory import make_storage
 from storage.s3 import S3Storage
-from tests.support.deploy import Deployment, flush, wait_until
-from tests.support.files import file_tree, stopping
 
 UPLOAD_TTL_S = 100
 

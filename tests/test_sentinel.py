@@ -19,6 +19,8 @@ import pytest
 import redis
 from kombu import Connection
 
+from harness.deploy import REPO, Deployment, serving, status_events, wait_until
+from harness.sentinel import SentinelGroup
 from host.launcher import mmq_command
 from jobs import kombu_redis, redis_client
 from jobs.broker import make_celery
@@ -29,8 +31,6 @@ from jobs.redis_client import (
     parse_sentinel_url,
 )
 from jobs.settings import load_settings
-from tests.support.deploy import REPO, Deployment, serving, status_events, wait_until
-from tests.support.sentinel import SentinelGroup
 
 RECOVERY_BOUND_S = 120.0
 """A guard against a failover that never comes: Sentinel acts in seconds here
@@ -39,11 +39,11 @@ RECOVERY_BOUND_S = 120.0
 
 ECHO_ONLY = """
 [kinds.echo]
-schema = "tests.support.pipelines:EchoInput"
+schema = "harness.pipelines:EchoInput"
 
 [pipelines.echo]
 kind = "echo"
-impl = "tests.support.pipelines:EchoPipeline"
+impl = "harness.pipelines:EchoPipeline"
 max_batch = 8
 max_wait_ms = 20
 concurrency = 4

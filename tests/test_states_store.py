@@ -14,6 +14,7 @@ import redis
 import redis.asyncio as aredis
 from pydantic import ValidationError
 
+from harness.pipelines import EchoInput, EchoPipeline
 from jobs import keys
 from jobs.changes import ALL_FIELDS, Lease, transition
 from jobs.codec import job_from_fields, job_to_fields
@@ -23,7 +24,6 @@ from jobs.schemas.llm import LlmOptions
 from jobs.settings import PipelineConfig, Settings, load_settings
 from jobs.states import TRANSITIONS, InvalidTransition, JobStatus, check_transition
 from jobs.store import AsyncJobStore, JobStore
-from tests.support.pipelines import EchoInput, EchoPipeline
 from workers.engine import Engine
 from workers.events import EventWriter
 from workers.jobrunner import JobRunner
@@ -316,7 +316,7 @@ def test_a_worker_ends_a_job_canceled_while_queued_with_its_webhook_event(
     store.r.hset(
         keys.job(job.id), mapping={"cancel_requested": "1", "webhook": hook.model_dump_json()}
     )
-    config = PipelineConfig(kind="echo", impl="tests.support.pipelines:EchoPipeline")
+    config = PipelineConfig(kind="echo", impl="harness.pipelines:EchoPipeline")
     engine = Engine(EchoPipeline(config, settings), name="echo")
     keeper = LeaseKeeper(store, settings, "w", {})
     runner = JobRunner(store, engine, keeper, EventWriter(store), EchoInput, "w")

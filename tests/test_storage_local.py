@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.files import MIB, file_tree, pattern_chunks, pattern_sha256
 from jobs.errors import InputError, NotFound, TooLarge
 from jobs.settings import Settings
 from storage.base import job_key, owner_prefix, safe_name, upload_key, validate_key
 from storage.factory import make_signer, make_storage
 from storage.local import LocalStorage
 from storage.signing import SignatureError, Signer, load_or_create_secret
-from tests.support.files import MIB, file_tree, pattern_chunks, pattern_sha256
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 

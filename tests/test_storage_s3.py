@@ -13,15 +13,9 @@ import boto3
 import httpx
 import pytest
 
-from jobs.errors import InputError, NotFound, TooLarge
-from jobs.settings import S3Settings, Settings
-from storage.base import StorageConfigError
-from storage.fetch import InputFetcher
-from storage.refs import parse_ref
-from storage.s3 import S3Storage
-from tests.conftest import new_owner
-from tests.support.deploy import Deployment, flush
-from tests.support.files import (
+from harness.client import new_owner
+from harness.deploy import Deployment, flush
+from harness.files import (
     AWS_ENV,
     BUCKET,
     MIB,
@@ -31,6 +25,12 @@ from tests.support.files import (
     pattern_sha256,
     stopping,
 )
+from jobs.errors import InputError, NotFound, TooLarge
+from jobs.settings import S3Settings, Settings
+from storage.base import StorageConfigError
+from storage.fetch import InputFetcher
+from storage.refs import parse_ref
+from storage.s3 import S3Storage
 
 
 @pytest.fixture(scope="module")

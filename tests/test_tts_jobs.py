@@ -18,10 +18,10 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import Api, new_owner
-from tests.support.deploy import Deployment, Proc, flush, serving
-from tests.support.metrics import check_job_counted
-from tests.support.tts import (
+from harness.client import Api, new_owner
+from harness.deploy import Deployment, Proc, flush, serving
+from harness.metrics import check_job_counted
+from harness.tts import (
     decode,
     events,
     partial_pcm,

@@ -14,9 +14,9 @@ import numpy as np
 import openai
 import pytest
 
-from tests.conftest import Api, new_owner
-from tests.support.deploy import Deployment, flush, serving, wait_until
-from tests.support.tts import decode, start_workers, tts_deployment
+from harness.client import Api, new_owner
+from harness.deploy import Deployment, flush, serving, wait_until
+from harness.tts import decode, start_workers, tts_deployment
 
 TEXT = (
     "The first sentence leaves early. The second one follows it. A third one is here. "

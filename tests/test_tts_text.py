@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.tts import decode
 from pipelines.tts.encode import Shaper, StreamEncoder, codec_rate, decode_file, encode_file
 from pipelines.tts.text import split_sentences
-from tests.support.tts import decode
 
 
 @pytest.mark.parametrize(

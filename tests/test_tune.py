@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import redis
 
+from harness.client import Api
+from harness.deploy import REPO, Deployment
 from host.launcher import mmq_command
 from jobs import keys
 from jobs.schemas.llm import LlmOptions
 from jobs.settings import PipelineConfig, load_settings
-from tests.conftest import Api
-from tests.support.deploy import REPO, Deployment
 from tuning.measure import sample_of, summarize
 from tuning.report import config_change
 from tuning.slo import Slo, SloError, check_kind, parse_slo
@@ -30,11 +30,11 @@ from tuning.workload import Level, WorkloadError, from_file, levels, schedule
 BATCHCOST = """\
 # A deployment with one pipeline whose batch cost is known.
 [kinds.batchcost]
-schema = "tests.support.pipelines:BatchCostInput"
+schema = "harness.pipelines:BatchCostInput"
 
 [pipelines.batchcost]
 kind = "batchcost"
-impl = "tests.support.pipelines:BatchCostPipeline"
+impl = "harness.pipelines:BatchCostPipeline"
 max_batch = 1      # the knob to tune
 max_wait_ms = 200  # batches wait to fill
 concurrency = 8

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from common.procs import free_port
-from tests.support.deploy import REPO, cmdline, wait_until
+from harness.deploy import REPO, cmdline, wait_until
 
 
 def _children(pid: int) -> set[int]:

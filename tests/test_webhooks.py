@@ -14,11 +14,12 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from common.procs import free_port
+from harness.batches import job_line, jsonl, upload
+from harness.client import Api, new_owner
+from harness.deploy import Deployment, flush, serving, wait_until
 from jobs.errors import InputError
 from jobs.netguard import NetPolicy, check_url
-from tests.conftest import WEBHOOK_SECRET, Api, new_owner
-from tests.support.batches import job_line, jsonl, upload
-from tests.support.deploy import Deployment, flush, serving, wait_until
+from tests.conftest import WEBHOOK_SECRET
 
 TIMEOUT_S = 5
 """`webhooks.timeout_s` here: long beside a job's run and a delivery on a busy machine."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.models.bpe import make_bpe
+from harness.models.bpe import make_bpe
 
 BASE_VOCAB = 50257
 """Multilingual Whisper's ordinary tokens; the special ones follow from this id."""
@@ -100,8 +100,8 @@ def _build_hf(path: Path, shape: WhisperShape, seed: int, device: str) -> None:
         pad_token="<|endoftext|>",
         model_max_length=448,
     )
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in specials}
-    eot, space = ids["<|endoftext|>"], tokenizer.convert_tokens_to_ids("Ġ")
+    ids = {token: _token_id(tokenizer, token) for token in specials}
+    eot, space = ids["<|endoftext|>"], _token_id(tokenizer, "Ġ")
     config = WhisperConfig(
         vocab_size=BASE_VOCAB + len(specials) + TIMESTAMPS,
         num_mel_bins=shape.mels,
@@ -122,7 +122,7 @@ def _build_hf(path: Path, shape: WhisperShape, seed: int, device: str) -> None:
     )
     torch.manual_seed(seed)
     with torch.device(device):
-        model = WhisperForConditionalGeneration(config)
+        model: Any = WhisperForConditionalGeneration(config)
     _design_decoder(model, tokenizer, ids, config.vocab_size)
     model.generation_config.suppress_tokens = []
     model.generation_config.begin_suppress_tokens = [space, eot]
@@ -184,3 +184,10 @@ def _preprocessor(mels: int) -> dict[str, Any]:
         "padding_value": 0.0,
         "return_attention_mask": False,
     }
+
+
+def _token_id(tokenizer: Any, token: str) -> int:
+    """One token's id (the tokenizer's call is typed for lists too)."""
+    found = tokenizer.convert_tokens_to_ids(token)
+    assert isinstance(found, int), token
+    return found

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests.support.built import built_once
-from tests.support.models.llm import _tokenizer
+from harness.built import built_once
+from harness.models.llm import _tokenizer
 
 if TYPE_CHECKING:
     import pytest

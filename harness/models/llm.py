@@ -6,7 +6,7 @@ directory.
 - `tiny-llama3-vocab` (tests): the tiny model with `llama3-8b`'s tokenizer and output
   layer, to check them on a CPU.
 - `llama3-8b` (GPUs): Llama-3-8B's shape (32 layers of 4096, GQA 32/8, 128256 tokens),
-  bfloat16 (16 GB); the tokenizer is made up (`tests.support.models.bpe`) with Llama 3's
+  bfloat16 (16 GB); the tokenizer is made up (`harness.models.bpe`) with Llama 3's
   vocabulary size. `layers` makes a shallower model of the same width for a smaller GPU.
 
 Generation never ends early, so every request decodes exactly `max_tokens`: the tiny
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests.support.built import built_once
-from tests.support.models.bpe import make_bpe, non_ascii_ids
+from harness.built import built_once
+from harness.models.bpe import make_bpe, non_ascii_ids
 
 if TYPE_CHECKING:
     import pytest
@@ -85,7 +85,7 @@ def build_llm(
         num_attention_heads=shape.heads,
         num_key_value_heads=shape.kv_heads,
         max_position_embeddings=shape.max_positions,
-        rope_theta=shape.rope_theta,
+        rope_theta=shape.rope_theta,  # type: ignore[call-arg]  # read from kwargs
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

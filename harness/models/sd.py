@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests.support.built import built_once
+from harness.built import built_once
 
 if TYPE_CHECKING:
     import pytest
@@ -162,7 +162,7 @@ def _save(path: Path, unet: Any, vae: Any, text: Any, half: bool, device: str) -
     )
     with torch.device(device):
         text_encoder = CLIPTextModel(text)
-    pipe = StableDiffusionPipeline(
+    pipe: Any = StableDiffusionPipeline(
         vae=vae,
         text_encoder=text_encoder,
         tokenizer=tokenizer,

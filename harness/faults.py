@@ -21,10 +21,10 @@ from typing import Any
 import httpx
 import redis
 
+from harness.deploy import Deployment, serving, status_events
 from jobs import keys, redis_client
 from jobs.apikeys import create_key
 from jobs.states import TERMINAL_VALUES
-from tests.support.deploy import Deployment, serving, status_events
 
 BODIES: tuple[dict[str, Any], ...] = (
     {"kind": "echo", "input": {"text": "fault"}},

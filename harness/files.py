@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from common.procs import free_port
-from tests.support.deploy import Deployment
+from harness.deploy import Deployment
 
 MIB = 1024 * 1024
 BUCKET = "mmq-test-bucket"
@@ -28,11 +28,11 @@ AWS_ENV = {
 
 FILE_PIPELINE = """
 [kinds.filesum]
-schema = "tests.support.filepipes:FileSumInput"
+schema = "harness.filepipes:FileSumInput"
 
 [pipelines.filesum]
 kind = "filesum"
-impl = "tests.support.filepipes:FileSumPipeline"
+impl = "harness.filepipes:FileSumPipeline"
 max_batch = 1
 concurrency = 2
 """

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.deploy import Deployment, wait_until
+from harness.deploy import Deployment, wait_until
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -52,6 +52,7 @@ def check_job_counted(
     job = run()
     assert job["status"] == "succeeded", job
     labels = {"kind": kind, "pipeline": pipeline}
+    after: Samples = {}
 
     def moved(name: str, **want: str) -> float:
         return value(after, name, **want) - value(before, name, **want)
@@ -65,7 +66,6 @@ def check_job_counted(
             and moved("mmq_batch_size_count", pipeline=pipeline) >= 1
         )
 
-    after: Samples = {}
     wait_until(counted, timeout_s=10)
     assert moved("mmq_jobs_submitted_total", kind=kind) == 1
     for histogram in histograms:

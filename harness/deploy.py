@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import redis
@@ -21,25 +21,25 @@ from common.procs import die_with_parent, free_port
 from host.launcher import mmq_command
 from jobs import keys
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 TEST_CONFIG = """
 [kinds.echo]
-schema = "tests.support.pipelines:EchoInput"
+schema = "harness.pipelines:EchoInput"
 
 [kinds.sleep]
-schema = "tests.support.pipelines:SleepInput"
+schema = "harness.pipelines:SleepInput"
 
 [pipelines.echo]
 kind = "echo"
-impl = "tests.support.pipelines:EchoPipeline"
+impl = "harness.pipelines:EchoPipeline"
 max_batch = {echo_max_batch}
 max_wait_ms = {echo_max_wait_ms}
 concurrency = {echo_concurrency}
 
 [pipelines.sleep]
 kind = "sleep"
-impl = "tests.support.pipelines:SleepPipeline"
+impl = "harness.pipelines:SleepPipeline"
 max_batch = 1
 concurrency = 1
 """
@@ -235,11 +235,8 @@ def wait_until(check: Any, proc: Proc | None = None, timeout_s: float = 20.0) ->
 
 def status_events(r: redis.Redis, job_id: str) -> list[str]:
     """The statuses of a job's status events, in order, from its stream."""
-    return [
-        json.loads(e["data"])["status"]
-        for _, e in r.xrange(keys.job_events(job_id))
-        if e["type"] == "status"
-    ]
+    entries = cast(list[tuple[str, dict[str, str]]], r.xrange(keys.job_events(job_id)))
+    return [json.loads(e["data"])["status"] for _, e in entries if e["type"] == "status"]
 
 
 def flush(redis_url: str) -> None:

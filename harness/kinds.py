@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from harness.deploy import Deployment, serving, wait_until
 from host.redis_server import RedisServer
-from tests.support.deploy import Deployment, serving, wait_until
 
 PIPELINES = {
     "tts": """
@@ -94,7 +94,7 @@ def kinds_deployment(
             dep.start_worker("echo")
             dep.start_worker("sleep")
             for worker in workers:
-                wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=240)  # type: ignore[misc]
+                wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=240)
             try:
                 yield dep
             finally:

@@ -49,12 +49,12 @@ def inprocess_settings(
         api=ApiSettings(max_wait_s=MAX_WAIT_S, keepalive_s=1.0),
         queue=QueueSettings(max_queued_by_kind={"sleep": SLEEP_QUEUE_LIMIT}),
         kinds={
-            "echo": KindConfig(schema="tests.support.pipelines:EchoInput"),
-            "sleep": KindConfig(schema="tests.support.pipelines:SleepInput"),
+            "echo": KindConfig(schema="harness.pipelines:EchoInput"),
+            "sleep": KindConfig(schema="harness.pipelines:SleepInput"),
         },
         pipelines={
-            "echo": PipelineConfig(kind="echo", impl="tests.support.pipelines:EchoPipeline"),
-            "sleep": PipelineConfig(kind="sleep", impl="tests.support.pipelines:SleepPipeline"),
+            "echo": PipelineConfig(kind="echo", impl="harness.pipelines:EchoPipeline"),
+            "sleep": PipelineConfig(kind="sleep", impl="harness.pipelines:SleepPipeline"),
             "img": PipelineConfig(kind="image", impl="pipelines.image:ImagePipeline", model="m"),
             "chat": PipelineConfig(kind="llm", impl="pipelines.llm:LlmPipeline", model="m"),
             "chat-vllm": PipelineConfig(

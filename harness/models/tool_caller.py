@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests.support.built import built_once
+from harness.built import built_once
 
 if TYPE_CHECKING:
     import pytest

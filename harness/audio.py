@@ -22,7 +22,7 @@ import jiwer
 import numpy as np
 from av.audio.stream import AudioStream
 
-from tests.support.deploy import Deployment, flush, serving
+from harness.deploy import Deployment, flush, serving
 
 SHORT = (
     "The quick brown fox jumps over the lazy dog.",

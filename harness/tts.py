@@ -16,8 +16,8 @@ import httpx
 import jiwer
 import numpy as np
 
-from tests.support.deploy import Deployment, Proc, wait_until
-from tests.support.models.coqui import build_tiny_vits, build_tiny_xtts
+from harness.deploy import Deployment, Proc, wait_until
+from harness.models.coqui import build_tiny_vits, build_tiny_xtts
 
 TTS_PIPELINE = """
 [pipelines.tts]
@@ -77,7 +77,7 @@ def start_workers(dep: Deployment, pipeline: str, count: int, timeout_s: float =
         for i in range(count)
     ]
     for proc in procs:
-        wait_until(lambda p=proc: "ready." in p.log(), proc, timeout_s=timeout_s)  # type: ignore[misc]
+        wait_until(lambda p=proc: "ready." in p.log(), proc, timeout_s=timeout_s)
     return procs
 
 

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import redis
 
@@ -122,7 +123,7 @@ class SentinelGroup:
 
     def _sentinels_see_all(self) -> bool:
         for port in self.sentinel_ports:
-            state = self.sentinel(port).sentinel_master(MASTER_NAME)
+            state = cast(dict[str, Any], self.sentinel(port).sentinel_master(MASTER_NAME))
             if state["num-other-sentinels"] < 2 or state["num-slaves"] < 1:
                 return False
         return True
@@ -133,7 +134,7 @@ class SentinelGroup:
         for port in self.sentinel_ports:
             with contextlib.suppress(redis.RedisError, OSError):
                 address = self.sentinel(port).sentinel_get_master_addr_by_name(MASTER_NAME)
-                if address:
+                if isinstance(address, tuple):
                     votes[int(address[1])] = votes.get(int(address[1]), 0) + 1
         best = max(votes.items(), key=lambda kv: kv[1], default=None)
         return best[0] if best and best[1] >= QUORUM else None
@@ -170,7 +171,7 @@ class SentinelGroup:
         has seen the replica)."""
         sentinel = self.sentinel(self.sentinel_ports[0])
         wait_for(
-            lambda: bool(sentinel.execute_command("SENTINEL", "FAILOVER", MASTER_NAME)),
+            lambda: bool(sentinel.sentinel_failover(MASTER_NAME)),
             "SENTINEL FAILOVER accepted",
             timeout_s,
         )
