@@ -40,10 +40,9 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import run_meta
-from bench.private_deploy import private_deployment
 from common.procs import free_port
 from harness.client import new_owner
-from harness.deploy import wait_until
+from harness.deploy import private_deployment, wait_until
 from harness.kinds import llm_toml
 from harness.models.llm import build_tiny_llm
 from harness.models.tool_caller import build_tool_caller

@@ -35,9 +35,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import percentile_ms, run_meta
-from bench.private_deploy import private_deployment
 from harness.audio import SHORT, spoken
-from harness.deploy import Deployment
+from harness.deploy import Deployment, private_deployment
 from harness.kinds import pipeline_toml
 from harness.metrics import scrape, value
 from jobs.apikeys import create_key

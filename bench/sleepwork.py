@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from bench.private_deploy import private_deployment
+from harness.deploy import private_deployment
 
 PIPELINE = """
 [pipelines.work]

@@ -1,4 +1,11 @@
-"""Real deployments for tests: API under uvicorn, Celery workers, the reaper, as processes."""
+"""The one deployment builder of tests, benches and `mmq tune`: the API under uvicorn,
+Celery workers and the reaper as processes (each in its own process group, logging to a
+file) on one Redis and one config file, on free ports, stopped as a group.
+
+`Deployment` on a Redis the caller runs (the tests' session server); `private_deployment`
+with a Redis of its own in a temporary directory (benches, tunes). The config is the tests'
+(`echo` and `sleep` pipelines) plus what a caller adds, or the caller's alone
+(`test_pipelines=False`)."""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +27,7 @@ import redis
 
 from common.procs import die_with_parent, free_port
 from host.launcher import mmq_command
+from host.redis_server import RedisServer
 from jobs import keys
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,13 +91,18 @@ class Deployment:
     config_values: dict[str, Any] = field(default_factory=dict)
     procs: list[Proc] = field(default_factory=list)
     api_port: int = 0
+    config: str = ""
+    """Added to the tests' config, or the whole config with `test_pipelines=False`."""
+    test_pipelines: bool = True
 
     def __post_init__(self) -> None:
         values = {"echo_max_batch": 8, "echo_max_wait_ms": 50, "echo_concurrency": 8}
         values.update(self.config_values)
+        base = TEST_CONFIG.format(**values) if self.test_pipelines else ""
         self.config_path = self.tmp / "mmq.toml"
-        self.config_path.write_text(TEST_CONFIG.format(**values))
+        self.config_path.write_text(base + self.config)
         self.api_port = free_port()
+        self.instances: dict[str, int] = {}
 
     @property
     def env(self) -> dict[str, str]:
@@ -99,6 +113,7 @@ class Deployment:
             "MMQ_CONFIG_FILE": str(self.config_path),
             "MMQ_DATA_DIR": str(self.tmp / "data"),
             "MMQ_API__PORT": str(self.api_port),
+            "HF_HUB_OFFLINE": "1",
             "MMQ_AUTH__REQUIRED": "true",
             "MMQ_LOG_LEVEL": "INFO",
             # The release stage (fair share, batches, on-demand turns) steps faster than
@@ -148,14 +163,24 @@ class Deployment:
         self.procs.append(proc)
         return proc
 
-    def start_api(self) -> Proc:
+    def start_api(self, timeout_s: float = 30.0) -> Proc:
         proc = self.spawn("api", "api")
-        wait_until(lambda: _healthy(self.base_url), proc, timeout_s=30)
+        wait_until(lambda: _healthy(self.base_url), proc, timeout_s=timeout_s)
         return proc
 
     def start_worker(
-        self, pipeline: str, instance: int = 0, env: dict[str, str] | None = None
+        self,
+        pipeline: str,
+        instance: int | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: float = 30.0,
+        wait: bool = True,
     ) -> Proc:
+        """A worker of `pipeline` (instance numbers count up per pipeline unless given),
+        waited for until it says it is ready (its model loaded) unless `wait` is false."""
+        if instance is None:
+            instance = self.instances.get(pipeline, 0)
+        self.instances[pipeline] = max(self.instances.get(pipeline, 0), instance + 1)
         proc = self.spawn(
             f"worker-{pipeline}-{instance}-{len(self.procs)}",
             "worker",
@@ -165,8 +190,40 @@ class Deployment:
             str(instance),
             env=env,
         )
-        wait_until(lambda: "ready." in proc.log(), proc, timeout_s=30)
+        if wait:
+            wait_until(lambda: "ready." in proc.log(), proc, timeout_s=timeout_s)
         return proc
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Until `/readyz` answers 200 (Redis up, a live worker of each kind), failing at
+        once if one of the deployment's processes exited."""
+        last = "no answer"
+
+        def ready() -> bool:
+            nonlocal last
+            for proc in self.procs:
+                if not proc.alive():
+                    code = proc.process.returncode
+                    raise RuntimeError(f"{proc.name} exited with {code}:\n{proc.log()[-4000:]}")
+            try:
+                response = httpx.get(f"{self.base_url}/readyz", timeout=2, trust_env=False)
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                return False
+            last = f"{response.status_code} {response.text[:200]}"
+            return response.status_code == 200
+
+        try:
+            wait_until(ready, timeout_s=timeout_s)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{self.base_url}/readyz not ready in {timeout_s:g}s: {last}"
+            ) from None
+
+    def pids(self, prefix: str) -> list[int]:
+        """The pids of the running processes whose name starts with `prefix` ("api",
+        "worker-llm-")."""
+        return [p.process.pid for p in self.procs if p.name.startswith(prefix) and p.alive()]
 
     def start_reaper(self) -> Proc:
         return self.spawn("reaper", "reaper")
@@ -200,18 +257,58 @@ def running(
     workers: Sequence[str],
     config: str = "",
     config_values: dict[str, Any] | None = None,
+    *,
+    test_pipelines: bool = True,
+    reaper: bool = True,
+    worker_timeout_s: float = 30.0,
 ) -> Iterator[Deployment]:
-    """A deployment on `redis_url` with `config` added to the test config: the API, the
-    reaper and `workers` (pipeline names) started and ready; everything stopped after."""
-    dep = Deployment(redis_url, tmp, env, config_values or {})
-    if config:
-        dep.config_path.write_text(dep.config_path.read_text() + config)
+    """A deployment on `redis_url`: the API, the reaper and `workers` (pipeline names; a
+    name given twice starts two instances) started and ready; everything stopped after."""
+    dep = Deployment(
+        redis_url, tmp, env, config_values or {}, config=config, test_pipelines=test_pipelines
+    )
     with serving(dep):
         dep.start_api()
-        dep.start_reaper()
+        if reaper:
+            dep.start_reaper()
         for pipeline in workers:
-            dep.start_worker(pipeline)
+            dep.start_worker(pipeline, timeout_s=worker_timeout_s)
         yield dep
+
+
+@contextlib.contextmanager
+def private_deployment(
+    config: str,
+    env: dict[str, str],
+    workers: Sequence[str],
+    prefix: str = "mmq-bench-",
+    *,
+    test_pipelines: bool = True,
+    reaper: bool = True,
+    worker_timeout_s: float = 30.0,
+    redis: RedisServer | None = None,
+) -> Iterator[Deployment]:
+    """`running` on a Redis of its own (`redis`, or one on a free port without
+    persistence) in a temporary directory that is removed after."""
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
+        if redis is None:
+            redis = RedisServer(tmp / "redis", port=free_port(), persist=False)
+        redis.start()
+        stack.callback(redis.stop)
+        (tmp / "deploy").mkdir()
+        yield stack.enter_context(
+            running(
+                redis.url,
+                tmp / "deploy",
+                env,
+                workers,
+                config,
+                test_pipelines=test_pipelines,
+                reaper=reaper,
+                worker_timeout_s=worker_timeout_s,
+            )
+        )
 
 
 def _healthy(base_url: str) -> bool:
