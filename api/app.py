@@ -31,8 +31,8 @@ from api.service import JobService
 from common.heap import freeze_startup_heap
 from jobs import redis_client
 from jobs.broker import make_celery, webhook_sender
-from jobs.metered import MeteredAsyncJobStore
 from jobs.settings import Settings, load_settings
+from jobs.store import AsyncJobStore
 from storage.factory import make_storage
 
 UPLOAD_PATHS = ("/v1/audio/transcriptions", "/v1/audio/translations")
@@ -63,7 +63,7 @@ def create_app(settings: Settings) -> FastAPI:
             settings.redis_url or "", max_connections=256, timeout_s=10, resend_on_broken=True
         )
         celery = make_celery(settings)
-        store = MeteredAsyncJobStore(client, settings, on_event=webhook_sender(celery))
+        store = AsyncJobStore(client, settings, on_event=webhook_sender(celery), metered=True)
         hub = EventHub(client, keepalive_s=settings.api.keepalive_s)
         await hub.start()
         files = FileService(settings, storage, client)

@@ -22,11 +22,11 @@ from cluster.stranded import resend_missing, restore_stranded
 from jobs import keys, operations
 from jobs.broker import job_message
 from jobs.changes import Transition
-from jobs.metered import MeteredJobStore
 from jobs.models import Job
 from jobs.redis_client import FAILOVER_ERRORS
 from jobs.settings import Settings
 from jobs.states import JobStatus
+from jobs.store import JobStore
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ MISSING_SWEEP_EVERY = 10
 
 
 class Reaper:
-    def __init__(self, store: MeteredJobStore, settings: Settings, app: Celery) -> None:
+    def __init__(self, store: JobStore, settings: Settings, app: Celery) -> None:
         self.store = store
         self.settings = settings
         self.app = app

@@ -62,11 +62,11 @@ from jobs.codec import dumps, text_list, text_map
 from jobs.device_models import ModelEntry, split_member
 from jobs.file_objects import FileObject, save_object_sync
 from jobs.lua import RELEASE_HELD
-from jobs.metered import MeteredJobStore
 from jobs.models import Job
 from jobs.redis_client import FAILOVER_ERRORS
 from jobs.settings import Settings
 from jobs.states import JobStatus
+from jobs.store import JobStore
 from storage.base import Storage
 
 log = logging.getLogger(__name__)
@@ -92,9 +92,7 @@ push their messages at once."""
 
 
 class ReleaseStage:
-    def __init__(
-        self, store: MeteredJobStore, settings: Settings, app: Celery, storage: Storage
-    ) -> None:
+    def __init__(self, store: JobStore, settings: Settings, app: Celery, storage: Storage) -> None:
         self.store = store
         self.r = store.r
         self.settings = settings
@@ -477,7 +475,7 @@ class ReleaseStage:
 
 
 def start_release_stage(
-    store: MeteredJobStore, settings: Settings, app: Celery, stop: threading.Event
+    store: JobStore, settings: Settings, app: Celery, stop: threading.Event
 ) -> threading.Thread:
     """Run the release stage in a daemon thread until `stop` is set."""
     from storage.factory import make_storage

@@ -26,18 +26,18 @@ from jobs import keys
 from jobs.broker import job_message
 from jobs.codec import text_list
 from jobs.kombu_redis import Unacked, queued_job_ids
-from jobs.metered import MeteredJobStore
 from jobs.metrics import MESSAGES_RESENT, Sample
 from jobs.models import Job
 from jobs.queues import queue_name
 from jobs.states import TERMINAL, JobStatus
+from jobs.store import JobStore
 
 log = logging.getLogger(__name__)
 
 BATCH = 100
 
 
-def restore_stranded(app: Celery, store: MeteredJobStore, grace_s: float) -> int:
+def restore_stranded(app: Celery, store: JobStore, grace_s: float) -> int:
     """Requeue unacked run-job messages older than `grace_s` whose job is not running;
     returns how many were put back. A message whose job has ended, or was queued again
     with a new message after this one was delivered (the lease sweep took it back from a
@@ -71,7 +71,7 @@ def _superseded(job: Job, delivered_at: float) -> bool:
     return job.status is JobStatus.QUEUED and job.queued_at > delivered_at
 
 
-def resend_missing(app: Celery, store: MeteredJobStore, grace_s: float) -> int:
+def resend_missing(app: Celery, store: JobStore, grace_s: float) -> int:
     """Send a new task message for each job queued longer than `grace_s` that has none;
     returns how many were sent."""
     queued = _queued_since(store, time.time() - grace_s)
@@ -92,7 +92,7 @@ def resend_missing(app: Celery, store: MeteredJobStore, grace_s: float) -> int:
     return sent
 
 
-def _queued_since(store: MeteredJobStore, before: float) -> list[str]:
+def _queued_since(store: JobStore, before: float) -> list[str]:
     """Queued job ids (every kind) whose last queueing was before `before`, but those
     held by fair share (their message waits in a hold list for the release stage)."""
     ids = [

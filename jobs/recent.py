@@ -13,7 +13,7 @@ Prometheus scrape wants; a console wants "now": jobs/s, p50 and p95 of the last 
 - `["rejected", kind, pipeline]`: submits refused with 429
 
 They ride on the writes the counters make anyway: the worker's tally flush
-(`jobs/tally.py`), the API's pipelined end and reject writes (`jobs/metered.py`).
+(`jobs/tally.py`), the API's pipelined end and reject writes (`jobs/store.py`, metered).
 """
 
 from __future__ import annotations

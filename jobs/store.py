@@ -2,6 +2,17 @@
 
 `JobStore` (sync: workers, reaper, CLI) and `AsyncJobStore` (the API) share the Lua
 scripts and the changes of `jobs.changes`, so a transition is written in one place.
+
+A metered store (`metered=True`) also counts every accepted submit (in the script that
+stores the job) and every transition that ends a job, wherever it happens: a worker, the
+reaper, a cancel or a cached answer in the API. A transition to a terminal status succeeds
+once per job (the script checks the current status), so each end is counted once; the
+script that ends the job returns the fields its metrics need (`Transition.read_back`).
+In workers and the reaper the samples go to the process's `MetricsTally` (written once per
+`metrics_flush_s`: no round trip per job); in the API they go to Redis in one pipelined
+round trip. The same writes add to the overview's per-minute counts (`jobs/recent.py`). A
+submit refused with 429 is counted in the API (one round trip, on that path alone).
+Metrics never fail a job: a Redis error while counting is logged.
 """
 
 from __future__ import annotations
@@ -11,15 +22,16 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
 import redis
 import redis.asyncio as aredis
 from redis.exceptions import NoScriptError
 
-from jobs import keys, lua, quotas, redis_client
+from jobs import keys, lua, quotas, recent, redis_client
 from jobs.changes import (
+    ALL_FIELDS,
     Lease,
     SubmitResult,
     Transition,
@@ -39,9 +51,19 @@ from jobs.codec import (
 )
 from jobs.durability import Durability
 from jobs.kombu_redis import TaskMessage
+from jobs.metrics import (
+    END_FIELDS,
+    JOBS_REJECTED,
+    JOBS_SUBMITTED,
+    Sample,
+    end_samples,
+    field_of,
+    queue,
+)
 from jobs.models import Event, EventType, Job, WebhookSpec
 from jobs.schemas.base import CachePolicy
 from jobs.settings import Settings
+from jobs.tally import MetricsTally
 from jobs.webhooks import wants
 
 EventListener = Callable[[str, str, dict[str, Any]], None]
@@ -76,15 +98,41 @@ def _after(after: str | None) -> str:
     return f"({after}" if after else "-"
 
 
+def _reading_end_fields(change: Transition) -> Transition:
+    """`change`, returning the fields its end metrics need when it ends the job (all of
+    them, where the caller asked for all)."""
+    if not change.target.terminal or change.read_back == ALL_FIELDS:
+        return change
+    return replace(change, read_back=END_FIELDS)
+
+
+def _end_counts(
+    change: Transition, result: TransitionResult
+) -> tuple[list[Sample], list[recent.Cell]]:
+    """The metric samples of a change that ended its job, and the overview's cells."""
+    if not (result.ok and change.target.terminal):
+        return [], []
+    samples = end_samples({name: value or None for name, value in result.read_back.items()})
+    return samples, recent.end_cells(result.read_back, samples) if samples else []
+
+
 class JobStore:
-    """Synchronous store, for worker processes, the reaper and the CLI."""
+    """Synchronous store, for worker processes, the reaper and the CLI. Metered, it adds
+    the ends it records to `tally`, which its owner starts and stops (and may add to)."""
 
     def __init__(
-        self, client: redis.Redis, settings: Settings, on_event: EventListener | None = None
+        self,
+        client: redis.Redis,
+        settings: Settings,
+        on_event: EventListener | None = None,
+        *,
+        metered: bool = False,
     ) -> None:
         self.r = client
         self.settings = settings
         self.on_event = on_event
+        self.metered = metered
+        self.tally = MetricsTally(client, settings.metrics_flush_s)
         self._transition = client.register_script(lua.TRANSITION)
         self._submit = client.register_script(lua.SUBMIT)
         self.durability = Durability(settings.redis)
@@ -94,7 +142,9 @@ class JobStore:
         self._resend = client.register_script(lua.RESEND)
 
     @classmethod
-    def connect(cls, settings: Settings, on_event: EventListener | None = None) -> Self:
+    def connect(
+        cls, settings: Settings, on_event: EventListener | None = None, *, metered: bool = False
+    ) -> Self:
         if not settings.redis_url:
             raise ValueError("redis_url is not set")
         # A command on a connection whose peer went silent (a partition) gives up after
@@ -103,7 +153,7 @@ class JobStore:
         ttl_s = settings.lease.ttl_s
         wait_s = max(settings.redis.durability_timeout_ms / 1000, ttl_s)
         client = redis_client.connect(settings.redis_url, socket_timeout=wait_s + ttl_s)
-        return cls(client, settings, on_event)
+        return cls(client, settings, on_event, metered=metered)
 
     def get(self, job_id: str) -> Job | None:
         fields = text_map(self.r.hgetall(keys.job(job_id)))
@@ -113,6 +163,8 @@ class JobStore:
         """Run the change; one that ends the job is confirmed at `redis.durability` before
         its webhooks are handed on (and before the caller acknowledges its task)."""
         now = time.time()
+        if self.metered:
+            change = _reading_end_fields(change)
         key_list, args = change.script_args(self.settings, now)
         if change.target.terminal and self.durability.waits:
             raw = self._durable_transition(change.job_id, key_list, args)
@@ -120,6 +172,10 @@ class JobStore:
             raw = self._transition(keys=key_list, args=args)
         result = decode_result(change, raw)
         self._publish(result.held)
+        if self.metered:
+            samples, cells = _end_counts(change, result)
+            self.tally.add(samples)
+            self.tally.count(cells, recent.KEEP_S)
         if self.on_event is not None:
             for url, event in webhook_events(change, result, now):
                 self.on_event(change.job_id, url, event)
@@ -283,11 +339,17 @@ class AsyncJobStore:
     """Asynchronous store, for the API."""
 
     def __init__(
-        self, client: aredis.Redis, settings: Settings, on_event: EventListener | None = None
+        self,
+        client: aredis.Redis,
+        settings: Settings,
+        on_event: EventListener | None = None,
+        *,
+        metered: bool = False,
     ) -> None:
         self.r = client
         self.settings = settings
         self.on_event = on_event
+        self.metered = metered
         self._submit = client.register_script(lua.SUBMIT)
         self._transition = client.register_script(lua.TRANSITION)
         self.durability = Durability(settings.redis)
@@ -321,14 +383,17 @@ class AsyncJobStore:
     ) -> SubmitResult:
         """Store a new queued job unless its kind's queue is full, the key was used or its
         owner is over a quota; in the same script, push its task `message` where given
-        and count the submit (see `submit_counter`) and its `cost`."""
+        and count the submit (metered) and its `cost`; a metered store also counts a
+        submit refused because the queue was full."""
         key_list, args = submit_args(
             job,
             self.settings,
             max_queued=max_queued,
             idempotency=idempotency,
             message=message,
-            counter=self.submit_counter(job),
+            counter=(keys.metric(JOBS_SUBMITTED.name), field_of((job.kind,)))
+            if self.metered
+            else None,
             cost=cost,
         )
         raw, confirmed = await self._durably(self._submit, key_list, args)
@@ -340,6 +405,10 @@ class AsyncJobStore:
             queued = event_dict(value, job.id, "status", {"status": "queued"}, job.created_at)
             if wants(job.webhook.events, "status", queued["data"]):
                 await asyncio.to_thread(self.on_event, job.id, job.webhook.url, queued)
+        if outcome == "full" and self.metered:
+            labels = (job.kind, job.pipeline)
+            rejected = [recent.rejected_cell(*labels, now=job.created_at)]
+            await self._count([(JOBS_REJECTED, labels, 1)], rejected, job.id)
         if outcome == "dup":
             job_id, _, prev_hash = value.partition("|")
             return SubmitResult("dup", job_id, prev_hash)
@@ -351,10 +420,6 @@ class AsyncJobStore:
                 cost_limit=int(raw[4]), cost_used=int(raw[5]),
             )  # fmt: skip
         return SubmitResult(outcome)
-
-    def submit_counter(self, job: Job) -> tuple[str, str] | None:
-        """(hash key, field) that an accepted submit adds one to; none here."""
-        return None
 
     async def get(self, job_id: str) -> Job | None:
         fields = text_map(await self.r.hgetall(keys.job(job_id)))
@@ -375,6 +440,8 @@ class AsyncJobStore:
 
     async def apply(self, change: Transition) -> TransitionResult:
         now = time.time()
+        if self.metered:
+            change = _reading_end_fields(change)
         key_list, args = change.script_args(self.settings, now)
         confirmed = True
         if change.target.terminal:
@@ -385,10 +452,27 @@ class AsyncJobStore:
         await self._publish(result.held)  # the end is written: heard of, confirmed or not
         if not confirmed:
             raise self.durability.not_confirmed(f"the end of job {change.job_id}")
+        if self.metered:
+            samples, cells = _end_counts(change, result)
+            if samples:
+                await self._count(samples, cells, change.job_id)
         if self.on_event is not None:
             for url, event in webhook_events(change, result, now):
                 await asyncio.to_thread(self.on_event, change.job_id, url, event)
         return result
+
+    async def _count(self, samples: list[Sample], cells: list[recent.Cell], job_id: str) -> None:
+        """The counters and the overview's per-minute counts, in one round trip."""
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            queue(pipe, samples)
+            for key, name, amount in cells:
+                pipe.hincrby(key, name, amount)
+            for key in {key for key, _, _ in cells}:
+                pipe.expire(key, recent.KEEP_S)
+            await pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("job %s: not counted in metrics: %s", job_id, exc)
 
     async def cached_answer(self, owner: str, policy: CachePolicy) -> dict[str, Any] | None:
         """The response cache's answer to a request of this `policy`, if it has one."""

@@ -128,14 +128,14 @@ def reaper(config: ConfigOpt = None) -> None:
     from cluster.release import start_release_stage
     from cluster.retention import start_sweeper
     from jobs.broker import make_celery, webhook_sender
-    from jobs.metered import MeteredJobStore
+    from jobs.store import JobStore
 
     settings = with_redis(command_settings(config))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     celery = make_celery(settings)
-    store = MeteredJobStore.connect(settings, on_event=webhook_sender(celery))
+    store = JobStore.connect(settings, on_event=webhook_sender(celery), metered=True)
     store.tally.start()
     sweeper = start_sweeper(settings, stop)
     release = start_release_stage(store, settings, celery, stop)

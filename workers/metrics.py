@@ -1,6 +1,6 @@
 """A worker process's readings of its GPU or MIG slice through NVML (utilisation, memory),
 written to Redis every `interval_s` for the API's `/metrics`. Job ends and batches are
-counted in the store's `MetricsTally` (`jobs/metered.py`, `workers/process.py`). Metrics
+counted in the store's `MetricsTally` (`jobs/store.py`, `workers/process.py`). Metrics
 never stop a worker: errors are logged and dropped.
 """
 

@@ -25,12 +25,12 @@ from common.heap import freeze_startup_heap
 from jobs import keys, redis_client
 from jobs.broker import make_celery, webhook_sender
 from jobs.kombu_redis import task_message
-from jobs.metered import MeteredJobStore
 from jobs.metrics import batch_samples
 from jobs.models import Job
 from jobs.queues import TASK_NAME, queue_name
 from jobs.schemas import import_object, schema_for
 from jobs.settings import Settings
+from jobs.store import JobStore
 from pipelines.base import Pipeline
 from storage.factory import make_storage
 from workers.engine import Engine
@@ -170,7 +170,7 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
     config = pipeline.config
     knobs = pipeline.knobs()
     app = make_celery(settings)
-    store = MeteredJobStore.connect(settings, on_event=webhook_sender(app))
+    store = JobStore.connect(settings, on_event=webhook_sender(app), metered=True)
     metrics = WorkerMetrics(store.r, config.device, host=settings.host_name)
     engine = Engine(
         pipeline,
