@@ -5,7 +5,6 @@ release stage submits go straight to the queue."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -55,6 +54,11 @@ def _ts(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
 
+def _held(r: redis.Redis) -> int:
+    """How many normal-priority sleep jobs the release stage holds back now."""
+    return int(r.hget(keys.HELD, "sleep|normal") or 0)
+
+
 def _idle(r: redis.Redis) -> None:
     wait_until(
         lambda: r.zcard(keys.RUNNING) == 0 and not any(int(v) for v in r.hvals(keys.HELD)),
@@ -65,8 +69,8 @@ def _idle(r: redis.Redis) -> None:
 def test_one_jobs_key_goes_before_another_keys_burst(dep: Deployment, r: redis.Redis) -> None:
     a, b = _key(dep, r), _key(dep, r)
     burst = [_sleep(a) for _ in range(20)]
-    time.sleep(0.3)  # A's burst is held behind the worker's one slot
-    assert int(r.hget(keys.HELD, "sleep|normal") or 0) > 10
+    # A's burst is held behind the worker's one slot
+    wait_until(lambda: _held(r) > 10, timeout_s=10)
     metrics = a.http.get("/metrics").text
     held = [ln for ln in metrics.splitlines() if ln.startswith('mmq_jobs_held{pipeline="sleep"')]
     assert held and float(held[0].split()[-1]) > 5
@@ -109,7 +113,7 @@ def test_priorities_keep_their_meaning_and_a_canceled_held_job_never_runs(
     a, b = _key(dep, r), _key(dep, r)
     blocker = _sleep(b, steps=20)  # holds the slot until the burst and the urgent job wait
     burst = [_sleep(a) for _ in range(10)]
-    time.sleep(0.3)
+    wait_until(lambda: _held(r) >= 5, timeout_s=10)  # the burst waits behind the blocker
     canceled = burst[-1]
     a.http.post(f"/v1/jobs/{canceled}/cancel")
     urgent = _sleep(b, priority="high")
