@@ -25,12 +25,12 @@ against the script (mean and worst). Ratios, one run: mmq's p50 at concurrency 1
 from __future__ import annotations
 
 import argparse
+import asyncio
 import io
 import json
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -44,10 +44,9 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import REPO, check_alive, child_env, percentile_ms, run_meta, wait_healthy
-from common.procs import free_port
-from host.launcher import ProcSpec, Supervisor, mmq_command
-from host.redis_server import RedisServer
+from bench.common import REPO, percentile_ms, run_meta
+from harness import load
+from harness.deploy import private_deployment
 from jobs.settings import load_settings
 
 TARGETS = ("sequential", "threads", "mmq")
@@ -131,31 +130,15 @@ class Service:
     """A private mmq deployment with the shipped config: Redis, the API, the asr worker."""
 
     def __init__(self, args: argparse.Namespace, stack: ExitStack, audio: bytes, name: str):
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-asr-")))
-        server = RedisServer(tmp / "redis", persist=False)
-        server.start()
-        stack.callback(server.stop)
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        env = child_env(args.config, server.url, tmp / "data")
-        api = ProcSpec("api", mmq_command("api"), {"MMQ_API__PORT": str(port)})
-        worker = ProcSpec("worker asr", mmq_command("worker", "--pipeline", "asr"))
-        self.procs = Supervisor([api, worker], base_env=env)
-        stack.callback(self.procs.terminate)
-        self.procs.start()
-        wait_healthy(self.url, self.procs)
+        env = {"MMQ_AUTH__REQUIRED": "false", "MMQ_API__HOST": "127.0.0.1"}
+        dep = private_deployment(
+            args.config.read_text(), env, ["asr"], "mmq-bench-asr-",
+            test_pipelines=False, reaper=False, worker_timeout_s=180,
+        )  # fmt: skip
+        self.url = stack.enter_context(dep).base_url
         self.audio, self.name = audio, name
         self.local = threading.local()
-        deadline = time.monotonic() + 180
-        while True:  # the worker answers once its model is loaded and warm
-            try:
-                self.transcribe()
-                return
-            except (httpx.HTTPError, RuntimeError):
-                check_alive(self.procs)
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        self.transcribe()  # warm up
 
     def transcribe(self) -> str:
         client = getattr(self.local, "client", None)
@@ -185,32 +168,21 @@ class Samples:
 
 
 def closed_loop(call: Transcribe, requests: int, concurrency: int, into: Samples) -> None:
-    """`requests` calls over `concurrency` lanes, each sending its next when its last
-    came back."""
-    left = iter(range(requests))
-    lock = threading.Lock()
+    """`requests` calls over `concurrency` closed-loop lanes (`harness.load`), each
+    lane's calls in a thread of its own."""
 
-    def lane() -> None:
-        while True:
-            with lock:
-                if next(left, None) is None:
-                    return
-            sent = time.perf_counter()
-            try:
-                text = call()
-            except Exception as exc:
-                with lock:
-                    into.errors.append(f"{type(exc).__name__}: {exc}"[:200])
-                continue
-            with lock:
-                into.latencies.append(time.perf_counter() - sent)
-                into.texts.append(text)
+    async def one(_: int) -> None:
+        sent = time.perf_counter()
+        try:
+            text = await asyncio.get_running_loop().run_in_executor(pool, call)
+        except Exception as exc:
+            into.errors.append(f"{type(exc).__name__}: {exc}"[:200])
+            return
+        into.latencies.append(time.perf_counter() - sent)
+        into.texts.append(text)
 
-    start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        for future in [pool.submit(lane) for _ in range(concurrency)]:
-            future.result()
-    into.wall_s += time.perf_counter() - start
+        into.wall_s += asyncio.run(load.closed_loop(one, requests, concurrency))[1]
 
 
 def summarize(

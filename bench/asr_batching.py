@@ -29,9 +29,6 @@ import asyncio
 import json
 import statistics
 import sys
-import tempfile
-import time
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,22 +37,15 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import (
-    check_alive,
-    child_env,
-    percentile_ms,
-    run_job,
-    run_level,
-    wait_healthy,
-)
+from bench.common import percentile_ms, run_level
 from bench.overhead import jsonable
-from common.procs import free_port
-from host.launcher import ProcSpec, Supervisor, mmq_command
-from host.redis_server import RedisServer
+from harness.deploy import private_deployment
+from harness.load import run_job
 
 DEFAULT_OUT = Path("bench/results/asr_batching.json")
 THROUGHPUT_GOAL = 1.3
 FIRST_SHARE_GOAL = 0.3
+ENV = {"MMQ_AUTH__REQUIRED": "false", "MMQ_API__HOST": "127.0.0.1"}
 MODES: dict[str, dict[str, Any]] = {
     "alone": {"max_batch": 1, "runners": 1, "options": {}},
     "batched": {"max_batch": 8, "runners": 1, "max_wait_ms": 50, "options": {}},
@@ -181,53 +171,19 @@ def _median_share(samples: list[Sample]) -> float:
 # --- deployment ------------------------------------------------------------------------
 
 
-class Bench:
-    """A private deployment: Redis, the API, and one worker at a time."""
+def upload(api_url: str, data: bytes, name: str) -> str:
+    files = {"file": (name, data, "application/octet-stream")}
+    r = httpx.post(f"{api_url}/v1/files", files=files, timeout=60, trust_env=False)
+    r.raise_for_status()
+    return str(r.json()["key"])
 
-    def __init__(self, args: argparse.Namespace, stack: ExitStack) -> None:
-        self.stack = stack
-        self.tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-asr-")))
-        server = RedisServer(self.tmp / "redis", persist=False)
-        server.start()
-        stack.callback(server.stop)
-        config = self.tmp / "mmq.toml"
-        config.write_text(config_toml(args))
-        port = free_port()
-        self.api_url = f"http://127.0.0.1:{port}"
-        self.env = child_env(config, server.url, self.tmp / "data")
-        api = ProcSpec("api", mmq_command("api"), {"MMQ_API__PORT": str(port)})
-        self.api = Supervisor([api], base_env=self.env)
-        stack.callback(self.api.terminate)
-        self.api.start()
-        wait_healthy(self.api_url, self.api)
 
-    def upload(self, data: bytes, name: str) -> str:
-        files = {"file": (name, data, "application/octet-stream")}
-        r = httpx.post(f"{self.api_url}/v1/files", files=files, timeout=60, trust_env=False)
-        r.raise_for_status()
-        return str(r.json()["key"])
-
-    def start_workers(self, modes: list[str], warmup_key: str) -> None:
-        """One worker per mode, all at once (idle ones cost nothing), so that the modes
-        can take turns and share whatever else the machine is doing; returns once each
-        has run a warm-up job."""
-        specs = [
-            ProcSpec(f"worker {mode}", mmq_command("worker", "--pipeline", f"asr_{mode}"))
-            for mode in modes
-        ]
-        workers = Supervisor(specs, base_env=self.env)
-        self.stack.callback(workers.terminate)
-        workers.start()
+async def warm_up(api_url: str, key: str, modes: list[str]) -> None:
+    """One job on each mode's worker before anything is measured."""
+    async with httpx.AsyncClient(base_url=api_url, timeout=600, trust_env=False) as client:
         for mode in modes:
-            deadline = time.monotonic() + 180
-            while asyncio.run(self._one(warmup_key, mode)).error is not None:
-                check_alive(workers)
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the {mode} worker did not answer")
-
-    async def _one(self, key: str, mode: str) -> Sample:
-        async with httpx.AsyncClient(base_url=self.api_url, timeout=600, trust_env=False) as c:
-            return await transcribe(c, key, f"asr_{mode}")
+            if error := (await transcribe(client, key, f"asr_{mode}")).error:
+                raise RuntimeError(f"the {mode} worker's warm-up failed: {error}")
 
 
 # --- report ----------------------------------------------------------------------------
@@ -269,17 +225,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     audio, name, reference = load_audio(args)
     duration_s = _duration(audio)
     runs: dict[tuple[str, int], tuple[list[Sample], float]] = {}
-    with ExitStack() as stack:
-        bench = Bench(args, stack)
-        key, warmup = bench.upload(audio, name), bench.upload(silence(2.0), "warmup.wav")
-        bench.start_workers(args.modes, warmup)
+    # One worker per mode, all running (idle ones cost nothing): the modes take turns and
+    # share whatever else the machine is doing.
+    with private_deployment(
+        config_toml(args), ENV, [f"asr_{mode}" for mode in args.modes], "mmq-asr-",
+        test_pipelines=False, reaper=False, worker_timeout_s=180,
+    ) as dep:  # fmt: skip
+        url = dep.base_url
+        key, warmup = upload(url, audio, name), upload(url, silence(2.0), "warmup.wav")
+        asyncio.run(warm_up(url, warmup, args.modes))
         for round_no in range(args.rounds):
             for concurrency in args.concurrency:
                 for mode in args.modes:  # modes take turns: load drift hits them alike
                     requests = max(2, concurrency)
-                    got, wall_s = asyncio.run(
-                        measure(bench.api_url, key, mode, concurrency, requests)
-                    )
+                    got, wall_s = asyncio.run(measure(url, key, mode, concurrency, requests))
                     before, before_s = runs.get((mode, concurrency), ([], 0.0))
                     runs[(mode, concurrency)] = (before + got, before_s + wall_s)
                     level = summarize(mode, concurrency, got, wall_s, duration_s)

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
@@ -31,14 +30,15 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import child_env, percentile_ms, run_meta, wait_api_ready
-from common.procs import free_port
-from host.launcher import ProcSpec, Supervisor, mmq_command
-from host.redis_server import RedisServer
+from bench.common import percentile_ms, run_meta
+from harness.deploy import private_deployment
 
 console = Console(width=140)
 DEFAULT_OUT = Path("bench/results/embed.json")
 GOAL_RATIO = 1.5
+ENV = {"MMQ_AUTH__REQUIRED": "false", "MMQ_API__HOST": "127.0.0.1", "MMQ_LOG_LEVEL": "WARNING"}
+"""No keys; WARNING, not the harness's INFO: no log line per task on the measured path
+(readiness is `/readyz`, not the workers' logs)."""
 WORDS = "the quick brown fox jumps over a lazy dog near the river bank at dawn".split()  # noqa: SIM905
 
 
@@ -66,26 +66,15 @@ def pipeline_toml(name: str, model: str, device: str, max_batch: int, wait_ms: i
 
 
 def deploy(args: argparse.Namespace, stack: ExitStack) -> str:
-    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-embed-")))
-    config = tmp / "mmq.toml"
-    config.write_text(
-        pipeline_toml("batched", args.model, args.device, 32, 5)
-        + pipeline_toml("alone", args.model, args.device, 1, 0)
+    batched = pipeline_toml("batched", args.model, args.device, 32, 5)
+    config = batched + pipeline_toml("alone", args.model, args.device, 1, 0)
+    dep = stack.enter_context(
+        private_deployment(config, ENV, [], "mmq-bench-embed-", test_pipelines=False, reaper=False)
     )
-    redis = RedisServer(tmp / "redis", port=free_port(), persist=False)
-    redis.start()
-    stack.callback(redis.stop)
-    port = free_port()
-    env = child_env(config, redis.url, tmp / "data") | {"MMQ_API__PORT": str(port)}
-    specs = [ProcSpec("api", mmq_command("api"))] + [
-        ProcSpec(name, mmq_command("worker", "--pipeline", name)) for name in ("batched", "alone")
-    ]
-    supervisor = Supervisor(specs, base_env=env)
-    stack.callback(supervisor.terminate)
-    supervisor.start()
-    url = f"http://127.0.0.1:{port}"
-    wait_api_ready(url, supervisor, timeout_s=300)
-    return url
+    for name in ("batched", "alone"):
+        dep.start_worker(name, wait=False)
+    dep.wait_ready(timeout_s=300)
+    return dep.base_url
 
 
 async def level(url: str, target: str, concurrency: int, args: argparse.Namespace) -> Level:

@@ -57,7 +57,7 @@ import httpx
 import redis
 from redis.exceptions import RedisError
 
-from bench.common import check_alive, percentile_ms, wait_healthy
+from bench.common import percentile_ms
 from bench.events_publisher import BENCH_CLIENT_PREFIX, Publisher, publisher_process
 from bench.events_report import (
     GOALS_P50_MS,
@@ -77,9 +77,7 @@ from bench.events_streams import (
     open_streams,
     submit_jobs,
 )
-from bench.overhead import bench_env, parse_levels, resolve_redis
-from common.procs import free_port
-from host.launcher import ProcSpec, Supervisor, mmq_command
+from bench.overhead import parse_levels, processes, resolve_redis
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "mmq.toml"
@@ -415,24 +413,7 @@ class Deployment:
     redis_url: str
     api_pid: int | None
     """The API process when started here (its RSS is reported), else None."""
-    supervisor: Supervisor | None
-
-
-def start_api(args: argparse.Namespace, stack: ExitStack, redis_url: str, tmp: Path) -> Deployment:
-    port = free_port()
-    api_url = f"http://127.0.0.1:{port}"
-    env = {
-        "MMQ_API__PORT": str(port),
-        "MMQ_QUEUE__MAX_QUEUED": str(2 * max(args.streams) + 100),
-    }
-    supervisor = Supervisor(
-        [ProcSpec("api", mmq_command("api"), env)], base_env=bench_env(args, redis_url, tmp)
-    )
-    stack.callback(supervisor.terminate)
-    supervisor.start()
-    wait_healthy(api_url, supervisor)
-    process = supervisor.children[0].process
-    return Deployment(api_url, redis_url, process.pid if process else None, supervisor)
+    check: Callable[[], None]
 
 
 def deploy(args: argparse.Namespace, stack: ExitStack) -> Deployment:
@@ -440,15 +421,11 @@ def deploy(args: argparse.Namespace, stack: ExitStack) -> Deployment:
     tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-")))
     redis_url = resolve_redis(args, stack, tmp)
     if args.url:
-        return Deployment(str(args.url).rstrip("/"), redis_url, None, None)
-    return start_api(args, stack, redis_url, tmp)
-
-
-def make_check(deployment: Deployment) -> Callable[[], None]:
-    supervisor = deployment.supervisor
-    if supervisor is None:
-        return lambda: None
-    return lambda: check_alive(supervisor)
+        return Deployment(str(args.url).rstrip("/"), redis_url, None, lambda: None)
+    queued = str(2 * max(args.streams) + 100)
+    procs = processes(args, stack, redis_url, tmp, MMQ_QUEUE__MAX_QUEUED=queued)
+    api = procs.start_api(timeout_s=60)
+    return Deployment(procs.base_url, redis_url, api.process.pid, procs.check_alive)
 
 
 def run_async(ctx: Context) -> list[LevelResult]:
@@ -472,7 +449,7 @@ def bench(args: argparse.Namespace) -> tuple[Deployment, list[LevelResult]]:
         )
         stack.callback(probe.close)
         ctx = Context(
-            args, deployment.api_url, publisher, probe, deployment.api_pid, make_check(deployment)
+            args, deployment.api_url, publisher, probe, deployment.api_pid, deployment.check
         )
         results = run_async(ctx)
         console.print("stopping...")
@@ -518,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("[red]interrupted; everything started here is stopped[/red]")
         return 130
-    except (RuntimeError, RedisError, httpx.HTTPError) as exc:
+    except (RuntimeError, TimeoutError, RedisError, httpx.HTTPError) as exc:
         console.print(f"[red]bench failed: {type(exc).__name__}: {exc}[/red]")
         return 1
     write_json(args.out, run_meta(args, deployment), results)

@@ -2,9 +2,10 @@
 and groups of workers started and stopped section by section.
 
 Everything runs as it would in production: `RedisServer`, and `mmq api` / `mmq worker`
-processes under a `Supervisor`. A worker counts as loaded once it has registered in
-Redis, which it does after its pipeline's `load()` and `warmup()`: the time from its
-start to then is its load-and-warm time (process start and imports included).
+processes (the harness's deployment, each logging to a file). A worker counts as loaded
+once it has registered in Redis, which it does after its pipeline's `load()` and
+`warmup()`: the time from its start to then is its load-and-warm time (process start and
+imports included).
 """
 
 from __future__ import annotations
@@ -12,12 +13,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
-import signal
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,43 +23,21 @@ from typing import Any
 import httpx
 import redis
 
-from bench.common import check_alive, child_env, wait_healthy
-from common.procs import free_port
+from common.procs import stop_groups
+from harness.deploy import Deployment as Processes
+from harness.deploy import Proc, wait_until
 from host.devices import discover
-from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.redis_server import RedisServer
 from host.up import pinned_env
 from jobs import keys
 
 LOAD_TIMEOUT_S = 900.0
-LOG_TAIL_BYTES = 3000
-
-
-@contextlib.contextmanager
-def output_to(path: Path) -> Iterator[None]:
-    """Point this process's stdout and stderr at `path` while children are spawned: they
-    inherit the descriptors and write there (Celery's banners, model loading bars)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("ab") as log:
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-    try:
-        yield
-    finally:
-        for fd, copy in zip((1, 2), saved, strict=True):
-            os.dup2(copy, fd)
-            os.close(copy)
-
-
-def tail(path: Path) -> str:
-    if not path.exists():
-        return ""
-    with path.open("rb") as f:
-        f.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
-        return f.read().decode(errors="replace")
+LOG_TAIL_CHARS = 3000
+BENCH_ENV = {
+    "MMQ_LOG_LEVEL": "WARNING",
+    "MMQ_API__HOST": "127.0.0.1",
+    "MMQ_AUTH__REQUIRED": "false",
+}
 
 
 def toml_tables(prefix: str, table: dict[str, Any]) -> str:
@@ -80,22 +55,21 @@ class Workers:
     """A group of worker processes: pipeline -> instances, numbered from `first` (the
     lower numbers are an earlier group's, still running)."""
 
-    supervisor: Supervisor
+    procs: dict[tuple[str, int], Proc]
+    """By pipeline and instance."""
     instances: dict[str, int]
     first: int
     started_at: float
-    log: Path
     loaded_s: dict[str, list[float]] = field(default_factory=dict)
     """Per pipeline: seconds from start to registered, one per instance."""
 
     def pids_of(self, pipeline: str) -> list[int]:
         """The process ids of `pipeline`'s workers and their children (an LLM engine)."""
-        roots = [
-            c.process.pid
-            for c in self.supervisor.children
-            if c.spec.name.startswith(f"{pipeline}#") and c.process is not None
-        ]
+        roots = [p.process.pid for (name, _), p in self.procs.items() if name == pipeline]
         return [pid for root in roots for pid in _tree(root)]
+
+    def tails(self) -> str:
+        return "\n".join(f"{p.name}: {p.log()[-LOG_TAIL_CHARS:]}" for p in self.procs.values())
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -122,35 +96,30 @@ class Deployment:
     def __init__(
         self, stack: ExitStack, pipelines: dict[str, dict[str, Any]], env: dict[str, str]
     ) -> None:
-        self.stack = stack
-        self.tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-gpu-")))
-        server = RedisServer(self.tmp / "redis", port=free_port(), persist=False)
-        server.start()
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-gpu-")))
+        server = RedisServer(tmp / "redis", persist=False).start()
         stack.callback(server.stop)
         self.redis = redis.Redis.from_url(server.url, decode_responses=True)
-        config = self.tmp / "mmq.toml"
-        config.write_text("\n".join(toml_tables(f"pipelines.{n}", t) for n, t in pipelines.items()))
+        config = "\n".join(toml_tables(f"pipelines.{n}", t) for n, t in pipelines.items())
+        self.procs = Processes(
+            server.url, tmp, BENCH_ENV | env, config=config, test_pipelines=False
+        )
+        stack.callback(self.close)
         self.pipelines = pipelines
         self.topology = discover()
-        port = free_port()
-        self.api_url = f"http://127.0.0.1:{port}"
-        self.env = child_env(config, server.url, self.tmp / "data") | {
-            "MMQ_API__PORT": str(port),
-            **env,
-        }
-        self.api = Supervisor([ProcSpec("api", mmq_command("api"))], base_env=self.env)
-        self.supervisors = [self.api]
-        stack.callback(self.close)
-        with output_to(self.tmp / "logs" / "api.log"):
-            self.api.start()
+        self.api_url = self.procs.base_url
+        self.api = self.procs.spawn("api", "api")
 
     def wait_api(self) -> None:
         """The API answers (workers may still be loading)."""
-        try:
-            wait_healthy(self.api_url, self.api)
-        except RuntimeError as exc:
-            log = tail(self.tmp / "logs" / "api.log")
-            raise RuntimeError(f"{exc}; its log ends with:\n{log}") from None
+
+        def healthy() -> bool:
+            with contextlib.suppress(httpx.HTTPError):
+                url = f"{self.api_url}/healthz"
+                return httpx.get(url, timeout=2, trust_env=False).status_code == 200
+            return False
+
+        wait_until(healthy, self.api, timeout_s=60)
 
     def upload(self, data: bytes, name: str) -> str:
         files = {"file": (name, data, "application/octet-stream")}
@@ -161,7 +130,7 @@ class Deployment:
     def start(self, instances: dict[str, int], first: int = 0) -> Workers:
         """Start `instances[p]` workers of each pipeline `p` (at once), numbered from
         `first`."""
-        specs = []
+        procs: dict[tuple[str, int], Proc] = {}
         for name, count in instances.items():
             # Pinned as `mmq up` pins: CUDA_VISIBLE_DEVICES is the device's UUID (NVML).
             where = self.pipelines[name]["device"]
@@ -169,23 +138,15 @@ class Deployment:
             if device is None:
                 raise RuntimeError(f"{name}: device {where} not found ({self.topology.note})")
             for i in range(first, first + count):
-                argv = mmq_command("worker", "--pipeline", name, "--instance", str(i))
-                specs.append(ProcSpec(f"{name}#{i}", argv, pinned_env(device)))
-        supervisor = Supervisor(specs, base_env=self.env)
-        self.supervisors.append(supervisor)
-        log = self.tmp / "logs" / f"{'+'.join(instances)}.log"
-        with output_to(log):
-            supervisor.start()
-        return Workers(supervisor, dict(instances), first, time.monotonic(), log)
+                env = pinned_env(device)
+                procs[name, i] = self.procs.start_worker(name, i, env, wait=False)
+        return Workers(procs, dict(instances), first, time.monotonic())
 
     def wait_loaded(self, workers: Workers, timeout_s: float = LOAD_TIMEOUT_S) -> None:
         """Return once every worker of the group has registered; fill `loaded_s`."""
         deadline = time.monotonic() + timeout_s
         while True:
-            try:
-                check_alive(workers.supervisor)
-            except RuntimeError as exc:
-                raise RuntimeError(f"{exc}; its log ends with:\n{tail(workers.log)}") from None
+            self.procs.check_alive(list(workers.procs.values()))
             counts = self._registered()
             now = time.monotonic() - workers.started_at
             for name, want in workers.instances.items():
@@ -197,7 +158,7 @@ class Deployment:
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"workers not loaded in {timeout_s:g}s: {workers.loaded_s}; "
-                    f"their log ends with:\n{tail(workers.log)}"
+                    f"their logs end with:\n{workers.tails()}"
                 )
             time.sleep(0.1)
 
@@ -208,21 +169,17 @@ class Deployment:
         get = functools.partial(httpx.get, timeout=30, trust_env=False)
         overview = get(f"{self.api_url}/v1/admin/overview").json()
         metrics = get(f"{self.api_url}/metrics").text
-        pinned: dict[str, str | None] = {}
-        for child in workers.supervisor.children:
-            if child.process is not None:
-                pinned[child.spec.name] = _environ(child.process.pid).get("CUDA_VISIBLE_DEVICES")
-        ours = {
-            f"{p}-{i}"
-            for p, n in workers.instances.items()
-            for i in range(workers.first, workers.first + n)
+        pinned = {
+            key: _environ(p.process.pid).get("CUDA_VISIBLE_DEVICES")
+            for key, p in workers.procs.items()
         }
+        ours = {f"{p}-{i}" for p, i in workers.procs}
         return {
             "workers": [
                 {
                     "name": w["name"],
                     "device": w["device"],
-                    "cuda_visible_devices": pinned.get(f"{w['pipeline']}#{w['instance']}"),
+                    "cuda_visible_devices": pinned.get((w["pipeline"], w["instance"])),
                     "up": w["up"],
                 }
                 for w in overview["workers"]
@@ -242,28 +199,18 @@ class Deployment:
     def shrink(self, workers: Workers, pipeline: str, keep: int) -> None:
         """Stop `pipeline`'s workers of this group numbered `keep` and up; return once
         they have left the registry."""
-        for child in workers.supervisor.children:
-            name, _, index = child.spec.name.partition("#")
-            if name == pipeline and int(index) >= keep and child.process is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.process.pid, signal.SIGTERM)
-                child.process.wait(30)
+        gone = [p for (name, i), p in workers.procs.items() if name == pipeline and i >= keep]
+        stop_groups([p.process for p in gone], 30)
         deadline = time.monotonic() + 30
         while self._registered().get(pipeline, 0) > keep and time.monotonic() < deadline:
             time.sleep(0.1)
 
     def close(self) -> None:
         """Stop every process: all are asked at once, then each is waited for."""
-        for supervisor in self.supervisors:
-            for child in supervisor.children:
-                if child.process is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(child.process.pid, signal.SIGTERM)
-        for supervisor in reversed(self.supervisors):
-            supervisor.terminate()
+        stop_groups([p.process for p in self.procs.procs])
 
     def stop(self, workers: Workers) -> None:
-        workers.supervisor.terminate()
+        stop_groups([p.process for p in workers.procs.values()])
         deadline = time.monotonic() + 30
         while any(self._registered().get(n, 0) > workers.first for n in workers.instances):
             if time.monotonic() > deadline:

@@ -38,7 +38,8 @@ import platform
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,9 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import check_alive, percentile_ms, wait_api_ready
-from bench.overhead import bench_env, jsonable, resolve_redis
-from common.procs import free_port
-from host.launcher import ProcSpec, Supervisor, mmq_command
+from bench.common import percentile_ms
+from bench.overhead import jsonable
+from harness.deploy import Deployment, private_deployment
 
 DEFAULT_OUT = Path("bench/results/image.json")
 PIPELINE = "bench-image"
@@ -113,17 +113,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.requests < 1 or args.rounds < 1 or args.size % 8:
         parser.error("--requests and --rounds must be >= 1, --size a multiple of 8")
-    args.url, args.redis_url = None, None  # bench.overhead's helpers read these
     return args
 
 
 # --- model and deployment --------------------------------------------------------------
 
 
-def model_path(args: argparse.Namespace, stack: ExitStack) -> tuple[str, bool]:
-    """The model to serve, and whether it was built here (then loaded offline)."""
+def model_path(args: argparse.Namespace, stack: ExitStack) -> str:
+    """The model to serve: `--model`, or tiny / sd15 built here."""
     if args.model not in {"tiny", "sd15"}:
-        return args.model, False
+        return str(args.model)
     from harness.models.sd import build_sd
 
     root = args.model_dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -131,10 +130,10 @@ def model_path(args: argparse.Namespace, stack: ExitStack) -> tuple[str, bool]:
     if not (path / "model_index.json").exists():
         console.print(f"building {args.model} (random weights) in {path} ...")
         build_sd(path, args.model)
-    return str(path), True
+    return str(path)
 
 
-def write_config(args: argparse.Namespace, model: str, path: Path) -> None:
+def config_toml(args: argparse.Namespace, model: str) -> str:
     options = {"dtype": args.dtype, "compile": args.compile, "schedulers": [args.scheduler]}
     lines = [
         f"[pipelines.{PIPELINE}]",
@@ -148,30 +147,27 @@ def write_config(args: argparse.Namespace, model: str, path: Path) -> None:
         f"[pipelines.{PIPELINE}.options]",
         *(f"{key} = {json.dumps(value)}" for key, value in options.items()),
     ]
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
-def deploy(args: argparse.Namespace, stack: ExitStack) -> tuple[str, Supervisor]:
-    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-image-")))
-    model, built = model_path(args, stack)
-    args.model_path = model
-    args.config = tmp / "mmq.toml"
-    write_config(args, model, args.config)
-    redis_url = resolve_redis(args, stack, tmp)
-    env = bench_env(args, redis_url, tmp / "data")
-    env["MMQ_LIMITS__IMAGE_MAX_SIDE"] = str(max(1024, args.size))
-    env["MMQ_LIMITS__IMAGE_MAX_STEPS"] = str(max(100, args.steps))
-    if built:
-        env["HF_HUB_OFFLINE"] = "1"
-    port = free_port()
-    specs = [
-        ProcSpec("api", mmq_command("api"), {"MMQ_API__PORT": str(port)}),
-        ProcSpec("worker", mmq_command("worker", "--pipeline", PIPELINE)),
-    ]
-    supervisor = Supervisor(specs, base_env=env)
-    stack.callback(supervisor.terminate)
-    supervisor.start()
-    return f"http://127.0.0.1:{port}", supervisor
+@contextmanager
+def deploy(args: argparse.Namespace, model: str) -> Iterator[Deployment]:
+    """Redis, the API and the image worker, on free ports (the hub offline: a built model
+    or one in the local cache), until `/readyz` answers."""
+    env = {
+        "MMQ_AUTH__REQUIRED": "false",
+        "MMQ_API__HOST": "127.0.0.1",
+        "MMQ_LOG_LEVEL": args.log_level.upper(),  # readiness is read from /readyz
+        "MMQ_LIMITS__IMAGE_MAX_SIDE": str(max(1024, args.size)),
+        "MMQ_LIMITS__IMAGE_MAX_STEPS": str(max(100, args.steps)),
+    }
+    config = config_toml(args, model)
+    with private_deployment(
+        config, env, [], "mmq-bench-image-", test_pipelines=False, reaper=False
+    ) as dep:
+        dep.start_worker(PIPELINE, wait=False)
+        dep.wait_ready(timeout_s=600)
+        yield dep
 
 
 # --- requests --------------------------------------------------------------------------
@@ -377,16 +373,15 @@ def write_json(args: argparse.Namespace, results: list[ModeResult], ratio: float
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with ExitStack() as stack:
-        api_url, supervisor = deploy(args, stack)
-        try:
-            wait_api_ready(api_url, supervisor, timeout_s=600)
-            direct = Direct(args.model_path, args)
-            results = asyncio.run(run_modes(api_url, args, direct))
-            check_alive(supervisor)
-        except RuntimeError as exc:
-            console.print(f"[red]bench failed: {exc}[/red]")
-            return 1
+    try:
+        with ExitStack() as stack:
+            model = model_path(args, stack)
+            dep = stack.enter_context(deploy(args, model))
+            results = asyncio.run(run_modes(dep.base_url, args, Direct(model, args)))
+            dep.check_alive()
+    except (RuntimeError, TimeoutError) as exc:
+        console.print(f"[red]bench failed: {exc}[/red]")
+        return 1
     ratio = ratio_of(results)
     print_report(args, results, ratio)
     write_json(args, results, ratio)

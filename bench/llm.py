@@ -49,11 +49,10 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import child_env, percentile_ms, run_meta
+from bench.common import percentile_ms, run_meta
 from bench.llm_stream import Slo, Target, compare, stream_chat
 from common.procs import free_port
-from host.launcher import ProcSpec, Supervisor, mmq_command
-from host.redis_server import RedisServer
+from harness.deploy import private_deployment
 
 console = Console()
 DEFAULT_OUT = Path("bench/results/llm.json")
@@ -68,6 +67,9 @@ GOALS = {
 }
 BLOCKS = 2
 """Turns each target takes per concurrency level (a slow spell falls on both)."""
+ENV = {"MMQ_AUTH__REQUIRED": "false", "MMQ_API__HOST": "127.0.0.1", "MMQ_LOG_LEVEL": "WARNING"}
+"""No keys; WARNING, not the harness's INFO: no log line per request on the measured path
+(readiness is `/readyz`, not the workers' logs)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -105,49 +107,30 @@ def pipeline_toml(name: str, model: str, port: int, extra: dict[str, Any]) -> st
     return "\n".join(lines) + "\n"
 
 
-def deploy(args: argparse.Namespace, stack: ExitStack) -> tuple[str, str, Supervisor]:
-    """Start everything; returns the API's URL, the `path` engine's URL, the supervisor.
-    Sets `args.model_path` (what the engine itself answers to)."""
-    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-llm-")))
+def deploy(args: argparse.Namespace, stack: ExitStack) -> tuple[str, str]:
+    """Start everything; returns the API's URL and the `path` engine's URL. Sets
+    `args.model_path` (what the engine itself answers to)."""
     model = args.model
     if model == "tiny":
         from harness.models.llm import build_llm
 
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-llm-")))
         model = str(build_llm(tmp / "tiny-llm", "tiny"))
     args.model_path = model
     ports = {name: free_port() for name in ("path", "mixed", "routed", "routed-long")}
-    config = tmp / "mmq.toml"
-    config.write_text(
+    config = (
         pipeline_toml("path", model, ports["path"], {"max_inflight": max(args.concurrency)})
         + pipeline_toml("mixed", model, ports["mixed"], {})
         + pipeline_toml("routed", model, ports["routed"], {"long_pipeline": "routed-long"})
         + pipeline_toml("routed-long", model, ports["routed-long"], {})
     )
-    redis = RedisServer(tmp / "redis", port=free_port(), persist=False)
-    redis.start()
-    stack.callback(redis.stop)
-    api_port = free_port()
-    env = child_env(config, redis.url, tmp / "data") | {"MMQ_API__PORT": str(api_port)}
-    specs = [ProcSpec("api", mmq_command("api"))] + [
-        ProcSpec(name, mmq_command("worker", "--pipeline", name)) for name in ports
-    ]
-    supervisor = Supervisor(specs, base_env=env)
-    stack.callback(supervisor.terminate)
-    supervisor.start()
-    return f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{ports['path']}", supervisor
-
-
-async def wait_ready(api: str) -> None:
-    deadline = time.monotonic() + 600
-    async with httpx.AsyncClient(timeout=10) as http:
-        while time.monotonic() < deadline:
-            try:
-                if (await http.get(f"{api}/readyz")).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(1)
-    raise RuntimeError("the deployment did not get ready in 600 s")
+    dep = stack.enter_context(
+        private_deployment(config, ENV, [], "mmq-bench-llm-", test_pipelines=False, reaper=False)
+    )
+    for name in ports:  # the engines start side by side
+        dep.start_worker(name, wait=False)
+    dep.wait_ready(timeout_s=600)
+    return dep.base_url, f"http://127.0.0.1:{ports['path']}"
 
 
 async def overhead(api: str, engine: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -257,10 +240,9 @@ def report(results: dict[str, Any], levels: list[int]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with ExitStack() as stack:
-        api, engine, supervisor = deploy(args, stack)
+        api, engine = deploy(args, stack)
 
         async def run() -> dict[str, Any]:
-            await wait_ready(api)
             async with httpx.AsyncClient(timeout=600) as http:  # every engine up and warm
                 for model in ("path", "mixed", "routed", "routed-long"):
                     await stream_chat(http, api, model, "warm", 4, cache=False)
@@ -271,7 +253,6 @@ def main(argv: list[str] | None = None) -> int:
             }
 
         results = asyncio.run(run())
-        supervisor.terminate()
     ratios = report(results, args.concurrency)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {

@@ -29,26 +29,34 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
+import httpx
 import psutil
+import redis
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import child_env, percentile_ms, run_meta
+from bench.common import percentile_ms, run_meta
 from common.procs import free_port
-from host.launcher import ProcSpec, Supervisor, mmq_command
-from host.redis_server import RedisServer
+from harness.deploy import private_deployment, wait_until
 
 console = Console(width=160)
 DEFAULT_OUT = Path("bench/results/llm_ceiling.json")
 DEFAULT_LOADS = "16x128@20,64x128@20,256x128@20,100x384@14,64x8@20"
 MAX_INFLIGHT = 512
+ENV = {
+    "MMQ_AUTH__REQUIRED": "false",
+    "MMQ_API__HOST": "127.0.0.1",
+    # What is measured is mmq's CPU: no log line per request (WARNING, not the harness's
+    # INFO; readiness is `/readyz`), and the reaper's release stage at its default step.
+    "MMQ_LOG_LEVEL": "WARNING",
+    "MMQ_BATCHES__RELEASE_INTERVAL_S": "0.2",
+}
 GOALS = {
     "cpu_per_token_us_max": 40.0,
     "cpu_per_request_ms_max": 2.0,
@@ -197,18 +205,6 @@ class CpuMeter:
         return out
 
 
-@dataclass
-class Deployment:
-    api: str
-    engines: dict[int, str]
-    """step ms -> the synthetic engine's URL."""
-    meter: CpuMeter
-    redis_url: str
-
-    def model(self, step_ms: int) -> str:
-        return f"llm{step_ms}"
-
-
 def pipeline_toml(step_ms: int, engine_url: str) -> str:
     name = f"llm{step_ms}"
     return (
@@ -218,76 +214,52 @@ def pipeline_toml(step_ms: int, engine_url: str) -> str:
     )
 
 
-def deploy(loads: list[Load], api_workers: int, stack: ExitStack) -> Deployment:
-    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-ceiling-")))
-    steps = sorted({load.step_ms for load in loads})
-    engines = {step: free_port() for step in steps}
-    config = tmp / "mmq.toml"
-    config.write_text(
-        "".join(pipeline_toml(step, f"http://127.0.0.1:{port}") for step, port in engines.items())
+def deploy(
+    loads: list[Load], api_workers: int, stack: ExitStack
+) -> tuple[str, dict[int, str], CpuMeter]:
+    """The API's URL, each engine step's synthetic engine URL, and the meter of mmq's
+    processes (API, reaper, a worker per step, Redis)."""
+    ports = {step: free_port() for step in sorted({load.step_ms for load in loads})}
+    engines = {step: f"http://127.0.0.1:{port}" for step, port in ports.items()}
+    config = "".join(pipeline_toml(step, url) for step, url in engines.items())
+    env = ENV | ({"MMQ_API__WORKERS": str(api_workers)} if api_workers > 1 else {})
+    dep = stack.enter_context(
+        private_deployment(config, env, [], "mmq-bench-ceiling-", test_pipelines=False)
     )
-    redis = RedisServer(tmp / "redis", port=free_port(), persist=False)
-    redis.start()
-    stack.callback(redis.stop)
-    api_port = free_port()
-    env = child_env(config, redis.url, tmp / "data") | {"MMQ_API__PORT": str(api_port)}
-    if api_workers > 1:
-        env["MMQ_API__WORKERS"] = str(api_workers)
     engine = [sys.executable, "-m", "bench.synthetic_engine"]
-    engine_specs = [
-        ProcSpec(f"engine{step}", [*engine, "--port", str(port), "--step-ms", str(step)])
-        for step, port in engines.items()
-    ]
-    mmq_specs = [ProcSpec("api", mmq_command("api")), ProcSpec("reaper", mmq_command("reaper"))]
-    mmq_specs += [
-        ProcSpec(f"worker{step}", mmq_command("worker", "--pipeline", f"llm{step}"))
-        for step in steps
-    ]
-    supervisor = Supervisor(engine_specs + mmq_specs, base_env=env)
-    stack.callback(supervisor.terminate)
-    supervisor.start()
-    pids = {c.spec.name: c.process.pid for c in supervisor.children if c.process is not None}
-    pids = {name: pid for name, pid in pids.items() if not name.startswith("engine")}
-    assert redis.process is not None
-    pids["redis"] = redis.process.pid
-    return Deployment(
-        api=f"http://127.0.0.1:{api_port}",
-        engines={step: f"http://127.0.0.1:{port}" for step, port in engines.items()},
-        meter=CpuMeter(pids),
-        redis_url=redis.url,
-    )
+    for step, port in ports.items():
+        proc = dep.launch(f"engine{step}", [*engine, "--port", str(port), "--step-ms", str(step)])
+        wait_until(lambda url=engines[step]: answers(f"{url}/health"), proc, timeout_s=120)
+    workers = {f"worker{step}": dep.start_worker(f"llm{step}", wait=False) for step in ports}
+    dep.wait_ready(timeout_s=120)
+    redis_pid = int(redis.Redis.from_url(dep.redis_url).info("server")["process_id"])
+    pids = {"api": dep.pids("api")[0], "reaper": dep.pids("reaper")[0]}
+    pids |= {name: w.process.pid for name, w in workers.items()} | {"redis": redis_pid}
+    return dep.base_url, engines, CpuMeter(pids)
 
 
-async def wait_ready(url: str, path: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            try:
-                async with http.get(f"{url}{path}") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.5)
-    raise RuntimeError(f"{url}{path} did not answer 200 in {timeout_s:.0f} s")
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
-async def run(args: argparse.Namespace, dep: Deployment, loads: list[Load]) -> list[Level]:
-    for url in dep.engines.values():
-        await wait_ready(url, "/health")
-    await wait_ready(dep.api, "/readyz")
+async def run(
+    args: argparse.Namespace, api: str, engines: dict[int, str], meter: CpuMeter, loads: list[Load]
+) -> list[Level]:
     levels = []
     for load in loads:
-        engine, model = dep.engines[load.step_ms], dep.model(load.step_ms)
+        engine, model = engines[load.step_ms], f"llm{load.step_ms}"
         warm = Load(min(load.streams, 16), 4, load.step_ms)
         await closed_loop(engine, "synthetic", warm, 1)
         shots, wall = await closed_loop(engine, "synthetic", load, args.rounds)
         levels.append(summarize(load, "direct", shots, wall))
         progress(levels[-1])
-        await closed_loop(dep.api, model, warm, 1)
-        before = dep.meter.read()
-        shots, wall = await closed_loop(dep.api, model, load, args.rounds)
-        after = dep.meter.read()
+        await closed_loop(api, model, warm, 1)
+        before = meter.read()
+        shots, wall = await closed_loop(api, model, load, args.rounds)
+        after = meter.read()
         level = summarize(load, "mmq", shots, wall)
         level.cpu_s = {name: round(after[name] - before[name], 4) for name in after}
         levels.append(level)
@@ -394,8 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     loads = [Load.parse(t) for t in args.loads.split(",")]
     with ExitStack() as stack:
-        dep = deploy(loads, args.api_workers, stack)
-        levels = asyncio.run(run(args, dep, loads))
+        api, engines, meter = deploy(loads, args.api_workers, stack)
+        levels = asyncio.run(run(args, api, engines, meter, loads))
     fitted = fit(levels)
     report(levels, fitted)
     args.out.parent.mkdir(parents=True, exist_ok=True)

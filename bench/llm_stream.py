@@ -1,17 +1,10 @@
-"""Streamed chat completions measured as a client sees them, and per-level summaries.
-
-One request (`stream_chat`) records when each chunk with text arrived and the completion
-tokens the final usage chunk reports, so a level gives TTFT, TPOT, ITL, output tokens/s
-and goodput under an SLO (the same definitions as vLLM's `benchmarks/serve.py`: TPOT is
-(end to end - TTFT) / (tokens - 1); ITL the gaps between chunks that carry text).
-"""
+"""Streamed chat completions through mmq and straight to an engine, taking turns, and
+per-level summaries: TTFT, TPOT, ITL, output tokens/s and goodput under an SLO (one
+request is `harness.load.stream_chat`: what it records, and the definitions)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,114 +12,21 @@ from typing import Any
 import httpx
 
 from bench.common import percentile_ms
-from common.sse import aparse_lines
+from harness import slo
+from harness.load import Shot, closed_loop, stream_chat
 
 
-@dataclass
-class Shot:
-    """One streamed request."""
-
-    ok: bool = False
-    error: str = ""
-    start: float = 0.0
-    chunks: list[float] = field(default_factory=list)
-    """perf_counter() of each chunk that carried text."""
-    end: float = 0.0
-    tokens: int = 0
-    """Completion tokens (from the usage chunk; else the chunks counted)."""
-
-    @property
-    def ttft_s(self) -> float:
-        return (self.chunks[0] if self.chunks else self.end) - self.start
-
-    @property
-    def e2e_s(self) -> float:
-        return self.end - self.start
-
-    @property
-    def tpot_s(self) -> float | None:
-        if self.tokens < 2:
-            return None
-        return (self.e2e_s - self.ttft_s) / (self.tokens - 1)
-
-    @property
-    def itls_s(self) -> list[float]:
-        return [b - a for a, b in zip(self.chunks, self.chunks[1:], strict=False)]
+def Slo(ttft_ms: float, tpot_ms: float) -> tuple[slo.Slo, ...]:
+    """Goodput's goal, as bench.llm and bench.gpu_llm name it: each request's TTFT and
+    TPOT within these (`harness.slo`'s rule: an answer of one token meets a TPOT goal)."""
+    return slo.every_request(ttft=ttft_ms, tpot=tpot_ms)
 
 
-@dataclass(frozen=True)
-class Slo:
-    ttft_ms: float
-    tpot_ms: float
-
-    def met(self, shot: Shot) -> bool:
-        tpot = shot.tpot_s
-        ttft_ok = shot.ttft_s * 1000 <= self.ttft_ms
-        return shot.ok and ttft_ok and (tpot is None or tpot * 1000 <= self.tpot_ms)
-
-
-async def stream_chat(
-    http: httpx.AsyncClient, base: str, model: str, text: str, max_tokens: int, **extra: Any
-) -> Shot:
-    """One streamed chat completion at `base` (mmq's API or an engine); never raises."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        **extra,
-    }
-    shot = Shot(start=time.perf_counter())
-    try:
-        async with http.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
-            if response.status_code != 200:
-                shot.error = f"{response.status_code}: {(await response.aread())[:200]!r}"
-                shot.end = time.perf_counter()
-                return shot
-            async for message in aparse_lines(response.aiter_lines()):
-                _read(shot, message.data)
-        shot.ok = True
-    except (httpx.HTTPError, ValueError) as exc:
-        shot.error = f"{type(exc).__name__}: {exc}"[:200]
-    shot.end = time.perf_counter()
-    if not shot.tokens:
-        shot.tokens = len(shot.chunks)
-    return shot
-
-
-def _read(shot: Shot, data: str) -> None:
-    if data == "[DONE]":
-        return
-    payload = json.loads(data)
-    usage = payload.get("usage")
-    if usage:
-        shot.tokens = int(usage.get("completion_tokens") or 0)
-    choices = payload.get("choices") or [{}]
-    if (choices[0].get("delta") or {}).get("content"):
-        shot.chunks.append(time.perf_counter())
-
-
-async def closed_loop(requests: int, concurrency: int, one: Any) -> tuple[list[Shot], float]:
-    """`requests` calls of `one(i)` over `concurrency` lanes (each sends its next as soon
-    as its last came back); returns the shots and the wall time."""
-    queue = iter(range(requests))
-    shots: list[Shot] = []
-
-    async def lane() -> None:
-        for i in queue:
-            shots.append(await one(i))
-
-    started = time.perf_counter()
-    await asyncio.gather(*(lane() for _ in range(concurrency)))
-    return shots, time.perf_counter() - started
-
-
-def summarize(shots: list[Shot], wall_s: float, slo: Slo) -> dict[str, Any]:
+def summarize(shots: list[Shot], wall_s: float, goal: Sequence[slo.Slo]) -> dict[str, Any]:
     ok = [s for s in shots if s.ok]
     tpots = [t for t in (s.tpot_s for s in ok) if t is not None]
     tokens = sum(s.tokens for s in ok)
+    good = sum(slo.meets_all(goal, s.sample()) for s in ok)
     return {
         "requests": len(shots),
         "failures": len(shots) - len(ok),
@@ -139,7 +39,7 @@ def summarize(shots: list[Shot], wall_s: float, slo: Slo) -> dict[str, Any]:
         "tokens": tokens,
         "tokens_per_chunk": tokens / max(1, sum(len(s.chunks) for s in ok)),
         "output_tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
-        "goodput_rps": sum(1 for s in ok if slo.met(s)) / wall_s if wall_s > 0 else 0.0,
+        "goodput_rps": good / wall_s if wall_s > 0 else 0.0,
         "wall_s": wall_s,
     }
 
@@ -173,7 +73,7 @@ async def compare(
     levels: Sequence[int],
     requests: int,
     max_tokens: int,
-    slo: Slo,
+    goal: Sequence[slo.Slo],
     blocks: int = 2,
     on_block: Callable[[str], Any] | None = None,
     prompt: str = "",
@@ -192,9 +92,9 @@ async def compare(
                 one = caller(http, target, str(block), max_tokens, prompt)
                 label = f"{target.name} c={concurrency}"
                 with on_block(label) if on_block else contextlib.nullcontext():
-                    got, wall = await closed_loop(per_block, concurrency, one)
+                    got, wall = await closed_loop(one, per_block, concurrency)
                 shots[target.name] += got
                 walls[target.name] += wall
         for name, got in shots.items():
-            out[f"{name} c={concurrency}"] = summarize(got, walls[name], slo)
+            out[f"{name} c={concurrency}"] = summarize(got, walls[name], goal)
     return out

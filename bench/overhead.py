@@ -48,20 +48,9 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.celery_floor import FloorClient, new_reply_key
-from bench.common import (
-    REPO,
-    Call,
-    LevelSummary,
-    RequestResult,
-    check_alive,
-    child_env,
-    measure,
-    run_level,
-    summarize,
-    wait_api_ready,
-)
-from common.procs import free_port
-from host.launcher import ProcSpec, Supervisor, mmq_command
+from bench.common import REPO, LevelSummary, measure, run_level, summarize
+from harness.deploy import Deployment as Processes
+from harness.load import Call, RequestResult
 from host.redis_server import RedisServer
 from jobs.settings import Settings, load_settings
 
@@ -165,32 +154,28 @@ def noop_pipeline(settings: Settings) -> tuple[str, int] | None:
     return None
 
 
-def bench_env(args: argparse.Namespace, redis_url: str, data_dir: Path) -> dict[str, str]:
-    return child_env(args.config.resolve(), redis_url, data_dir, args.log_level)
-
-
-def only_noop(settings: Settings) -> dict[str, str]:
-    """Environment that turns off every other enabled pipeline, so that `/readyz` asks
-    for a noop worker alone."""
-    return {
-        f"MMQ_PIPELINES__{name.upper()}__ENABLED": "false"
-        for name, pipeline in settings.enabled_pipelines.items()
-        if pipeline.kind != NOOP_KIND
+def processes(
+    args: argparse.Namespace, stack: ExitStack, redis_url: str, tmp: Path, **env: str
+) -> Processes:
+    """The processes of `--config` on `redis_url` (none started yet; stopped by `stack`):
+    on loopback, without keys, at `--log-level`, with `env` over that."""
+    env = {
+        "MMQ_LOG_LEVEL": args.log_level.upper(),
+        "MMQ_API__HOST": "127.0.0.1",
+        "MMQ_AUTH__REQUIRED": "false",
+        **env,
     }
+    procs = Processes(redis_url, tmp, env, config=args.config.read_text(), test_pipelines=False)
+    stack.callback(procs.stop)
+    return procs
 
 
-def deployment_specs(pipeline: str, api_port: int, settings: Settings) -> list[ProcSpec]:
-    return [
-        ProcSpec(
-            "api", mmq_command("api"), {"MMQ_API__PORT": str(api_port), **only_noop(settings)}
-        ),
-        ProcSpec("worker", mmq_command("worker", "--pipeline", pipeline)),
-    ]
-
-
-def floor_spec(concurrency: int) -> ProcSpec:
-    argv = [sys.executable, "-m", "bench.celery_floor", "--concurrency", str(concurrency)]
-    return ProcSpec("celery floor", argv)
+def start_mmq(procs: Processes, pipeline: str, settings: Settings) -> None:
+    """The API, with every other enabled pipeline off (so that `/readyz` asks for a noop
+    worker alone), and the noop worker."""
+    off = [name for name, p in settings.enabled_pipelines.items() if p.kind != NOOP_KIND]
+    procs.spawn("api", "api", env={f"MMQ_PIPELINES__{n.upper()}__ENABLED": "false" for n in off})
+    procs.start_worker(pipeline, wait=False)
 
 
 def resolve_redis(args: argparse.Namespace, stack: ExitStack, tmp: Path) -> str:
@@ -204,7 +189,7 @@ def resolve_redis(args: argparse.Namespace, stack: ExitStack, tmp: Path) -> str:
     return server.url
 
 
-def deploy(args: argparse.Namespace, stack: ExitStack) -> tuple[Deployment, Supervisor]:
+def deploy(args: argparse.Namespace, stack: ExitStack) -> tuple[Deployment, Processes]:
     """Start what the run needs (each stop registered on `stack`); returns it and its procs."""
     tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-")))
     redis_url = resolve_redis(args, stack, tmp)
@@ -213,20 +198,18 @@ def deploy(args: argparse.Namespace, stack: ExitStack) -> tuple[Deployment, Supe
     if found is None and not args.url:
         raise SystemExit(f"no enabled pipeline of kind {NOOP_KIND!r} in {args.config}")
     name, concurrency = found or ("", 32)
-    specs = [floor_spec(concurrency)]
+    procs = processes(args, stack, redis_url, tmp)
+    floor = [sys.executable, "-m", "bench.celery_floor", "--concurrency", str(concurrency)]
+    procs.launch("celery floor", floor)
     api_url = str(args.url or "").rstrip("/")
     if not args.url:
-        port = free_port()
-        api_url = f"http://127.0.0.1:{port}"
-        specs += deployment_specs(name, port, settings)
-    supervisor = Supervisor(specs, base_env=bench_env(args, redis_url, tmp))
-    stack.callback(supervisor.terminate)
-    supervisor.start()
+        start_mmq(procs, name, settings)
+        api_url = procs.base_url
     deployment = Deployment(api_url, redis_url, settings, not args.url, concurrency)
     if args.durability:
         deployment.durable_api_url = deploy_durable(args, stack, tmp, name, settings)
         deployment.durable_level = args.durability
-    return deployment, supervisor
+    return deployment, procs
 
 
 def deploy_durable(
@@ -243,14 +226,13 @@ def deploy_durable(
         replica.start()
         stack.callback(replica.stop)
         wait_in_sync(replica)
-    port = free_port()
-    env = bench_env(args, server.url, tmp / "durable") | {"MMQ_REDIS__DURABILITY": args.durability}
-    supervisor = Supervisor(deployment_specs(pipeline, port, settings), base_env=env)
-    stack.callback(supervisor.terminate)
-    supervisor.start()
-    url = f"http://127.0.0.1:{port}"
-    wait_api_ready(url, supervisor)
-    return url
+    (tmp / "durable").mkdir()
+    procs = processes(
+        args, stack, server.url, tmp / "durable", MMQ_REDIS__DURABILITY=args.durability
+    )
+    start_mmq(procs, pipeline, settings)
+    procs.wait_ready()
+    return procs.base_url
 
 
 def wait_in_sync(replica: RedisServer, timeout_s: float = 30.0) -> None:
@@ -262,13 +244,13 @@ def wait_in_sync(replica: RedisServer, timeout_s: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def wait_floor_ready(floor: FloorClient, supervisor: Supervisor, timeout_s: float = 60.0) -> None:
+def wait_floor_ready(floor: FloorClient, procs: Processes, timeout_s: float = 60.0) -> None:
     """Send one floor task and wait until the floor worker has run it."""
     key = new_reply_key()
     floor.send(key)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        check_alive(supervisor)
+        procs.check_alive()
         if floor.wait(key, 0.5):
             return
     raise RuntimeError(f"the Celery floor worker ran no task in {timeout_s:g}s")
@@ -514,11 +496,11 @@ def floor_client(deployment: Deployment, lanes: int) -> Iterator[FloorClient]:
 def bench(args: argparse.Namespace) -> tuple[Deployment, list[LevelSummary]]:
     """Start what is needed, measure everything, stop what was started."""
     with ExitStack() as stack:
-        deployment, supervisor = deploy(args, stack)
+        deployment, procs = deploy(args, stack)
         floor = stack.enter_context(floor_client(deployment, max(args.concurrency)))
         console.print(f"api {deployment.api_url}  redis {deployment.redis_url}")
-        wait_api_ready(deployment.api_url, supervisor)
-        wait_floor_ready(floor, supervisor)
+        procs.wait_ready(url=deployment.api_url)
+        wait_floor_ready(floor, procs)
         console.print(f"ready; {args.requests} requests per level, levels {args.concurrency}")
         summaries = asyncio.run(run_levels(deployment, floor, args))
         console.print("stopping...")
@@ -534,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("[red]interrupted; everything started here is stopped[/red]")
         return 130
-    except RuntimeError as exc:
+    except (RuntimeError, TimeoutError) as exc:
         console.print(f"[red]bench failed: {exc}[/red]")
         return 1
     ratios = compute_ratios(summaries)

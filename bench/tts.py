@@ -29,23 +29,17 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import LevelSummary, child_env, measure
-from common.procs import free_port
-from host.launcher import ProcSpec, Supervisor, mmq_command
-from host.redis_server import RedisServer
-from jobs import keys
+from bench.common import LevelSummary, measure
+from harness.deploy import private_deployment
 
 TEXT = (
     "The meeting starts at nine in the morning. Please bring the report from last week. "
@@ -56,6 +50,7 @@ CONFIGS = {"1x2": (1, 0), "1x1": (1, 1), "2x1": (2, 1)}
 """Name: (instances, threads per instance)."""
 FIRST_AUDIO_GOAL = 0.25
 INSTANCES_GOAL = 1.5
+ENV = {"MMQ_AUTH__REQUIRED": "false", "MMQ_API__HOST": "127.0.0.1"}
 console = Console()
 
 
@@ -109,51 +104,12 @@ engine = "piper"
     return text
 
 
-def start(
-    args: argparse.Namespace, stack: ExitStack, tmp: Path, name: str
-) -> tuple[str, Supervisor]:
-    instances, threads = CONFIGS[name]
-    config = tmp / f"{name}.toml"
-    config.write_text(tts_config(instances, threads, args))
-    port = free_port()
-    env = child_env(config, args.redis_url, tmp / name) | {"MMQ_API__PORT": str(port)}
-    specs = [ProcSpec("api", mmq_command("api"))] + [
-        ProcSpec(f"tts#{i}", mmq_command("worker", "--pipeline", "tts", "--instance", str(i)))
-        for i in range(instances)
-    ]
-    supervisor = Supervisor(specs, base_env=env)
-    stack.callback(supervisor.terminate)
-    supervisor.start()
-    wait_ready(f"http://127.0.0.1:{port}", args.redis_url, instances, supervisor)
-    return f"http://127.0.0.1:{port}", supervisor
-
-
-def wait_ready(api_url: str, redis_url: str, workers: int, supervisor: Supervisor) -> None:
-    client = redis.Redis.from_url(redis_url)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        for child in supervisor.children:
-            if child.process is not None and child.process.poll() is not None:
-                raise RuntimeError(f"{child.spec.name} exited with {child.process.returncode}")
-        try:
-            healthy = httpx.get(f"{api_url}/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            healthy = False
-        if healthy and client.zcard(keys.WORKERS) >= workers:
-            return
-        time.sleep(0.2)
-    raise RuntimeError("the deployment was not ready in 180 s")
-
-
-def rss_mib(supervisor: Supervisor) -> list[float]:
+def rss_mib(pids: list[int]) -> list[float]:
     found = []
-    for child in supervisor.children:
-        if child.spec.name.startswith("tts#") and child.process is not None:
-            status = Path(f"/proc/{child.process.pid}/status").read_text()
-            kib = next(
-                int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS")
-            )
-            found.append(round(kib / 1024, 1))
+    for pid in pids:
+        status = Path(f"/proc/{pid}/status").read_text()
+        kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
+        found.append(round(kib / 1024, 1))
     return found
 
 
@@ -237,25 +193,21 @@ def run(args: argparse.Namespace) -> tuple[list[FirstAudio], list[Throughput], D
     firsts: list[FirstAudio] = []
     rates: list[Throughput] = []
     direct = Direct(0, float("nan"), float("nan"))
-    with ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-bench-tts-")))
-        server = RedisServer(tmp / "redis", persist=False)
-        server.start()
-        stack.callback(server.stop)
-        args.redis_url = server.url
-        for name in CONFIGS:
-            with ExitStack() as deployment:
-                redis.Redis.from_url(server.url).flushdb()
-                api_url, supervisor = start(args, deployment, tmp, name)
-                console.print(f"[bold]{name}[/bold]: ready at {api_url}")
-                for voice in voices:
-                    if name == "1x2":
-                        firsts.append(asyncio.run(first_audio(api_url, voice, args.ttfa_runs)))
-                    if name == "1x2" and voice == "joe":  # in process, the workers idle
-                        direct = direct_first_audio(args.ttfa_runs)
-                    result = asyncio.run(throughput(api_url, name, voice, args))
-                    result.worker_rss_mib = rss_mib(supervisor)
-                    rates.append(result)
+    for name, (instances, threads) in CONFIGS.items():
+        config = tts_config(instances, threads, args)
+        with private_deployment(
+            config, ENV, ["tts"] * instances, "mmq-bench-tts-",
+            test_pipelines=False, reaper=False, worker_timeout_s=180,
+        ) as dep:  # fmt: skip
+            console.print(f"[bold]{name}[/bold]: ready at {dep.base_url}")
+            for voice in voices:
+                if name == "1x2":
+                    firsts.append(asyncio.run(first_audio(dep.base_url, voice, args.ttfa_runs)))
+                if name == "1x2" and voice == "joe":  # in process, the workers idle
+                    direct = direct_first_audio(args.ttfa_runs)
+                result = asyncio.run(throughput(dep.base_url, name, voice, args))
+                result.worker_rss_mib = rss_mib(dep.pids("worker-tts-"))
+                rates.append(result)
     return firsts, rates, direct
 
 
@@ -373,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         firsts, rates, direct = run(args)
-    except (RuntimeError, KeyboardInterrupt) as exc:
+    except (RuntimeError, TimeoutError, KeyboardInterrupt) as exc:
         console.print(f"[red]bench failed: {exc!r}; everything started here is stopped[/red]")
         return 1
     report(firsts, rates, direct, args.out)

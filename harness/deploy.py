@@ -94,6 +94,10 @@ class Deployment:
     config: str = ""
     """Added to the tests' config, or the whole config with `test_pipelines=False`."""
     test_pipelines: bool = True
+    test_env: bool = True
+    """False: the processes run where and as this one does (`mmq tune`: in the user's
+    working directory and environment, less its MMQ_ settings), with the deployment's
+    Redis, config file, data dir and API port alone."""
 
     def __post_init__(self) -> None:
         values = {"echo_max_batch": 8, "echo_max_wait_ms": 50, "echo_concurrency": 8}
@@ -106,13 +110,19 @@ class Deployment:
 
     @property
     def env(self) -> dict[str, str]:
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(REPO),
+        own = {
             "MMQ_REDIS_URL": self.redis_url,
             "MMQ_CONFIG_FILE": str(self.config_path),
             "MMQ_DATA_DIR": str(self.tmp / "data"),
             "MMQ_API__PORT": str(self.api_port),
+        }
+        if not self.test_env:
+            user = {k: v for k, v in os.environ.items() if not k.startswith("MMQ_")}
+            return {**user, **own, **self.env_overrides}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            **own,
             "HF_HUB_OFFLINE": "1",
             "MMQ_AUTH__REQUIRED": "true",
             "MMQ_LOG_LEVEL": "INFO",
@@ -152,7 +162,7 @@ class Deployment:
         process = subprocess.Popen(
             [*wrap, *argv],
             env={**self.env, **(env or {})},
-            cwd=REPO,
+            cwd=REPO if self.test_env else None,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -194,19 +204,18 @@ class Deployment:
             wait_until(lambda: "ready." in proc.log(), proc, timeout_s=timeout_s)
         return proc
 
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
+    def wait_ready(self, timeout_s: float = 60.0, url: str | None = None) -> None:
         """Until `/readyz` answers 200 (Redis up, a live worker of each kind), failing at
-        once if one of the deployment's processes exited."""
+        once if one of the deployment's processes exited. `url`: another API's (a bench's
+        `--url`) instead of this deployment's."""
+        url = url or self.base_url
         last = "no answer"
 
         def ready() -> bool:
             nonlocal last
-            for proc in self.procs:
-                if not proc.alive():
-                    code = proc.process.returncode
-                    raise RuntimeError(f"{proc.name} exited with {code}:\n{proc.log()[-4000:]}")
+            self.check_alive()
             try:
-                response = httpx.get(f"{self.base_url}/readyz", timeout=2, trust_env=False)
+                response = httpx.get(f"{url}/readyz", timeout=2, trust_env=False)
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 return False
@@ -216,9 +225,15 @@ class Deployment:
         try:
             wait_until(ready, timeout_s=timeout_s)
         except TimeoutError:
-            raise TimeoutError(
-                f"{self.base_url}/readyz not ready in {timeout_s:g}s: {last}"
-            ) from None
+            raise TimeoutError(f"{url}/readyz not ready in {timeout_s:g}s: {last}") from None
+
+    def check_alive(self, procs: Sequence[Proc] | None = None) -> None:
+        """Raise RuntimeError, with the end of its log, if one of `procs` (default: the
+        deployment's) has exited."""
+        for proc in self.procs if procs is None else procs:
+            if not proc.alive():
+                code = proc.process.returncode
+                raise RuntimeError(f"{proc.name} exited with {code}:\n{proc.log()[-4000:]}")
 
     def pids(self, prefix: str) -> list[int]:
         """The pids of the running processes whose name starts with `prefix` ("api",

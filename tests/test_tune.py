@@ -17,13 +17,13 @@ import redis
 
 from harness.client import Api
 from harness.deploy import REPO, Deployment
+from harness.slo import Slo, SloError, check_kind, parse_slo
 from host.launcher import mmq_command
 from jobs import keys
 from jobs.schemas.llm import LlmOptions
 from jobs.settings import PipelineConfig, load_settings
 from tuning.measure import sample_of, summarize
 from tuning.report import config_change
-from tuning.slo import Slo, SloError, check_kind, parse_slo
 from tuning.space import KnobError, apply, build_space, parse_assignment
 from tuning.workload import Level, WorkloadError, from_file, levels, schedule
 

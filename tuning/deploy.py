@@ -6,12 +6,9 @@ are read at start) and stop after it.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
-import sys
 import time
 import tomllib
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +17,8 @@ import httpx
 import redis
 import tomlkit
 
-from common.procs import die_with_parent, free_port, stop_groups
-from host.launcher import mmq_command
+from common.procs import stop_groups
+from harness.deploy import Deployment, Proc
 from host.redis_server import RedisServer
 from jobs import keys
 from jobs.codec import text_map
@@ -29,7 +26,7 @@ from jobs.settings import PipelineConfig
 
 LOG_TAIL_CHARS = 1500
 STOP_TIMEOUT_S = 15.0
-"""How long stopped processes get to exit before SIGKILL."""
+"""How long stopped workers get to exit before SIGKILL."""
 
 
 class CandidateFailed(Exception):
@@ -44,53 +41,42 @@ class Workers:
 
 
 class TuneDeployment:
+    """The harness's deployment as the user's own processes would run (their working
+    directory and environment less its MMQ_ settings), on a Redis of its own."""
+
     def __init__(self, raw: dict[str, Any], pipeline: str, workdir: Path) -> None:
         self.raw = raw
         """The user's config as TOML data (empty without a file)."""
         self.pipeline = pipeline
         self.workdir = workdir
-        self.redis: RedisServer | None = None
-        self.api: subprocess.Popen[bytes] | None = None
-        self.workers: list[subprocess.Popen[bytes]] = []
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("MMQ_")}
-        self._names: dict[int, str] = {}
+        self.redis = RedisServer(workdir / "redis", persist=False)
+        self.dep = Deployment(
+            self.redis.url, workdir, config=self.config(None), test_pipelines=False, test_env=False
+        )
+        self.base_url = self.dep.base_url
+        self.workers: list[Proc] = []
+        self._stack = ExitStack()
 
     def __enter__(self) -> TuneDeployment:
-        try:
-            self.redis = RedisServer(self.workdir / "redis", persist=False).start()
-            base = self.write_config("api", None)
-            self.api = self._spawn("api", mmq_command("api", "--config", str(base)))
-            self._wait_api()
-        except BaseException:
-            self.close()
-            raise
+        with ExitStack() as stack:
+            self.redis.start()
+            stack.callback(self.redis.stop)
+            stack.callback(self.dep.stop)
+            self.dep.start_api(timeout_s=60)
+            self._stack = stack.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._stack.close()
 
-    def close(self) -> None:
-        self.stop_workers()
-        if self.api is not None:
-            stop_groups([self.api], STOP_TIMEOUT_S)
-            self.api = None
-        if self.redis is not None:
-            self.redis.stop()
-            self.redis = None
-
-    def write_config(self, name: str, pipeline: PipelineConfig | None) -> Path:
-        """The user's config, with this deployment's Redis (in memory), port, data and
-        files (local, in the work directory), no auth, every other pipeline off, and
-        `pipeline`'s knobs (where given) in `[pipelines.NAME]`."""
-        assert self.redis is not None
-        data = {k: v for k, v in self.raw.items() if k not in ("redis_url", "data_dir")}
-        data["redis_url"] = self.redis.url
-        data["data_dir"] = str(self.workdir / "data")
-        data["api"] = {**data.get("api", {}), "host": "127.0.0.1", "port": self.port}
+    def config(self, pipeline: PipelineConfig | None) -> str:
+        """The user's config, with no auth, its API on loopback, its Redis in memory, its
+        files local, every other pipeline off, and `pipeline`'s knobs (where given) in
+        `[pipelines.NAME]`. The deployment's environment gives the Redis URL, data dir
+        (in the work directory) and port."""
+        data = dict(self.raw)
+        data["api"] = {**data.get("api", {}), "host": "127.0.0.1"}
         data["auth"] = {**data.get("auth", {}), "required": False}
-        # Its own Redis keeps nothing on disk, its files stay in the work directory.
         data["redis"] = {**data.get("redis", {}), "durability": "memory"}
         data["storage"] = {**data.get("storage", {}), "backend": "local", "local_shared": False}
         data["queue"] = {**data.get("queue", {}), "max_queued": 100_000, "max_queued_by_kind": {}}
@@ -102,31 +88,29 @@ class TuneDeployment:
             dumped = pipeline.model_dump(by_alias=True, exclude_none=True)
             pipes[self.pipeline] = {**pipes.get(self.pipeline, {}), **dumped, "enabled": True}
         data["pipelines"] = pipes
-        path = self.workdir / f"{name}.toml"
-        path.write_text(tomlkit.dumps(data))
-        return path
+        return tomlkit.dumps(data)
 
     def start_workers(self, label: str, config: PipelineConfig, timeout_s: float) -> Workers:
         """`config.instances` worker processes with these knobs; returns once every one
         is live. Raises CandidateFailed (workers stopped) when one exits or is not live
         within `timeout_s`."""
-        path = self.write_config(label, config)
+        path = self.workdir / f"{label}.toml"
+        path.write_text(self.config(config))
         started = time.monotonic()
-        for instance in range(config.instances):
-            argv = mmq_command(
-                "worker", "--pipeline", self.pipeline, "--instance", str(instance),
-                "--config", str(path),
-            )  # fmt: skip
-            self.workers.append(self._spawn(f"{label}-worker{instance}", argv))
+        env = {"MMQ_CONFIG_FILE": str(path)}
+        self.workers = [
+            self.dep.start_worker(self.pipeline, i, env, wait=False)
+            for i in range(config.instances)
+        ]
         try:
             self._wait_live(timeout_s)
         except CandidateFailed:
             self.stop_workers()
             raise
-        return Workers([w.pid for w in self.workers], time.monotonic() - started)
+        return Workers([w.process.pid for w in self.workers], time.monotonic() - started)
 
     def stop_workers(self) -> None:
-        stop_groups(self.workers, STOP_TIMEOUT_S)
+        stop_groups([w.process for w in self.workers], STOP_TIMEOUT_S)
         self.workers = []
 
     def upload(self, client: httpx.Client, path: Path) -> str:
@@ -135,57 +119,28 @@ class TuneDeployment:
         answer.raise_for_status()
         return str(answer.json()["key"])
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        log = (self.workdir / f"{name}.log").open("wb")
-        try:
-            proc = subprocess.Popen(
-                argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=die_with_parent if sys.platform == "linux" else None,
-            )  # fmt: skip
-        finally:
-            log.close()
-        self._names[proc.pid] = name
-        return proc
-
-    def _wait_api(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.api is not None and self.api.poll() is not None:
-                raise RuntimeError(f"the tune's API exited:\n{self._log_tail('api')}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.base_url}/healthz", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.2)
-        raise RuntimeError(f"the tune's API did not answer within {timeout_s:.0f}s")
-
     def _wait_live(self, timeout_s: float) -> None:
-        assert self.redis is not None
         r = redis.Redis.from_url(self.redis.url, decode_responses=True)
         try:
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
                 for proc in self.workers:
-                    if proc.poll() is not None:
+                    if not proc.alive():
                         raise CandidateFailed(self._why(r, proc))
                 live = {str(name).rpartition(".")[2] for name in r.zrange(keys.WORKERS, 0, -1)}
-                if all(str(proc.pid) in live for proc in self.workers):
+                if all(str(proc.process.pid) in live for proc in self.workers):
                     return
                 time.sleep(0.1)
         finally:
             r.close()
         raise CandidateFailed(f"workers not live within {timeout_s:.0f}s")
 
-    def _why(self, r: redis.Redis, proc: subprocess.Popen[bytes]) -> str:
+    def _why(self, r: redis.Redis, proc: Proc) -> str:
         state = text_map(r.hgetall(keys.pipeline_state(self.pipeline)))
-        if state.get("state") == "failed" and state.get("pid") == str(proc.pid):
+        if state.get("state") == "failed" and state.get("pid") == str(proc.process.pid):
             return f"worker failed to start: {state.get('reason', '').strip()}"[:LOG_TAIL_CHARS]
-        tail = self._log_tail(self._names.get(proc.pid, "")).strip().splitlines()[-3:]
-        return f"worker exited with {proc.returncode}: " + " | ".join(tail)
-
-    def _log_tail(self, name: str) -> str:
-        path = self.workdir / f"{name}.log"
-        return path.read_text(errors="replace")[-LOG_TAIL_CHARS:] if name and path.exists() else ""
+        tail = proc.log()[-LOG_TAIL_CHARS:].strip().splitlines()[-3:]
+        return f"worker exited with {proc.process.returncode}: " + " | ".join(tail)
 
 
 def read_config(path: Path | None) -> dict[str, Any]:

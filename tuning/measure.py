@@ -10,11 +10,10 @@ they would break it too.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,23 +21,15 @@ import httpx
 import psutil
 
 from common.stats import percentile
+from harness.load import closed_loop, open_loop
+from harness.slo import Sample, Slo, meets_all
 from host.devices import read_usage
-from tuning.slo import Slo, meets_all
 from tuning.workload import Level, schedule
 
 TERMINAL = frozenset({"succeeded", "failed", "canceled", "expired"})
 FIRST_OUTPUT_METRICS = ("ttft", "first_audio", "first_segment", "first_step")
 REPORTED = ("e2e", "queue_wait", *FIRST_OUTPUT_METRICS, "tpot")
 WAIT_S = 60
-
-
-@dataclass
-class Sample:
-    ok: bool
-    metrics: dict[str, float | None]
-    error: str | None = None
-    tokens: int = 0
-    """Output tokens (LLM: the answer's `usage.completion_tokens`)."""
 
 
 @dataclass
@@ -129,8 +120,7 @@ class _Tally:
     def record(self, sample: Sample) -> None:
         self.samples.append(sample)
         for slo in self.slos:
-            value = sample.metrics.get(slo.metric)
-            if not sample.ok or value is None or value > slo.limit_ms:
+            if not slo.met(sample):
                 self.misses[slo] += 1
                 if self.misses[slo] > self.allowed[slo]:
                     self.broken.set()
@@ -155,73 +145,24 @@ async def run_level(
             body = {"kind": kind, "input": inputs[order[index]]}
             tally.record(await _request(client, body, request_timeout_s))
 
-        started = time.monotonic()
         if level.concurrency:
-            await _closed_loop(one, level.requests, level.concurrency, tally.broken)
+            _, wall_s = await closed_loop(one, level.requests, level.concurrency, tally.broken)
         else:
-            await _poisson(one, offsets, started, tally.broken)
-        duration_s = max(time.monotonic() - started, 1e-9)
-    return summarize(level, tally.samples, slos, duration_s, tally.broken.is_set())
-
-
-async def _closed_loop(
-    one: Callable[[int], Coroutine[Any, Any, None]],
-    requests: int,
-    clients: int,
-    broken: asyncio.Event,
-) -> None:
-    """`clients` loops, each sending its next request when its last one ended."""
-    pending = iter(range(requests))
-
-    async def loop() -> None:
-        for index in pending:
-            if broken.is_set():
-                return
-            await one(index)
-
-    await asyncio.gather(*(loop() for _ in range(clients)))
-
-
-async def _poisson(
-    one: Callable[[int], Coroutine[Any, Any, None]],
-    offsets: Sequence[float],
-    started: float,
-    broken: asyncio.Event,
-) -> None:
-    """Each request at its offset from `started`, whatever is still running."""
-    tasks: list[asyncio.Task[None]] = []
-    for index, offset in enumerate(offsets):
-        delay = started + offset - time.monotonic()
-        if delay > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(broken.wait(), delay)
-        if broken.is_set():
-            break
-        tasks.append(asyncio.create_task(one(index)))
-    await asyncio.gather(*tasks)
+            _, wall_s = await open_loop(one, offsets, tally.broken)
+    return summarize(level, tally.samples, slos, max(wall_s, 1e-9), tally.broken.is_set())
 
 
 def summarize(
     level: Level, samples: Sequence[Sample], slos: Sequence[Slo], duration_s: float, early: bool
 ) -> LevelResult:
     succeeded = [s for s in samples if s.ok]
-    good_samples = [s for s in succeeded if meets_all(slos, s.metrics)]
-    good = len(good_samples)
+    good = [s for s in succeeded if meets_all(slos, s)]
     table: dict[str, dict[str, float]] = {}
     for metric in REPORTED:
         values = [v for s in succeeded if (v := s.metrics.get(metric)) is not None]
         if values and (metric == "e2e" or metric in {slo.metric for slo in slos}):
             table[metric] = {f"p{p}": percentile(values, p) for p in (50, 95, 99)}
-    observed = {
-        str(slo): percentile(
-            [
-                v if s.ok and (v := s.metrics.get(slo.metric)) is not None else float("inf")
-                for s in samples
-            ],
-            slo.percentile,
-        )
-        for slo in slos
-    }
+    observed = {str(slo): slo.observed(samples) for slo in slos}
     sustained = (
         not early and bool(samples) and all(observed[str(slo)] <= slo.limit_ms for slo in slos)
     )
@@ -233,13 +174,13 @@ def summarize(
         succeeded=len(succeeded),
         duration_s=duration_s,
         throughput=len(succeeded) / duration_s,
-        goodput=good / duration_s,
+        goodput=len(good) / duration_s,
         percentiles=table,
         sustained=sustained,
         observed=observed,
         stopped_early=early,
         errors=dict(errors),
-        good_tokens_per_s=sum(s.tokens for s in good_samples) / duration_s,
+        good_tokens_per_s=sum(s.tokens for s in good) / duration_s,
     )
 
 

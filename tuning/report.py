@@ -14,8 +14,8 @@ import tomlkit
 from rich.console import Console
 from rich.table import Table
 
+from harness.slo import Slo, parse_duration_ms
 from tuning.search import Outcome, Stats
-from tuning.slo import Slo, parse_duration_ms
 from tuning.space import Value, key
 
 TOP_PLOTTED = 4

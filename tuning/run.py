@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+from harness.slo import Slo, SloError, check_kind, parse_duration_ms, parse_slo
 from jobs.settings import (
     DEFAULT_CONFIG_FILE,
     PipelineConfig,
@@ -27,7 +28,6 @@ from tuning import report
 from tuning.deploy import CandidateFailed, TuneDeployment, read_config
 from tuning.measure import Measurement, UsageProbe, run_level
 from tuning.search import Outcome, Stats, Tuner
-from tuning.slo import Slo, SloError, check_kind, parse_duration_ms, parse_slo
 from tuning.space import Candidate, KnobError, Space, apply, build_space, key, parse_assignment
 from tuning.workload import (
     UPLOAD_PREFIX,
@@ -235,9 +235,9 @@ def measure_candidate(
                 if not done.sustained:
                     break
         result.usage = probe.usage()
-        dead = [w for w in deployment.workers if w.poll() is not None]
+        dead = [w for w in deployment.workers if not w.alive()]
         if dead:
-            result.failed = f"a worker died during the run (exit {dead[0].returncode})"
+            result.failed = f"a worker died during the run (exit {dead[0].process.returncode})"
     finally:
         deployment.stop_workers()
     return result

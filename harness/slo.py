@@ -1,18 +1,28 @@
-"""Latency objectives: `p99=2s`, `ttft_p99=500ms`, `tpot_p50=50ms`, `first_audio_p95=300ms`.
+"""The one SLO type of benches and tunes: `p99=2s`, `ttft_p99=500ms`, `tpot_p50=50ms`,
+`first_audio_p95=300ms`.
 
 A metric without a prefix is end to end (submit to the job's end, as the client saw it).
 The first-output metrics (`ttft`, `first_audio`, `first_segment`, `first_step`) run from
 submit to the job's first partial or progress event (`timings.time_to_first_output_ms`,
 queue wait included: what a user waits for); `tpot` is the LLM's time per output token,
 `queue_wait` the time a job waited for a worker.
+
+An SLO reads each request (a `Sample`) as one number, `Slo.reading`: its metric, or
+infinity for a failed request or one without the metric, which misses any limit. One
+exception: an answer of fewer than two tokens has no TPOT (there is no second token to
+wait for) and reads 0, meeting any TPOT limit. Its only wait was the first token, which a
+TTFT SLO judges; failing it would make a TPOT goal punish short answers, not slow
+decoding. vLLM's `benchmarks/serve.py` counts goodput the same way.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from common.stats import percentile
 
 ALL_KINDS = None
 METRIC_KINDS: dict[str, frozenset[str] | None] = {
@@ -35,6 +45,17 @@ class SloError(ValueError):
     """An SLO that cannot be read, or that does not apply to the pipeline's kind."""
 
 
+@dataclass
+class Sample:
+    """One request as an SLO reads it: its metrics in ms (None: it has none of that one)."""
+
+    ok: bool
+    metrics: dict[str, float | None]
+    error: str | None = None
+    tokens: int = 0
+    """Output tokens (LLM: the answer's completion tokens)."""
+
+
 @dataclass(frozen=True)
 class Slo:
     metric: str
@@ -45,9 +66,33 @@ class Slo:
         name = "" if self.metric == "e2e" else f"{self.metric}_"
         return f"{name}p{self.percentile:g}<={_ms_text(self.limit_ms)}"
 
+    def reading(self, sample: Sample) -> float:
+        """What one request counts as, in ms (see the module's docstring)."""
+        value = sample.metrics.get(self.metric) if sample.ok else math.inf
+        if value is None:
+            return 0.0 if self.metric == "tpot" and sample.tokens < 2 else math.inf
+        return value
+
+    def met(self, sample: Sample) -> bool:
+        return self.reading(sample) <= self.limit_ms
+
+    def observed(self, samples: Sequence[Sample]) -> float:
+        """The percentile this SLO names over `samples`, in ms (NaN for none)."""
+        return percentile([self.reading(s) for s in samples], self.percentile)
+
     def allowed_misses(self, count: int) -> int:
         """How many of `count` samples may exceed the limit while the percentile holds."""
         return math.floor(count * (100 - self.percentile) / 100)
+
+
+def meets_all(slos: Iterable[Slo], sample: Sample) -> bool:
+    """Whether one request met every SLO's limit."""
+    return all(slo.met(sample) for slo in slos)
+
+
+def every_request(**limits_ms: float) -> tuple[Slo, ...]:
+    """Limits each request must meet, for goodput: `every_request(ttft=500, tpot=100)`."""
+    return tuple(Slo(metric, 100, limit) for metric, limit in limits_ms.items())
 
 
 def parse_slo(text: str) -> Slo:
@@ -83,15 +128,6 @@ def check_kind(slos: Iterable[Slo], kind: str) -> None:
                 f"SLO {slo}: {slo.metric} applies to {', '.join(sorted(kinds))} "
                 f"pipelines, not to kind {kind!r}"
             )
-
-
-def meets_all(slos: Iterable[Slo], sample: Mapping[str, float | None]) -> bool:
-    """Whether one request met every SLO's limit (a metric it lacks fails it)."""
-    for slo in slos:
-        value = sample.get(slo.metric)
-        if value is None or value > slo.limit_ms:
-            return False
-    return True
 
 
 def _ms_text(ms: float) -> str:
