@@ -1,6 +1,6 @@
 """The keys that `mmq keys` stores, read to name who sent a request.
 
-An admin key (`jobs.apikeys.create_key(..., admin=True)`) may also use the `/v1/admin`
+An admin key (`security.apikeys.create_key(..., admin=True)`) may also use the `/v1/admin`
 routes; any other key gets 403 there. With auth off (loopback only) the anonymous caller
 is an admin: whoever can reach the port owns the whole deployment anyway.
 """
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import redis.asyncio as aredis
 
 from jobs import keys
-from jobs.apikeys import hash_key
 from jobs.errors import Unauthorized
 from jobs.settings import Settings
+from security.apikeys import hash_key
 
 ANONYMOUS_OWNER = "local"
 

@@ -28,11 +28,11 @@ from api.overview import OverviewReader
 from api.ratelimit import RateLimitHeaders
 from api.routes import admin, console, events, files, health, jobs, metrics, whoami
 from api.service import JobService
+from broker.celery_app import make_celery, webhook_sender
+from common import redis_client
 from common.heap import freeze_startup_heap
-from jobs import redis_client
-from jobs.broker import make_celery, webhook_sender
 from jobs.settings import Settings, load_settings
-from jobs.store import AsyncJobStore
+from jobstore.store import AsyncJobStore
 from storage.factory import make_storage
 
 UPLOAD_PATHS = ("/v1/audio/transcriptions", "/v1/audio/translations")

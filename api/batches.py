@@ -21,7 +21,10 @@ from api.files import FileService
 from api.openai.batch_lines import body_field, custom_id_of, parse_line
 from api.service import JobService
 from jobs import keys
-from jobs.batches import (
+from jobs.errors import Conflict, InputError, NotFound
+from jobs.models import WebhookSpec
+from jobs.settings import Settings
+from jobstore.batches import (
     ENDPOINTS,
     SET_IF,
     Batch,
@@ -30,10 +33,7 @@ from jobs.batches import (
     invalid_line,
     window_seconds,
 )
-from jobs.codec import dumps, flat_pairs, text_list, text_map
-from jobs.errors import Conflict, InputError, NotFound
-from jobs.models import WebhookSpec
-from jobs.settings import Settings
+from jobstore.codec import dumps, flat_pairs, text_list, text_map
 
 CHECK_EVERY = 200
 """Lines checked between two yields to the event loop (a large file never stalls it)."""

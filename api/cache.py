@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs import operations
-from jobs.codec import job_from_fields
 from jobs.models import Job
 from jobs.schemas.base import JobInput
 from jobs.settings import Settings
-from jobs.store import AsyncJobStore
+from jobstore import operations
+from jobstore.codec import job_from_fields
+from jobstore.store import AsyncJobStore
 
 
 class ResponseCache:

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError as BrokerError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from common.redis_client import FAILOVER_ERRORS
 from jobs.errors import (
     Conflict,
     Forbidden,
@@ -29,7 +30,6 @@ from jobs.errors import (
     Unauthorized,
     Unavailable,
 )
-from jobs.redis_client import FAILOVER_ERRORS
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,13 @@ from pydantic import BaseModel
 from starlette.datastructures import UploadFile
 
 from jobs import keys
-from jobs.codec import text_list, text_map
 from jobs.errors import InputError, NotFound, TooLarge
-from jobs.file_objects import PURPOSES, FileObject, new_file_id, save_object
 from jobs.filerefs import file_ref_fields
-from jobs.netguard import NetPolicy, check_url
 from jobs.schemas import schema_for
 from jobs.settings import Settings
+from jobstore.codec import text_list, text_map
+from jobstore.file_objects import PURPOSES, FileObject, new_file_id, save_object
+from security.netguard import NetPolicy, check_url
 from storage.base import (
     Storage,
     StoredObject,

@@ -13,8 +13,8 @@ from redis.exceptions import RedisError
 
 from api.metrics import read_models
 from jobs import keys
-from jobs.codec import text_list, time_seconds
 from jobs.settings import Settings
+from jobstore.codec import text_list, time_seconds
 
 STALE_HEARTBEATS = 3
 """A worker is live while its last heartbeat is under this many heartbeat periods old."""

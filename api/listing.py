@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from jobs.errors import InputError
 from jobs.models import Job
 from jobs.states import JobStatus
-from jobs.store import AsyncJobStore
+from jobstore.store import AsyncJobStore
 
 MAX_SCANNED_PER_ITEM = 20
 """A filtered page stops after this many jobs per item asked for (plus 100), so a rare

@@ -1,7 +1,7 @@
 """`GET /metrics`: the whole deployment in one Prometheus scrape of any API process.
 
 Counters and histograms come from Redis, where every process writes them
-(`jobs/metrics.py`); gauges are read at scrape time: queue depth by pipeline and priority
+(`telemetry/metrics.py`); gauges are read at scrape time: queue depth by pipeline and priority
 (the length of each Celery list), queued and running jobs, live workers, and the last
 GPU readings that workers stored. Two pipelined round trips per scrape.
 """
@@ -24,14 +24,15 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 from pydantic import BaseModel
 
-from jobs import keys, quotas
-from jobs.codec import text_list, text_map, time_seconds
+from broker.kombu_redis import priority_lists
+from broker.queues import queue_name
+from jobs import keys
 from jobs.device_models import ModelEntry, split_member
-from jobs.kombu_redis import priority_lists
-from jobs.metrics import RECORDED, MetricDef
-from jobs.queues import queue_name
-from jobs.quotas import READS, Quota
 from jobs.settings import Settings
+from jobstore import quotas
+from jobstore.codec import text_list, text_map, time_seconds
+from jobstore.quotas import READS, Quota
+from telemetry.metrics import RECORDED, MetricDef
 
 WORKER_LABELS = ("worker", "kind", "pipeline", "device", "host")
 GPU_LABELS = ("host", "device", "uuid", "name")

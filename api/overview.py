@@ -6,7 +6,7 @@ age, jobs in flight, current batch size); every GPU or MIG slice that workers re
 
 It reads what `/metrics` reads (`api.metrics.read_snapshot`: queue lengths, the queued
 sets, workers, device readings: three round trips) plus the per-minute counts of
-`jobs/recent.py` and the pipelines of the running jobs (two more).
+`telemetry/recent.py` and the pipelines of the running jobs (two more).
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import redis.asyncio as aredis
 from pydantic import BaseModel, Field
 
 from api.metrics import LoadedModel, Snapshot, read_snapshot
-from jobs import keys, recent
-from jobs.quotas import Quota
+from jobs import keys
 from jobs.settings import Settings
+from jobstore.quotas import Quota
+from telemetry import recent
 
 RUNNING_READ_MAX = 10_000
 """Running jobs whose pipeline one overview reads at most."""

@@ -1,6 +1,6 @@
 """OpenAI's rate-limit headers (`x-ratelimit-limit-requests`, `-remaining-requests`,
 `-reset-requests`) on the answers of `/v1/jobs` and the OpenAI routes, for a key with a
-requests quota (`jobs.quotas`), and the `-tokens` trio on the answer of an LLM or
+requests quota (`jobstore.quotas`), and the `-tokens` trio on the answer of an LLM or
 embedding request for a key with a token quota (`quotas.costs.llm`, `.embed`).
 
 A pure ASGI middleware gives each request a holder (a context variable set before the

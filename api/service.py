@@ -23,20 +23,21 @@ from api.cache import ResponseCache
 from api.files import FileService
 from api.hub import EventHub
 from api.listing import JobFilter, list_jobs
-from jobs import keys, operations, quotas
-from jobs.broker import job_message
-from jobs.changes import SubmitResult
-from jobs.codec import dumps, job_from_fields
+from broker.celery_app import job_message
+from broker.queues import pipeline_for
+from jobs import keys
 from jobs.errors import Conflict, InputError, NotFound, QueueFull, QuotaExceeded
 from jobs.models import Job, JobCreate
-from jobs.netguard import NetPolicy, check_url
-from jobs.queues import pipeline_for
-from jobs.quotas import Quota
 from jobs.schemas import schema_for, validation_error_field
 from jobs.schemas.base import JobInput
 from jobs.settings import COST_UNITS, Settings
 from jobs.states import JobStatus
-from jobs.store import AsyncJobStore
+from jobstore import operations, quotas
+from jobstore.changes import SubmitResult
+from jobstore.codec import dumps, job_from_fields
+from jobstore.quotas import Quota
+from jobstore.store import AsyncJobStore
+from security.netguard import NetPolicy, check_url
 
 
 class Validated(NamedTuple):

@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator
 
 from api.hub import TICK, EventHub
 from jobs.models import Event
-from jobs.store import AsyncJobStore
+from jobstore.store import AsyncJobStore
 
 Batches = AsyncGenerator[list[Event] | None, None]
 """What `follow` yields: batches of events in order, None for a keep-alive."""

@@ -38,7 +38,7 @@ from rich.table import Table
 from bench.common import percentile_ms, run_meta
 from bench.sleepwork import job_body, job_input, sleep_deployment
 from jobs import keys
-from jobs.apikeys import create_key
+from security.apikeys import create_key
 
 console = Console(width=140)
 

@@ -1,5 +1,5 @@
 """The bare Celery floor: a no-op task on mmq's Celery configuration (its settings and its
-kombu transport, `jobs/kombu_redis.py`), nothing else.
+kombu transport, `broker/kombu_redis.py`), nothing else.
 
 The worker (`python -m bench.celery_floor --concurrency N`, Redis from `MMQ_REDIS_URL`)
 runs a threads pool like an mmq pipeline worker, on its own queue. With the result
@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import redis
 from celery import Celery
 
-from jobs.broker import make_celery
-from jobs.kombu_redis import PRIORITY_VALUES
+from broker.celery_app import make_celery
+from broker.kombu_redis import PRIORITY_VALUES
 from jobs.settings import Settings, load_settings
 
 FLOOR_TASK = "bench.floor_noop"

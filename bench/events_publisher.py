@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from jobs.models import EventType
 from jobs.settings import load_settings
-from jobs.store import JobStore
+from jobstore.store import JobStore
 
 BENCH_CLIENT_PREFIX = "mmq-bench"
 """Redis client names of the benchmark's own connections (told apart in CLIENT LIST)."""

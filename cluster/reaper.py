@@ -18,15 +18,16 @@ import threading
 import redis
 from celery import Celery
 
+from broker.celery_app import job_message
 from cluster.stranded import resend_missing, restore_stranded
-from jobs import keys, operations
-from jobs.broker import job_message
-from jobs.changes import Transition
+from common.redis_client import FAILOVER_ERRORS
+from jobs import keys
 from jobs.models import Job
-from jobs.redis_client import FAILOVER_ERRORS
 from jobs.settings import Settings
 from jobs.states import JobStatus
-from jobs.store import JobStore
+from jobstore import operations
+from jobstore.changes import Transition
+from jobstore.store import JobStore
 
 log = logging.getLogger(__name__)
 

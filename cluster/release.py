@@ -12,7 +12,7 @@ with the lowest pass (stride scheduling, `RELEASE_HELD`: a release adds 1 / weig
 its key's pass, so a key with one job goes before another key's thousandth). Then, for
 each active batch (oldest first):
 
-1. **Collect**: each released line whose job has ended moves, once (`jobs.batches.COLLECT`),
+1. **Collect**: each released line whose job has ended moves, once (`jobstore.batches.COLLECT`),
    to the output file's lines (it succeeded) or the error file's (it did not), in
    OpenAI's shape for the batch's endpoint.
 2. **Release**: while the batch is in progress and its window is open, lines are made
@@ -45,9 +45,15 @@ from celery import Celery
 
 from api.openai import answers
 from api.views import job_view
+from broker.celery_app import enqueue_webhook, job_message
 from cluster.slots import INTERACTIVE, Room, Slots, read_slots
+from common.redis_client import FAILOVER_ERRORS
 from jobs import keys
-from jobs.batches import (
+from jobs.device_models import ModelEntry, split_member
+from jobs.models import Job
+from jobs.settings import Settings
+from jobs.states import JobStatus
+from jobstore.batches import (
     COLLECT,
     SET_IF,
     Batch,
@@ -57,16 +63,10 @@ from jobs.batches import (
     invalid_line,
     output_line,
 )
-from jobs.broker import enqueue_webhook, job_message
-from jobs.codec import dumps, text_list, text_map
-from jobs.device_models import ModelEntry, split_member
-from jobs.file_objects import FileObject, save_object_sync
-from jobs.lua import RELEASE_HELD
-from jobs.models import Job
-from jobs.redis_client import FAILOVER_ERRORS
-from jobs.settings import Settings
-from jobs.states import JobStatus
-from jobs.store import JobStore
+from jobstore.codec import dumps, text_list, text_map
+from jobstore.file_objects import FileObject, save_object_sync
+from jobstore.lua import RELEASE_HELD
+from jobstore.store import JobStore
 from storage.base import Storage
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import redis
 
-from jobs import keys, redis_client
+from common import redis_client
+from jobs import keys
 from jobs.errors import MmqError, Unavailable
 from jobs.settings import Settings
 from storage.base import Storage, job_folder

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import redis
 
+from broker.kombu_redis import PRIORITY_VALUES, priority_list
+from broker.queues import queue_name
 from jobs import keys
-from jobs.codec import text_list
-from jobs.kombu_redis import PRIORITY_VALUES, priority_list
-from jobs.queues import queue_name
 from jobs.settings import Settings
+from jobstore.codec import text_list
 
 PRIORITIES = list(PRIORITY_VALUES)
 """In order: high, normal, low, batch."""

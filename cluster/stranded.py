@@ -22,15 +22,15 @@ import time
 
 from celery import Celery
 
+from broker.celery_app import job_message
+from broker.kombu_redis import Unacked, queued_job_ids
+from broker.queues import queue_name
 from jobs import keys
-from jobs.broker import job_message
-from jobs.codec import text_list
-from jobs.kombu_redis import Unacked, queued_job_ids
-from jobs.metrics import MESSAGES_RESENT, Sample
 from jobs.models import Job
-from jobs.queues import queue_name
 from jobs.states import TERMINAL, JobStatus
-from jobs.store import JobStore
+from jobstore.codec import text_list
+from jobstore.store import JobStore
+from telemetry.metrics import MESSAGES_RESENT, Sample
 
 log = logging.getLogger(__name__)
 

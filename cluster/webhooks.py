@@ -18,12 +18,13 @@ import httpx
 import redis
 from celery import Celery
 
-from jobs import keys, redis_client
-from jobs.broker import WEBHOOK_QUEUE, WEBHOOK_TASK, enqueue_webhook, make_celery
+from broker.celery_app import WEBHOOK_QUEUE, WEBHOOK_TASK, enqueue_webhook, make_celery
+from common import redis_client
+from jobs import keys
 from jobs.errors import InputError
-from jobs.netguard import AddressRefused, GuardedTransport, NetPolicy, check_url
 from jobs.settings import Settings
-from jobs.webhooks import sign
+from security.netguard import AddressRefused, GuardedTransport, NetPolicy, check_url
+from security.signing import sign
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import redis
 
-from jobs.apikeys import create_key
+from security.apikeys import create_key
 
 
 class Api:
@@ -44,9 +44,9 @@ def new_owner(redis_url: str, base_url: str, name: str) -> Api:
 
 
 def limited_owner(redis_url: str, base_url: str, **limits: Any) -> Api:
-    """A new owner with its own limits (`jobs.quotas.KeyLimits`: max_queued, requests,
+    """A new owner with its own limits (`jobstore.quotas.KeyLimits`: max_queued, requests,
     weight)."""
-    from jobs.quotas import KeyLimits, set_limits
+    from jobstore.quotas import KeyLimits, set_limits
 
     name = f"k{time.monotonic_ns()}"
     set_limits(redis.Redis.from_url(redis_url, decode_responses=True), name, KeyLimits(**limits))

@@ -21,10 +21,11 @@ from typing import Any
 import httpx
 import redis
 
+from common import redis_client
 from harness.deploy import Deployment, serving, status_events
-from jobs import keys, redis_client
-from jobs.apikeys import create_key
+from jobs import keys
 from jobs.states import TERMINAL_VALUES
+from security.apikeys import create_key
 
 BODIES: tuple[dict[str, Any], ...] = (
     {"kind": "echo", "input": {"text": "fault"}},

@@ -17,7 +17,6 @@ import redis
 from fastapi import FastAPI
 
 from api.app import create_app
-from jobs.apikeys import create_key
 from jobs.settings import (
     ApiSettings,
     AuthSettings,
@@ -27,6 +26,7 @@ from jobs.settings import (
     Settings,
     WebhookSettings,
 )
+from security.apikeys import create_key
 
 BASE_URL = "http://mmq.test"
 MAX_WAIT_S = 1.0

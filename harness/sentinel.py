@@ -14,8 +14,8 @@ from typing import Any, cast
 import redis
 
 from common.procs import die_with_parent, free_port
+from common.redis_client import NO_RETRY
 from host.redis_server import RedisServer, server_binary
-from jobs.redis_client import NO_RETRY
 
 MASTER_NAME = "mymaster"
 QUORUM = 2

@@ -19,7 +19,7 @@ from pathlib import Path
 import redis
 
 from common.procs import die_with_parent, free_port
-from jobs.redis_client import NO_RETRY, connect
+from common.redis_client import NO_RETRY, connect
 
 URL_FILE = "server.url"
 MAX_BACKOFF_S = 30.0

@@ -17,13 +17,14 @@ from pathlib import Path
 import typer
 from redis.exceptions import RedisError
 
+from common import redis_client
 from host.devices import Device, Topology, discover
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.placement import Assignment, Plan, load_placement, plan_placement
 from host.redis_server import RedisServer
-from jobs import keys, redis_client
-from jobs.codec import text_map
+from jobs import keys
 from jobs.settings import Settings
+from jobstore.codec import text_map
 
 WHY_MAX_CHARS = 400
 

@@ -1,1 +1,2 @@
-"""The contract shared by the API and the workers: jobs, events, schemas, settings, store."""
+"""The contract shared by the API and the workers: job and event models, the one state
+machine, errors, settings, input schemas, Redis key names."""

@@ -56,7 +56,7 @@ class QueueFull(MmqError):
 
 
 class QuotaExceeded(QueueFull):
-    """Over one of the key's quotas (`jobs.quotas`): 429, naming the quota."""
+    """Over one of the key's quotas (`jobstore.quotas`): 429, naming the quota."""
 
     code = "quota_exceeded"
 

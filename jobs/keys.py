@@ -81,7 +81,7 @@ BATCHES_ACTIVE = f"{PREFIX}:batches:active"
 
 
 def batch(batch_id: str) -> str:
-    """Hash: a batch's record (see `jobs.batches.Batch`)."""
+    """Hash: a batch's record (see `jobstore.batches.Batch`)."""
     return f"{PREFIX}:batch:{batch_id}"
 
 
@@ -123,7 +123,7 @@ def owner_files(owner: str) -> str:
 
 
 LIMITS = f"{PREFIX}:limits"
-"""Hash: owner -> JSON of the limits `mmq keys limits` set for it (`jobs.quotas.Limits`),
+"""Hash: owner -> JSON of the limits `mmq keys limits` set for it (`jobstore.quotas.Limits`),
 over the deployment's `quotas` defaults."""
 
 USAGE_PREFIX = f"{PREFIX}:usage:"
@@ -172,7 +172,7 @@ MODEL_DEVICES = f"{PREFIX}:model-devices"
 
 def cost_in(owner: str, kind: str, window: int) -> str:
     """String: what an owner's jobs of `kind` cost in one quota window
-    (`jobs.quotas.COST_UNITS`), with a TTL of two windows."""
+    (`jobstore.quotas.COST_UNITS`), with a TTL of two windows."""
     return f"{PREFIX}:cost:{owner}:{kind}:{window}"
 
 
@@ -247,13 +247,13 @@ def response_cache(owner: str, digest: str) -> str:
 
 def metric(name: str) -> str:
     """Hash: one metric's samples from every process, field = JSON label values (and
-    bucket); counters and histogram buckets grow with HINCRBY (see jobs/metrics.py)."""
+    bucket); counters and histogram buckets grow with HINCRBY (see telemetry/metrics.py)."""
     return f"{PREFIX}:metric:{name}"
 
 
 def recent(minute: int) -> str:
     """Hash: counts of one minute (unix seconds // 60) for the admin overview's "last few
-    minutes" (see jobs/recent.py), with a TTL."""
+    minutes" (see telemetry/recent.py), with a TTL."""
     return f"{PREFIX}:recent:{minute}"
 
 

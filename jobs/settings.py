@@ -113,7 +113,7 @@ COST_UNITS = {
     "tts": "characters",
     "image": "megapixel_steps",
 }
-"""The kinds with a cost quota, and what their cost counts (`jobs.quotas`)."""
+"""The kinds with a cost quota, and what their cost counts (`jobstore.quotas`)."""
 
 
 def check_costs(costs: dict[str, int]) -> dict[str, int]:
@@ -138,7 +138,7 @@ class QuotaSettings(BaseModel):
     more wait, held, for a slot of its own. Kept by fair share's release stage
     (`fairness.enabled`)."""
     costs: dict[str, int] = Field(default_factory=dict)
-    """Per kind, what the key's jobs may cost per `window_s` (`jobs.quotas.COST_UNITS`:
+    """Per kind, what the key's jobs may cost per `window_s` (`jobstore.quotas.COST_UNITS`:
     LLM and embedding tokens, ASR audio seconds, TTS characters, image megapixel-steps);
     a kind not named has no limit."""
     window_s: int = Field(default=60, ge=1, le=3600)

@@ -124,11 +124,11 @@ def reaper(config: ConfigOpt = None) -> None:
     of jobs whose records have expired. A third runs the release stage of batches every
     `batches.release_interval_s`. Several reapers may run at once.
     """
+    from broker.celery_app import make_celery, webhook_sender
     from cluster.reaper import Reaper
     from cluster.release import start_release_stage
     from cluster.retention import start_sweeper
-    from jobs.broker import make_celery, webhook_sender
-    from jobs.store import JobStore
+    from jobstore.store import JobStore
 
     settings = with_redis(command_settings(config))
     stop = threading.Event()
@@ -393,8 +393,8 @@ def keys_create(
     ] = False,
 ) -> None:
     """Create an API key for owner NAME and print it (it is stored only as a hash)."""
-    from jobs import redis_client
-    from jobs.apikeys import create_key
+    from common import redis_client
+    from security.apikeys import create_key
 
     settings = command_settings(config)
     client = redis_client.connect(str(with_redis(settings).redis_url))
@@ -408,8 +408,8 @@ def keys_create(
 @keys_app.command("revoke")
 def keys_revoke(name: str, config: ConfigOpt = None) -> None:
     """Delete every API key of owner NAME."""
-    from jobs import redis_client
-    from jobs.apikeys import revoke_owner
+    from common import redis_client
+    from security.apikeys import revoke_owner
 
     settings = command_settings(config)
     client = redis_client.connect(str(with_redis(settings).redis_url))
@@ -449,8 +449,10 @@ def keys_limits(
     import json
     import time
 
-    from jobs import keys, quotas, redis_client
-    from jobs.quotas import KeyLimits, set_limits
+    from common import redis_client
+    from jobs import keys
+    from jobstore import quotas
+    from jobstore.quotas import KeyLimits, set_limits
 
     settings = command_settings(config)
     client = redis_client.connect(str(with_redis(settings).redis_url))

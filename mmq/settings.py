@@ -29,7 +29,7 @@ def command_settings(
 
 def check_redis_url(settings: Settings) -> None:
     """Exit with the reason when `MMQ_REDIS_URL` is set to a URL mmq cannot use."""
-    from jobs.redis_client import RedisUrlError, check_url
+    from common.redis_client import RedisUrlError, check_url
 
     if not settings.redis_url:
         return
@@ -43,7 +43,7 @@ def check_redis_url(settings: Settings) -> None:
 def with_redis(settings: Settings) -> Settings:
     """`settings` with a Redis to use: `MMQ_REDIS_URL`, else the embedded server of an
     `mmq up` that runs with the same data dir; exits with the reason when there is none,
-    when it does not answer, or when it cannot keep jobs (`jobs.durability.server_problem`)."""
+    when it does not answer, or when it cannot keep jobs (`jobstore.durability.server_problem`)."""
     check_redis_url(settings)
     if settings.redis_url:
         check_redis(settings)
@@ -66,8 +66,8 @@ def with_redis(settings: Settings) -> Settings:
 def check_redis(settings: Settings) -> None:
     import redis
 
-    from jobs.durability import server_problem
-    from jobs.redis_client import connect
+    from common.redis_client import connect
+    from jobstore.durability import server_problem
 
     url = str(settings.redis_url)
     client = connect(url, decode_responses=False, socket_connect_timeout=5, socket_timeout=10)

@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 import httpx
 
 from jobs.errors import InputError, NotFound, TooLarge
-from jobs.netguard import AddressRefused, GuardedTransport, NetPolicy
 from jobs.settings import Settings
+from security.netguard import AddressRefused, GuardedTransport, NetPolicy
 from storage.base import CHUNK_BYTES, Storage
 from storage.local import LocalStorage
 from storage.refs import parse_ref

@@ -24,9 +24,9 @@ from harness.audio import spoken
 from harness.deploy import REPO, Deployment, wait_until
 from harness.models.sd import TINY_SIZE
 from jobs import keys
-from jobs.apikeys import create_key
 from mmq.follow import RENDERERS
 from mmq.results import result_bytes
+from security.apikeys import create_key
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_keys_without_a_redis_url_or_a_running_up_say_so(tmp_path: Path) -> None
 def test_submit_follow_prints_events_and_exit_code_tells_the_end(
     deployment: Deployment, rclient: redis.Redis
 ) -> None:
-    from jobs.apikeys import create_key
+    from security.apikeys import create_key
 
     key = create_key(rclient, "follower")
     env = {"url": deployment.base_url, "key": key}

@@ -19,7 +19,7 @@ import redis
 from harness.client import new_owner
 from harness.deploy import Deployment, Proc, flush, serving, status_events, wait_until
 from jobs import keys
-from jobs.codec import time_seconds
+from jobstore.codec import time_seconds
 
 TTL_S = 2.0
 SKEW_S = 60

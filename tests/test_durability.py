@@ -24,8 +24,8 @@ from harness.faults import under_load
 from harness.inprocess import inprocess_settings, serve_in_process
 from host.redis_server import RedisServer, server_binary
 from jobs import keys
-from jobs.durability import server_problem
 from jobs.settings import RedisSettings
+from jobstore.durability import server_problem
 
 LOAD_S = 4.0
 CLIENTS = 4
@@ -146,7 +146,7 @@ def test_a_worker_keeps_its_leases_through_a_short_outage_and_gives_up_after_ttl
     """Redis down for less than a lease: the job keeps running and its lease is renewed
     once Redis is back. Down for longer: the worker stops the job (lost), cleanly."""
     from jobs.settings import LeaseSettings, Settings
-    from jobs.store import JobStore
+    from jobstore.store import JobStore
     from workers.leases import LeaseKeeper
 
     server = RedisServer(tmp_path / "r", fsync_always=True).start()
@@ -215,12 +215,12 @@ def test_an_end_is_announced_only_once_its_writes_are_confirmed(tmp_path: Path) 
     """At `replica` with no replica, a worker's end waits its whole confirmation time
     (a lease's length) before anyone hears of it, and is announced then; at `memory`,
     at once."""
-    from jobs.changes import Lease, transition
-    from jobs.codec import job_to_fields
     from jobs.models import Job
     from jobs.settings import LeaseSettings, Settings
     from jobs.states import JobStatus
-    from jobs.store import JobStore
+    from jobstore.changes import Lease, transition
+    from jobstore.codec import job_to_fields
+    from jobstore.store import JobStore
 
     # The lease, and so the longest confirmation: 1 s at `replica` (waited out), and a
     # minute at `memory`, where hearing at once is told from waiting by a wide margin.

@@ -17,7 +17,7 @@ from api.hub import EventHub
 from jobs import keys
 from jobs.models import Event, EventType, WebhookSpec
 from jobs.settings import Settings
-from jobs.store import JobStore, NewEvent
+from jobstore.store import JobStore, NewEvent
 from workers.events import EventWriter, merged
 
 

@@ -27,9 +27,9 @@ from harness.deploy import Deployment, Proc, answers, serving, status_events, wa
 from harness.netns import NetHost, Network, unavailable
 from host.redis_server import server_binary
 from jobs import keys
-from jobs.apikeys import create_key
-from jobs.codec import text_map
 from jobs.states import TERMINAL_VALUES
+from jobstore.codec import text_map
+from security.apikeys import create_key
 
 REDIS_PORT = 6379
 API_PORT = 8000

@@ -16,12 +16,12 @@ import redis.asyncio as aredis
 
 from api.hub import RESYNC, EventHub
 from jobs import keys
-from jobs.changes import Lease, transition
-from jobs.codec import job_to_fields
 from jobs.models import Event, EventType, Job
 from jobs.settings import Settings
 from jobs.states import JobStatus
-from jobs.store import JobStore
+from jobstore.changes import Lease, transition
+from jobstore.codec import job_to_fields
+from jobstore.store import JobStore
 
 Notice = dict[str, Any]
 T = TypeVar("T")

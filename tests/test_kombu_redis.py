@@ -1,4 +1,4 @@
-"""`jobs/kombu_redis.py` against kombu itself and a real Redis: the pinned version, the
+"""`broker/kombu_redis.py` against kombu itself and a real Redis: the pinned version, the
 layout it names, the task message the submit and requeue scripts push (equal to the one
 Celery sends), the unacked record, and the shared-client transport."""
 
@@ -15,11 +15,11 @@ import redis
 from kombu.transport import redis as kombu_redis_transport
 from packaging.specifiers import SpecifierSet
 
-from jobs import kombu_redis
-from jobs.broker import job_message, make_celery
-from jobs.kombu_redis import KOMBU_VERSIONS, UNACKED, UNACKED_INDEX, Unacked, job_id_of
+from broker import kombu_redis
+from broker.celery_app import job_message, make_celery
+from broker.kombu_redis import KOMBU_VERSIONS, UNACKED, UNACKED_INDEX, Unacked, job_id_of
+from broker.queues import TASK_NAME, queue_name
 from jobs.models import Job
-from jobs.queues import TASK_NAME, queue_name
 from jobs.settings import Priority, load_settings
 from jobs.states import JobStatus
 

@@ -13,16 +13,16 @@ import pytest
 import redis
 from celery import Celery
 
+from broker.celery_app import make_celery
+from broker.kombu_redis import UNACKED
+from broker.queues import TASK_NAME, queue_name
 from harness.client import Api, new_owner
 from harness.deploy import Deployment, flush, serving, status_events, wait_until
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from jobs import keys
-from jobs.broker import make_celery
-from jobs.kombu_redis import UNACKED
 from jobs.models import Job
-from jobs.queues import TASK_NAME, queue_name
 from jobs.settings import load_settings
-from jobs.store import JobStore
+from jobstore.store import JobStore
 
 LEASE = {"ttl_s": 2.0, "heartbeat_s": 0.4, "reaper_interval_s": 0.3, "max_attempts": 2}
 
@@ -142,7 +142,7 @@ def test_redelivered_task_for_ended_or_held_job_is_dropped(
 
 TAKE_AND_DIE = """
 import os
-from jobs.broker import make_celery
+from broker.celery_app import make_celery
 from jobs.settings import load_settings
 
 app = make_celery(load_settings())

@@ -9,8 +9,8 @@ import pytest
 
 from harness.files import http_server
 from jobs.errors import InputError
-from jobs.netguard import AddressRefused, GuardedTransport, NetPolicy, check_url
 from jobs.settings import NetSettings
+from security.netguard import AddressRefused, GuardedTransport, NetPolicy, check_url
 
 REFUSED = {
     "127.0.0.1": "loopback",

@@ -19,13 +19,13 @@ from api.openai.embedding_models import EmbeddingRequest
 from api.openai.images import SIZE_PATTERN, ImageGenerationRequest
 from api.openai.speech import SpeechRequest
 from harness.inprocess import InProcess
-from jobs.batches import ENDPOINTS
 from jobs.errors import InputError
-from jobs.file_objects import PURPOSES
 from jobs.models import WebhookSpec
 from jobs.schemas import AsrInput, EmbedInput, ImageInput, TtsInput, schema_for
 from jobs.schemas.image import Side
 from jobs.webhooks import EVENT_CHOICES
+from jobstore.batches import ENDPOINTS
+from jobstore.file_objects import PURPOSES
 from storage.base import KEY_PATTERN, MAX_KEY_CHARS, validate_key
 
 CONSTRAINTS = (

@@ -26,8 +26,8 @@ from harness.client import Api, limited_owner
 from harness.deploy import Deployment, flush, running, serving, wait_until
 from host.redis_server import RedisServer
 from jobs import keys
-from jobs.apikeys import create_key
-from jobs.quotas import KeyLimits, set_limits
+from jobstore.quotas import KeyLimits, set_limits
+from security.apikeys import create_key
 
 WINDOW_S = 3
 IDLE = """

@@ -1,4 +1,4 @@
-"""Redis Sentinel: `jobs.redis_client` reads sentinel:// URLs, and a real deployment (API,
+"""Redis Sentinel: `common.redis_client` reads sentinel:// URLs, and a real deployment (API,
 worker, reaper on a primary, a replica and three sentinels) rides out a SIGKILL of the
 primary: 202 or 503 with Retry-After meanwhile, never 500; no process restarted."""
 
@@ -19,17 +19,18 @@ import pytest
 import redis
 from kombu import Connection
 
-from harness.deploy import REPO, Deployment, serving, status_events, wait_until
-from harness.sentinel import SentinelGroup
-from host.launcher import mmq_command
-from jobs import kombu_redis, redis_client
-from jobs.broker import make_celery
-from jobs.redis_client import (
+from broker import kombu_redis
+from broker.celery_app import make_celery
+from common import redis_client
+from common.redis_client import (
     BlockingSentinelConnectionPool,
     RedisUrlError,
     SentinelUrl,
     parse_sentinel_url,
 )
+from harness.deploy import REPO, Deployment, serving, status_events, wait_until
+from harness.sentinel import SentinelGroup
+from host.launcher import mmq_command
 from jobs.settings import load_settings
 
 RECOVERY_BOUND_S = 120.0
@@ -106,12 +107,12 @@ def test_mmq_stops_at_a_bad_url_with_the_reason(tmp_path: Path) -> None:
 
 def test_the_broker_on_sentinel_is_mmqs_transport_over_every_sentinel() -> None:
     url = "sentinel://:p%40ss@127.0.0.1:1,127.0.0.1:2/mymaster/2"
-    settings = redis_client.broker(url)
+    settings = kombu_redis.broker_for(url)
     assert settings.url == "sentinel://:p%40ss@127.0.0.1:1/2;sentinel://:p%40ss@127.0.0.1:2/2"
     assert settings.transport == kombu_redis.SENTINEL_TRANSPORT
     assert settings.options["master_name"] == "mymaster"
-    assert redis_client.broker("redis://h:1/0").transport == kombu_redis.TRANSPORT
-    assert redis_client.broker("unix:///tmp/r.sock?db=3").url == (
+    assert kombu_redis.broker_for("redis://h:1/0").transport == kombu_redis.TRANSPORT
+    assert kombu_redis.broker_for("unix:///tmp/r.sock?db=3").url == (
         "redis+socket:///tmp/r.sock?virtual_host=3"
     )
     app = make_celery(load_settings(redis_url=url))

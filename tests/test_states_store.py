@@ -16,14 +16,14 @@ from pydantic import ValidationError
 
 from harness.pipelines import EchoInput, EchoPipeline
 from jobs import keys
-from jobs.changes import ALL_FIELDS, Lease, transition
-from jobs.codec import job_from_fields, job_to_fields
-from jobs.lua import NOTICE_JOB_MAX_BYTES
 from jobs.models import EventType, Job, WebhookSpec
 from jobs.schemas.llm import LlmOptions
 from jobs.settings import PipelineConfig, Settings, load_settings
 from jobs.states import TRANSITIONS, InvalidTransition, JobStatus, check_transition
-from jobs.store import AsyncJobStore, JobStore
+from jobstore.changes import ALL_FIELDS, Lease, transition
+from jobstore.codec import job_from_fields, job_to_fields
+from jobstore.lua import NOTICE_JOB_MAX_BYTES
+from jobstore.store import AsyncJobStore, JobStore
 from workers.engine import Engine
 from workers.events import EventWriter
 from workers.jobrunner import JobRunner

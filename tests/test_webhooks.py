@@ -18,7 +18,7 @@ from harness.batches import job_line, jsonl, upload
 from harness.client import Api, new_owner
 from harness.deploy import Deployment, flush, serving, wait_until
 from jobs.errors import InputError
-from jobs.netguard import NetPolicy, check_url
+from security.netguard import NetPolicy, check_url
 from tests.conftest import WEBHOOK_SECRET
 
 TIMEOUT_S = 5

@@ -21,8 +21,8 @@ from common.procs import stop_groups
 from harness.deploy import Deployment, Proc
 from host.redis_server import RedisServer
 from jobs import keys
-from jobs.codec import text_map
 from jobs.settings import PipelineConfig
+from jobstore.codec import text_map
 
 LOG_TAIL_CHARS = 1500
 STOP_TIMEOUT_S = 15.0

@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.redis_client import connect
 from jobs import keys
-from jobs.codec import job_from_fields, text_map
 from jobs.errors import InputError
 from jobs.filerefs import file_ref_fields
 from jobs.models import Job
-from jobs.redis_client import connect
 from jobs.schemas import schema_for
 from jobs.settings import Settings
+from jobstore.codec import job_from_fields, text_map
 from storage.factory import make_storage
 from storage.fetch import InputFetcher
 from tuning.workload import UPLOAD_PREFIX

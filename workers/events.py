@@ -25,7 +25,7 @@ from typing import Any
 import redis
 
 from jobs.models import EventType
-from jobs.store import JobStore, NewEvent
+from jobstore.store import JobStore, NewEvent
 
 log = logging.getLogger(__name__)
 

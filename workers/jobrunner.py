@@ -16,14 +16,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from jobs import operations, quotas
-from jobs.changes import Transition
-from jobs.codec import dumps, job_from_fields
 from jobs.errors import InputError
 from jobs.models import EventType, Job
 from jobs.schemas import validation_error_field
 from jobs.schemas.base import JobInput
-from jobs.store import JobStore, NewEvent
+from jobstore import operations, quotas
+from jobstore.changes import Transition
+from jobstore.codec import dumps, job_from_fields
+from jobstore.store import JobStore, NewEvent
 from pipelines.base import Files
 from workers.engine import Engine, EventSink, Outcome
 from workers.events import EventWriter

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 
 import redis
 
+from common.redis_client import FAILOVER_ERRORS
 from jobs import keys
-from jobs.changes import Lease
-from jobs.codec import flat_pairs
-from jobs.redis_client import FAILOVER_ERRORS
 from jobs.settings import Settings
-from jobs.store import JobStore
+from jobstore.changes import Lease
+from jobstore.codec import flat_pairs
+from jobstore.store import JobStore
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A worker process's readings of its GPU or MIG slice through NVML (utilisation, memory),
 written to Redis every `interval_s` for the API's `/metrics`. Job ends and batches are
-counted in the store's `MetricsTally` (`jobs/store.py`, `workers/process.py`). Metrics
+counted in the store's `MetricsTally` (`jobstore/store.py`, `workers/process.py`). Metrics
 never stop a worker: errors are logged and dropped.
 """
 
@@ -15,7 +15,7 @@ import redis
 
 from host.devices import Usage, read_usage
 from jobs import keys
-from jobs.codec import time_seconds
+from jobstore.codec import time_seconds
 
 log = logging.getLogger(__name__)
 

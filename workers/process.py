@@ -20,19 +20,20 @@ from typing import Any
 from celery import Celery
 from redis.exceptions import RedisError
 
+from broker.celery_app import make_celery, webhook_sender
+from broker.kombu_redis import task_message
+from broker.queues import TASK_NAME, queue_name
 from cluster.retention import RetentionIndex
+from common import redis_client
 from common.heap import freeze_startup_heap
-from jobs import keys, redis_client
-from jobs.broker import make_celery, webhook_sender
-from jobs.kombu_redis import task_message
-from jobs.metrics import batch_samples
+from jobs import keys
 from jobs.models import Job
-from jobs.queues import TASK_NAME, queue_name
 from jobs.schemas import import_object, schema_for
 from jobs.settings import Settings
-from jobs.store import JobStore
+from jobstore.store import JobStore
 from pipelines.base import Pipeline
 from storage.factory import make_storage
+from telemetry.metrics import batch_samples
 from workers.engine import Engine
 from workers.events import EventWriter
 from workers.jobfiles import JobFiles

@@ -40,16 +40,16 @@ from typing import Any, Protocol
 
 import redis
 
+from broker.kombu_redis import PRIORITY_VALUES, priority_list
+from broker.queues import queue_name
 from host.devices import read_usage
 from host.model_memory import estimate
 from jobs import keys
 from jobs.device_models import ModelEntry, device_member, split_member
-from jobs.kombu_redis import PRIORITY_VALUES, priority_list
-from jobs.metrics import MODEL_LOAD_SECONDS, MODEL_LOADS, MODEL_UNLOADS
-from jobs.queues import queue_name
 from jobs.settings import Settings
-from jobs.tally import MetricsTally
 from pipelines.base import Pipeline
+from telemetry.metrics import MODEL_LOAD_SECONDS, MODEL_LOADS, MODEL_UNLOADS
+from telemetry.tally import MetricsTally
 
 log = logging.getLogger(__name__)
 

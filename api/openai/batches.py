@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.auth import Owner
 from api.deps import Batches
 from api.openai import answers
-from jobs.batches import ENDPOINTS, WINDOW
 from jobs.models import WebhookSpec
+from jobstore.batches import ENDPOINTS, WINDOW
 
 router = APIRouter(prefix="/v1/batches", tags=["openai"])
 

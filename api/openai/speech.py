@@ -32,9 +32,9 @@ from api.auth import Owner
 from api.deps import Service, SettingsDep
 from api.openai.common import Deadline, ended_badly, failure_response, renamed, sse
 from api.streaming import prepend, stream_job
+from broker.queues import pipeline_for
 from jobs.errors import InputError
 from jobs.models import Event, EventType, JobCreate
-from jobs.queues import pipeline_for
 from jobs.schemas import tts
 from jobs.schemas.tts import CONTENT_TYPES, AudioFormat, TtsOptions
 from jobs.settings import Settings

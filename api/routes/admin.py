@@ -17,7 +17,7 @@ from api.deps import Service, SettingsDep, get_overview
 from api.overview import Overview, OverviewReader
 from api.routes.jobs import Filter, Limit
 from api.views import JobList, JobView, job_view
-from jobs.quotas import KeyLimits, Quota
+from jobstore.quotas import KeyLimits, Quota
 
 router = APIRouter(
     prefix="/v1/admin",

@@ -15,8 +15,8 @@ from api.files import FileInfo, FileService
 from api.forms import multipart_body
 from api.openai import answers
 from jobs.errors import InputError
-from jobs.file_objects import Purpose, is_file_id
 from jobs.schemas import validation_error_field
+from jobstore.file_objects import Purpose, is_file_id
 from storage.base import KEY_PATTERN, MAX_KEY_CHARS, SEGMENT
 
 router = APIRouter(prefix="/v1/files", tags=["files"])

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from api.apikeys import Caller
 from api.auth import current_caller
 from api.deps import Service
-from jobs.quotas import Quota
+from jobstore.quotas import Quota
 
 router = APIRouter(tags=["auth"], responses={401: {"description": "Missing or unknown key."}})
 

@@ -55,7 +55,7 @@ class JobInput(BaseModel):
 
     def cost(self) -> int:
         """What the job counts against its key's cost quota for its kind when it is
-        admitted (`jobs.quotas.COST_UNITS`); 0 where it is known only at the end."""
+        admitted (`jobstore.quotas.COST_UNITS`); 0 where it is known only at the end."""
         return 0
 
     def cost_after(self, output: dict[str, Any]) -> int:

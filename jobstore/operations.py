@@ -20,11 +20,11 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from jobs.changes import ALL_FIELDS, Lease, Transition, transition
-from jobs.codec import dumps
-from jobs.kombu_redis import TaskMessage
+from broker.kombu_redis import TaskMessage
 from jobs.models import EventType, Job
 from jobs.states import JobStatus
+from jobstore.changes import ALL_FIELDS, Lease, Transition, transition
+from jobstore.codec import dumps
 
 QUEUED = frozenset({JobStatus.QUEUED})
 RUNNING = frozenset({JobStatus.RUNNING})

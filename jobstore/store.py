@@ -1,7 +1,7 @@
 """The Redis job store: a hash per job, an owner index, leases, events.
 
 `JobStore` (sync: workers, reaper, CLI) and `AsyncJobStore` (the API) share the Lua
-scripts and the changes of `jobs.changes`, so a transition is written in one place.
+scripts and the changes of `jobstore.changes`, so a transition is written in one place.
 
 A metered store (`metered=True`) also counts every accepted submit (in the script that
 stores the job) and every transition that ends a job, wherever it happens: a worker, the
@@ -10,7 +10,7 @@ once per job (the script checks the current status), so each end is counted once
 script that ends the job returns the fields its metrics need (`Transition.read_back`).
 In workers and the reaper the samples go to the process's `MetricsTally` (written once per
 `metrics_flush_s`: no round trip per job); in the API they go to Redis in one pipelined
-round trip. The same writes add to the overview's per-minute counts (`jobs/recent.py`). A
+round trip. The same writes add to the overview's per-minute counts (`telemetry/recent.py`). A
 submit refused with 429 is counted in the API (one round trip, on that path alone).
 Metrics never fail a job: a Redis error while counting is logged.
 """
@@ -29,8 +29,15 @@ import redis
 import redis.asyncio as aredis
 from redis.exceptions import NoScriptError
 
-from jobs import keys, lua, quotas, recent, redis_client
-from jobs.changes import (
+from broker.kombu_redis import TaskMessage
+from common import redis_client
+from jobs import keys
+from jobs.models import Event, EventType, Job, WebhookSpec
+from jobs.schemas.base import CachePolicy
+from jobs.settings import Settings
+from jobs.webhooks import wants
+from jobstore import lua, quotas
+from jobstore.changes import (
     ALL_FIELDS,
     Lease,
     SubmitResult,
@@ -41,7 +48,7 @@ from jobs.changes import (
     submit_args,
     webhook_events,
 )
-from jobs.codec import (
+from jobstore.codec import (
     dumps,
     event_from_entry,
     job_from_fields,
@@ -49,9 +56,9 @@ from jobs.codec import (
     text_map,
     time_seconds,
 )
-from jobs.durability import Durability
-from jobs.kombu_redis import TaskMessage
-from jobs.metrics import (
+from jobstore.durability import Durability
+from telemetry import recent
+from telemetry.metrics import (
     END_FIELDS,
     JOBS_REJECTED,
     JOBS_SUBMITTED,
@@ -60,11 +67,7 @@ from jobs.metrics import (
     field_of,
     queue,
 )
-from jobs.models import Event, EventType, Job, WebhookSpec
-from jobs.schemas.base import CachePolicy
-from jobs.settings import Settings
-from jobs.tally import MetricsTally
-from jobs.webhooks import wants
+from telemetry.tally import MetricsTally
 
 EventListener = Callable[[str, str, dict[str, Any]], None]
 """(job_id, webhook url, event) -> None: hands an event to webhook delivery."""
@@ -483,14 +486,14 @@ class AsyncJobStore:
         return [json.loads(raw) for raw in await self.r.lrange(keys.deliveries(job_id), 0, -1)]
 
     async def quota_state(self, owner: str, window: int) -> list[Any]:
-        """What `jobs.quotas.from_reads` takes: the owner's own limits, its usage now and
+        """What `jobstore.quotas.from_reads` takes: the owner's own limits, its usage now and
         in quota window `window`."""
         pipe = self.r.pipeline(transaction=False)
         quotas.reads(pipe, owner, window)
         return list(await pipe.execute())
 
     async def set_limits(self, owner: str, fields: str | None) -> None:
-        """`owner`'s own limits as JSON (`jobs.quotas.own_fields`); None clears them."""
+        """`owner`'s own limits as JSON (`jobstore.quotas.own_fields`); None clears them."""
         if fields is None:
             await self.r.hdel(keys.LIMITS, owner)
         else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobs.kombu_redis import PUSH_MESSAGE_LUA
+from broker.kombu_redis import PUSH_MESSAGE_LUA
 
 NOTICE_JOB_MAX_BYTES = 16_384
 """A job whose fields add up to more than this is not carried in its end notice."""
@@ -74,7 +74,7 @@ SUBMIT = (
 -- Returns {'ok', event id, requests limit, requests used, cost limit, cost used} or
 -- {'dup', value} or {'full', ''} or {'quota', name, limit, used}.
 local a = cjson.decode(ARGV[1])
--- Sent again after its connection broke (see jobs.redis_client.RESEND_ON_BROKEN): the
+-- Sent again after its connection broke (see common.redis_client.RESEND_ON_BROKEN): the
 -- first run made the job; a second message or queued event would be a duplicate.
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'ok', '', '0', '0', '0', '0'} end
 if a.idem_value ~= '' then

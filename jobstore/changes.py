@@ -1,6 +1,6 @@
 """The changes the store writes, built without I/O: a job's status change (`Transition`,
-and the named ones of `jobs.operations`), a submit's script arguments (`submit_args`),
-and the decoding of what the scripts answer. Either store (`jobs.store`) runs them."""
+and the named ones of `jobstore.operations`), a submit's script arguments (`submit_args`),
+and the decoding of what the scripts answer. Either store (`jobstore.store`) runs them."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from broker.kombu_redis import PRIORITY_VALUES, TaskMessage
 from jobs import keys
-from jobs.codec import dumps, flat_pairs, job_to_fields
-from jobs.kombu_redis import PRIORITY_VALUES, TaskMessage
 from jobs.models import EventType, Job, WebhookSpec
 from jobs.settings import Settings
 from jobs.states import JobStatus, allowed_sources, check_transition
 from jobs.webhooks import wants
+from jobstore.codec import dumps, flat_pairs, job_to_fields
 
 LeaseMode = Literal["", "check", "absent", "acquire"]
 

@@ -3,7 +3,7 @@ queued at once, jobs submitted per window, jobs released to the workers at once,
 kind a cost per window.
 
 The limits on queued jobs, requests and cost are checked, and the usage counted, in the
-script that stores a job (`jobs.lua.SUBMIT`): concurrent submits can never go past a
+script that stores a job (`jobstore.lua.SUBMIT`): concurrent submits can never go past a
 limit. The transition script gives a queued slot back whenever a job leaves `queued`
 (started, canceled, expired), and takes one again when the reaper queues a lost job
 again; it gives a released slot (`max_running`) back when a released job ends. Batch
@@ -25,8 +25,8 @@ import redis
 from pydantic import BaseModel, Field, field_validator
 
 from jobs import keys
-from jobs.codec import dumps
 from jobs.settings import COST_UNITS, QuotaSettings, check_costs
+from jobstore.codec import dumps
 
 
 class KeyLimits(BaseModel):

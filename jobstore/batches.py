@@ -25,8 +25,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field
 
-from jobs.codec import dumps
 from jobs.models import WebhookSpec
+from jobstore.codec import dumps
 
 
 class BatchStatus(StrEnum):

@@ -13,7 +13,7 @@ The URL is one of:
 
 What a process takes: `connect` (a sync client: workers, the reaper, the CLI, `mmq up`),
 `connect_async` (the API's client over a blocking pool, closed with `close_async`), and
-`broker` (Celery's broker URL, transport and transport options, for `jobs.broker`).
+`broker` (Celery's broker URL, transport and transport options, for `broker.celery_app`).
 
 On Sentinel, a client asks the sentinels for the master each time it opens a connection
 (redis-py's `SentinelConnectionPool`). When the master dies or is demoted, a command on
@@ -41,9 +41,6 @@ from redis.exceptions import MasterDownError, ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
-
-from jobs import kombu_redis
-from jobs.kombu_redis import BrokerSettings
 
 SCHEMES = ("redis", "rediss", "unix", "sentinel")
 SENTINEL_PORT = 26379
@@ -280,22 +277,3 @@ async def close_async(client: aredis.Redis) -> None:
     pool = client.connection_pool
     if isinstance(pool, asentinel.SentinelConnectionPool):
         await pool.sentinel_manager.aclose()
-
-
-def broker(url: str) -> BrokerSettings:
-    """Celery's broker settings for `url` (`jobs.kombu_redis` owns kombu's forms)."""
-    scheme = scheme_of(url)
-    if scheme == "sentinel":
-        target = parse_sentinel_url(url)
-        timeouts = {"socket_connect_timeout": target.socket_connect_timeout_s}
-        if target.socket_timeout_s is not None:
-            timeouts["socket_timeout"] = target.socket_timeout_s
-        return kombu_redis.sentinel_broker(
-            target.sentinels, target.master_name, target.db, target.password,
-            username=target.username, connection_options=timeouts,
-            sentinel_options=target.sentinel_kwargs(),
-        )  # fmt: skip
-    check_url(url)
-    if scheme == "unix":
-        return kombu_redis.socket_broker(url)
-    return BrokerSettings(url, kombu_redis.TRANSPORT, {})

@@ -47,14 +47,15 @@ import redis
 from celery import Celery
 from kombu.transport import redis as kombu_redis
 
-from jobs.queues import TASK_NAME
+from broker.queues import TASK_NAME
+from common import redis_client
 
 KOMBU_VERSIONS = (">=5.6", "<5.8")
 """The kombu releases whose Redis layout this module matches (pyproject pins the same)."""
 
-TRANSPORT = "jobs.kombu_redis:Transport"
+TRANSPORT = "broker.kombu_redis:Transport"
 """`broker_transport` for redis:// and rediss:// brokers (see `Transport`)."""
-SENTINEL_TRANSPORT = "jobs.kombu_redis:SentinelTransport"
+SENTINEL_TRANSPORT = "broker.kombu_redis:SentinelTransport"
 """`broker_transport` for brokers found through Redis Sentinel."""
 
 PRIORITY_VALUES: dict[str, int] = {"high": 0, "normal": 3, "low": 6, "batch": 9}
@@ -317,3 +318,22 @@ class SentinelChannel(Channel, kombu_redis.SentinelChannel):
 
 class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
+
+
+def broker_for(url: str) -> BrokerSettings:
+    """Celery's broker settings for the Redis `url` (any form `common.redis_client` reads)."""
+    scheme = redis_client.scheme_of(url)
+    if scheme == "sentinel":
+        target = redis_client.parse_sentinel_url(url)
+        timeouts = {"socket_connect_timeout": target.socket_connect_timeout_s}
+        if target.socket_timeout_s is not None:
+            timeouts["socket_timeout"] = target.socket_timeout_s
+        return sentinel_broker(
+            target.sentinels, target.master_name, target.db, target.password,
+            username=target.username, connection_options=timeouts,
+            sentinel_options=target.sentinel_kwargs(),
+        )  # fmt: skip
+    redis_client.check_url(url)
+    if scheme == "unix":
+        return socket_broker(url)
+    return BrokerSettings(url, TRANSPORT, {})

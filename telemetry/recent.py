@@ -1,10 +1,10 @@
 """The last few minutes, per minute, for the admin overview (`api/overview.py`).
 
-The counters of `jobs/metrics.py` add up everything since the start, which is what a
+The counters of `telemetry/metrics.py` add up everything since the start, which is what a
 Prometheus scrape wants; a console wants "now": jobs/s, p50 and p95 of the last minutes,
 429s. So the same end and reject samples are also counted into one small hash per minute
 (unix seconds // 60), `keys.recent(minute)`, that lives `KEEP_S`. Its fields are
-`jobs.metrics.field_of` of:
+`telemetry.metrics.field_of` of:
 
 - `["ended", kind, pipeline, status]`: jobs that ended
 - `["queue_wait", kind, pipeline, bucket]`: jobs that started, by queue wait (the buckets
@@ -13,7 +13,7 @@ Prometheus scrape wants; a console wants "now": jobs/s, p50 and p95 of the last 
 - `["rejected", kind, pipeline]`: submits refused with 429
 
 They ride on the writes the counters make anyway: the worker's tally flush
-(`jobs/tally.py`), the API's pipelined end and reject writes (`jobs/store.py`, metered).
+(`telemetry/tally.py`), the API's pipelined end and reject writes (`jobstore/store.py`, metered).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from jobs import keys
-from jobs.metrics import END_TO_END, QUEUE_WAIT, MetricDef, Sample, bucket_of, field_of
+from telemetry.metrics import END_TO_END, QUEUE_WAIT, MetricDef, Sample, bucket_of, field_of
 
 KEEP_S = 900
 """A minute's hash lives this long: the overview's window is at most `KEEP_S - 60`."""
@@ -39,7 +39,7 @@ def minute_of(ts: float) -> int:
 
 def end_cells(fields: Mapping[str, str | None], samples: Iterable[Sample]) -> list[Cell]:
     """The cells of a job that has just ended: its END_FIELDS and its end `samples`
-    (`jobs.metrics.end_samples`), counted in the minute it finished."""
+    (`telemetry.metrics.end_samples`), counted in the minute it finished."""
     kind, pipeline = fields.get("kind") or "", fields.get("pipeline") or ""
     finished = fields.get("finished_at")
     if not finished:

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import redis
 
 from jobs import keys
-from jobs.metrics import Sample, bucket_of, field_of
+from telemetry.metrics import Sample, bucket_of, field_of
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class MetricsTally:
 
     def count(self, cells: Iterable[tuple[str, str, int]], ttl_s: int) -> None:
         """Add to (hash key, field) counts whose keys expire `ttl_s` after their last
-        write (the overview's per-minute counts, `jobs/recent.py`)."""
+        write (the overview's per-minute counts, `telemetry/recent.py`)."""
         with self._lock:
             for key, name, amount in cells:
                 self._counts[(key, name)] += amount

@@ -1,7 +1,7 @@
 """The Celery app on the Redis broker: one queue per pipeline, three priorities, acks late.
 
 Shared by the API and the reaper (which queue jobs) and the workers (which run them). The
-broker's Redis layout is `jobs/kombu_redis.py`'s alone.
+broker's Redis layout is `broker/kombu_redis.py`'s alone.
 """
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ from typing import Any
 
 from celery import Celery
 
-from jobs import kombu_redis, redis_client
-from jobs.kombu_redis import PRIORITY_VALUES, TaskMessage
+from broker import kombu_redis
+from broker.kombu_redis import PRIORITY_VALUES, TaskMessage
+from broker.queues import TASK_NAME, queue_name
 from jobs.models import Job
-from jobs.queues import TASK_NAME, queue_name
 from jobs.settings import Settings
 
 
 def make_celery(settings: Settings) -> Celery:
     if not settings.redis_url:
         raise ValueError("redis_url is not set")
-    broker = redis_client.broker(settings.redis_url)
+    broker = kombu_redis.broker_for(settings.redis_url)
     app = Celery("mmq", broker=broker.url, set_as_current=False)
     app.conf.broker_transport = broker.transport
     if broker.failover_strategy is not None:

@@ -1,0 +1,2 @@
+"""The Redis job store: jobs and their changes (one Lua transition script), events,
+leases, batches, quotas."""

@@ -1,0 +1,1 @@
+"""Security: the SSRF guard on outbound URLs, API keys, webhook signatures."""
