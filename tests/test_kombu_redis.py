@@ -8,6 +8,7 @@ import base64
 import json
 import time
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,7 +45,7 @@ def _shape(value: Any) -> Any:
 
 def test_the_installed_kombu_is_the_pinned_one_and_pyproject_pins_it() -> None:
     assert version("kombu") in SpecifierSet(",".join(KOMBU_VERSIONS))
-    pyproject = (kombu_redis.__file__.rsplit("/jobs/", 1)[0]) + "/pyproject.toml"
+    pyproject = Path(kombu_redis.__file__).resolve().parents[1] / "pyproject.toml"
     with open(pyproject) as f:
         assert f'"kombu{",".join(KOMBU_VERSIONS)}"' in f.read()
 
