@@ -101,6 +101,19 @@ def _after(after: str | None) -> str:
     return f"({after}" if after else "-"
 
 
+def _settle(replies: list[Any], attempt: int, durability: Durability) -> tuple[Any, bool] | None:
+    """A script's reply and the durability wait's, run in one pipeline: (the script's
+    reply, whether its writes were confirmed in time); None on the first attempt when the
+    server restarted between the pipeline's script check and its run (the script did not
+    run): send it once more, loading it again. A script's error is raised."""
+    raw, wait = replies
+    if isinstance(raw, NoScriptError) and attempt == 0:
+        return None
+    if isinstance(raw, Exception):
+        raise raw
+    return raw, durability.confirmed(wait)
+
+
 def _reading_end_fields(change: Transition) -> Transition:
     """`change`, returning the fields its end metrics need when it ends the job (all of
     them, where the caller asked for all)."""
@@ -204,19 +217,17 @@ class JobStore:
         self, script: Any, key_list: list[str], args: list[str], timeout_ms: int | None = None
     ) -> tuple[Any, bool]:
         """`script`, then this connection's writes confirmed at `redis.durability` (as
-        `AsyncJobStore._durably`): its reply, and whether they were confirmed in time."""
+        `AsyncJobStore._durably`, by `_settle`): its reply, and whether they were confirmed."""
         if not self.durability.waits:
             return script(keys=key_list, args=args), True
         for attempt in range(2):
             pipe = self.r.pipeline(transaction=False)
             script(keys=key_list, args=args, client=pipe)
             self.durability.queue_wait(pipe, timeout_ms)
-            raw, reply = pipe.execute(raise_on_error=False)
-            if not (isinstance(raw, NoScriptError) and attempt == 0):  # the server restarted
-                break
-        if isinstance(raw, Exception):
-            raise raw
-        return raw, self.durability.confirmed(reply)
+            settled = _settle(pipe.execute(raise_on_error=False), attempt, self.durability)
+            if settled is not None:
+                return settled
+        raise AssertionError("_settle answers on the second attempt")
 
     def submit(self, job: Job, message: TaskMessage, max_queued: int) -> bool:
         """Store a new queued job with its task message (`submit_args`), confirmed at
@@ -366,14 +377,11 @@ class AsyncJobStore:
             async with self.r.pipeline(transaction=False) as pipe:
                 await script(keys=key_list, args=args, client=pipe)
                 self.durability.queue_wait(pipe)
-                raw, reply = await pipe.execute(raise_on_error=False)
-            # The server restarted between the pipeline's script check and its run (the
-            # script did not run): once more, loading it again.
-            if not (isinstance(raw, NoScriptError) and attempt == 0):
-                break
-        if isinstance(raw, Exception):
-            raise raw
-        return raw, self.durability.confirmed(reply)
+                replies = await pipe.execute(raise_on_error=False)
+            settled = _settle(replies, attempt, self.durability)
+            if settled is not None:
+                return settled
+        raise AssertionError("_settle answers on the second attempt")
 
     async def submit(
         self,
