@@ -76,9 +76,15 @@ def api(config: ConfigOpt = None, redis: RedisOpt = None) -> None:
     )
 
 
+WORKER_PIPELINE_HELP = (
+    "Pipeline name from the config; repeated: on-demand pipelines of one device that share "
+    "the process"
+)
+
+
 @app.command()
 def worker(
-    pipeline: Annotated[str, typer.Option(help="Pipeline name from the config")],
+    pipeline: Annotated[list[str], typer.Option(help=WORKER_PIPELINE_HELP)],
     instance: Annotated[int, typer.Option(help="Instance number on this device")] = 0,
     device: Annotated[
         str | None, typer.Option(help="cpu, gpu:N, mig:UUID (default: the pipeline's)")
@@ -91,27 +97,35 @@ def worker(
     redis: RedisOpt = None,
     host_name: HostOpt = None,
 ) -> None:
-    """Run one worker process serving one pipeline (knob options override the config's)."""
+    """Run one worker process serving one pipeline (knob options override the config's),
+    or several pipelines loaded on demand on one device (`--pipeline A --pipeline B`)."""
     from host.devices import discover
     from host.placement import PlacementError, apply_overrides, concrete_device
-    from workers.process import run_worker
+    from workers.process import check_shared, run_worker
 
     settings = with_redis(command_settings(config, redis, host_name))
-    if pipeline not in settings.enabled_pipelines:
-        typer.echo(f"no enabled pipeline {pipeline!r} in the config", err=True)
+    for name in pipeline:
+        if name not in settings.enabled_pipelines:
+            typer.echo(f"no enabled pipeline {name!r} in the config", err=True)
+            raise typer.Exit(2)
+    knobs = {"concurrency": concurrency, "max_batch": max_batch, "max_wait_ms": max_wait_ms,
+             "runners": runners}  # fmt: skip
+    if len(pipeline) > 1 and any(v is not None for v in knobs.values()):
+        typer.echo("knob options apply to a worker of one pipeline", err=True)
         raise typer.Exit(2)
-    base = settings.pipelines[pipeline]
-    spec = device or base.device
-    try:
-        if spec in ("auto", "gpu:*", "mig:*"):
-            spec = concrete_device(spec, base, discover(), pipeline)
-    except PlacementError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from None
-    settings.pipelines[pipeline] = apply_overrides(
-        base, spec, concurrency=concurrency, max_batch=max_batch,
-        max_wait_ms=max_wait_ms, runners=runners,
-    )  # fmt: skip
+    for name in pipeline:
+        base = settings.pipelines[name]
+        spec = device or base.device
+        try:
+            if spec in ("auto", "gpu:*", "mig:*"):
+                spec = concrete_device(spec, base, discover(), name)
+        except PlacementError as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(2) from None
+        settings.pipelines[name] = apply_overrides(base, spec, **knobs)
+    if (why := check_shared(settings, pipeline)) is not None:
+        typer.echo(why, err=True)
+        raise typer.Exit(2)
     run_worker(settings, pipeline, instance)
 
 

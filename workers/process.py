@@ -1,8 +1,13 @@
-"""A worker process: one pipeline on one device, a Celery consumer of its queue.
+"""A worker process: a pipeline on one device, a Celery consumer of its queue; or several
+pipelines loaded on demand on one device, sharing the process (one CUDA context).
 
 Loads the pipeline, starts its engine and the lease keeper, then runs a Celery worker
 with the threads pool: its concurrency is how many requests may be in flight here. The
-engine's batching knobs and that concurrency are the pipeline's `knobs()`.
+engine's batching knobs and that concurrency are the pipeline's `knobs()`. A process
+hosting several pipelines runs each as its own worker (name, lease keeper, engine, event
+writer, room on the device), consumes all their queues, and hands each message to the
+pipeline of its queue; it never exits after an unload, since its other models share
+what the process keeps.
 
 The start is recorded in `keys.pipeline_state` (loading, ready, or failed with the
 reason) for `/readyz` and `mmq up`; a start that fails exits with status 1.
@@ -15,9 +20,11 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
 from redis.exceptions import RedisError
 
 from broker.celery_app import make_celery, webhook_sender
@@ -40,7 +47,7 @@ from workers.jobfiles import JobFiles
 from workers.jobrunner import JobRunner
 from workers.leases import LeaseKeeper
 from workers.metrics import WorkerMetrics
-from workers.residency import residency_for
+from workers.residency import OnDemand, Resident, residency_for
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +71,17 @@ def build_pipeline(settings: Settings, pipeline_name: str) -> Pipeline[Any, Any]
     return pipeline
 
 
-def register_task(app: Celery, runner: JobRunner) -> None:
-    def run_job(job_id: str) -> str:
+def register_task(app: Celery, runners: dict[str, JobRunner]) -> None:
+    """The one task: a job's message goes to the runner of the queue it came from."""
+    only = next(iter(runners.values())) if len(runners) == 1 else None
+
+    def run_job(task: Task, job_id: str) -> str:
+        runner = only or runners[task.request.delivery_info["routing_key"]]
         outcome = runner.run(job_id)
         log.info("job %s: %s", job_id, outcome)
         return outcome
 
-    app.task(name=TASK_NAME, acks_late=True, ignore_result=True)(run_job)
+    app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True)(run_job)
 
 
 class StartState:
@@ -164,18 +175,110 @@ def start_or_exit(settings: Settings, pipeline_name: str, name: str) -> Pipeline
     return pipeline
 
 
-def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> None:
-    """Serve `pipeline_name` until the Celery worker stops (SIGTERM, SIGINT)."""
-    name = worker_name(pipeline_name, instance, settings.host_name)
-    pipeline = start_or_exit(settings, pipeline_name, name)
-    config = pipeline.config
-    knobs = pipeline.knobs()
+@dataclass
+class Hosted:
+    """One pipeline a worker process serves, with the parts that run it."""
+
+    pipeline: Pipeline[Any, Any]
+    engine: Engine
+    keeper: LeaseKeeper
+    events: EventWriter
+    residency: Resident | OnDemand
+    runner: JobRunner
+
+    def start(self) -> None:
+        self.events.start()
+        self.engine.start()
+        self.keeper.start()
+        self.residency.start()
+
+    def stop(self) -> None:
+        self.keeper.stop()
+        self.engine.stop()
+        self.events.stop()
+        self.residency.stop()
+        if self.pipeline.config.residency == "resident":
+            self.pipeline.unload()
+
+
+def check_shared(settings: Settings, pipelines: Sequence[str]) -> str | None:
+    """Why these pipelines cannot share one process (None: they can): several only when
+    each is loaded on demand and all are on one device."""
+    if len(pipelines) < 2:
+        return None
+    if len(set(pipelines)) != len(pipelines):
+        return "a pipeline is named twice"
+    configs = {name: settings.pipelines[name] for name in pipelines}
+    resident = [name for name, c in configs.items() if c.residency != "on_demand"]
+    if resident:
+        return f"only on-demand pipelines share a process; resident: {', '.join(resident)}"
+    if len({c.device for c in configs.values()}) > 1:
+        return "pipelines that share a process must be on one device"
+    return None
+
+
+def run_worker(settings: Settings, pipelines: Sequence[str], instance: int = 0) -> None:
+    """Serve `pipelines` (one, or several on-demand ones of a device) until the Celery
+    worker stops (SIGTERM, SIGINT)."""
+    if (why := check_shared(settings, pipelines)) is not None:
+        raise ValueError(why)
+    names = {p: worker_name(p, instance, settings.host_name) for p in pipelines}
+    built = [start_or_exit(settings, p, names[p]) for p in pipelines]
     app = make_celery(settings)
     store = JobStore.connect(settings, on_event=webhook_sender(app), metered=True)
-    metrics = WorkerMetrics(store.r, config.device, host=settings.host_name)
+    metrics = WorkerMetrics(store.r, built[0].config.device, host=settings.host_name)
+
+    def exit_process() -> None:
+        """A warm shutdown, as on SIGTERM: the worker ends, its supervisor starts another."""
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    # A process hosting several models keeps its CUDA context for the others: it never
+    # exits after one of them unloads.
+    exits = exit_process if len(built) == 1 else None
+    hosted = [host(settings, app, store, p, names[p.name], instance, exits) for p in built]
+    register_task(app, {queue_name(h.pipeline.name): h.runner for h in hosted})
+    for h in hosted:
+        h.start()
+    metrics.start()
+    store.tally.start()
+    freeze_startup_heap()
+    hostname = names[pipelines[0]] if len(pipelines) == 1 else "+".join(names.values())
+    try:
+        app.worker_main(
+            [
+                "worker",
+                "--pool=threads",
+                f"--concurrency={sum(h.pipeline.knobs().concurrency for h in hosted)}",
+                f"--queues={','.join(queue_name(p) for p in pipelines)}",
+                f"--hostname={hostname}",
+                f"--loglevel={settings.log_level}",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ]
+        )
+    finally:
+        metrics.stop()
+        for h in hosted:
+            h.stop()
+        store.tally.stop()
+
+
+def host(
+    settings: Settings,
+    app: Celery,
+    store: JobStore,
+    pipeline: Pipeline[Any, Any],
+    name: str,
+    instance: int,
+    exit_process: Callable[[], None] | None,
+) -> Hosted:
+    """The parts that serve one pipeline in this process, as worker `name`."""
+    config = pipeline.config
+    knobs = pipeline.knobs()
     engine = Engine(
         pipeline,
-        name=pipeline_name,
+        name=pipeline.name,
         max_batch=knobs.max_batch,
         max_wait_ms=knobs.max_wait_ms,
         runners=knobs.runners,
@@ -184,7 +287,7 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
     )
     info = {
         "kind": config.kind,
-        "pipeline": pipeline_name,
+        "pipeline": pipeline.name,
         "device": config.device,
         "instance": str(instance),
         "slots": str(knobs.concurrency),
@@ -202,45 +305,11 @@ def run_worker(settings: Settings, pipeline_name: str, instance: int = 0) -> Non
     def push_back(job_id: str) -> None:
         """The job's message again, at the front of its queue (taken next)."""
         priority = str(store.r.hget(keys.job(job_id), "priority") or "normal")
-        message = task_message(app, job_id, queue_name(pipeline_name), priority)
+        message = task_message(app, job_id, queue_name(pipeline.name), priority)
         store.r.rpush(message.list_key, message.envelope)
-
-    def exit_process() -> None:
-        """A warm shutdown, as on SIGTERM: the worker ends, its supervisor starts another."""
-        os.kill(os.getpid(), signal.SIGTERM)
 
     residency = residency_for(
         pipeline, settings, store.r, store.tally, name, push_back, exit_process
     )
     runner = JobRunner(store, engine, keeper, events, schema, name, files_for, residency)
-    register_task(app, runner)
-    events.start()
-    engine.start()
-    keeper.start()
-    residency.start()
-    metrics.start()
-    store.tally.start()
-    freeze_startup_heap()
-    try:
-        app.worker_main(
-            [
-                "worker",
-                "--pool=threads",
-                f"--concurrency={knobs.concurrency}",
-                f"--queues={queue_name(pipeline_name)}",
-                f"--hostname={name}",
-                f"--loglevel={settings.log_level}",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-            ]
-        )
-    finally:
-        metrics.stop()
-        keeper.stop()
-        engine.stop()
-        events.stop()
-        residency.stop()
-        store.tally.stop()
-        if config.residency == "resident":
-            pipeline.unload()
+    return Hosted(pipeline, engine, keeper, events, residency, runner)
