@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from common import redis_client
 from host.devices import Device, Topology, discover
 from host.launcher import ProcSpec, Supervisor, mmq_command
-from host.placement import Assignment, Plan, load_placement, plan_placement
+from host.placement import Assignment, PlacementError, Plan, load_placement, plan_placement
 from host.redis_server import RedisServer
 from jobs import keys
 from jobs.settings import Settings
@@ -32,7 +32,9 @@ WHY_MAX_CHARS = 400
 def host_plan(settings: Settings, placement: Path | None, topology: Topology | None = None) -> Plan:
     """The workers for this host (raises PlacementError when they cannot run here)."""
     found = topology if topology is not None else discover()
-    return plan_placement(settings, found, load_placement(placement) if placement else None)
+    plan = plan_placement(settings, found, load_placement(placement) if placement else None)
+    worker_groups(settings, plan)  # refuses what cannot share a process
+    return plan
 
 
 class StartReasons:
@@ -71,15 +73,49 @@ def pinned_env(device: Device) -> dict[str, str]:
     return env
 
 
-def worker_spec(a: Assignment, extra: list[str], reasons: StartReasons | None = None) -> ProcSpec:
+def worker_spec(
+    group: list[Assignment], extra: list[str], reasons: StartReasons | None = None
+) -> ProcSpec:
+    """One worker process: a pipeline's instance on a device, or several on-demand
+    pipelines of a device that share it (all `share_process`)."""
+    a = group[0]
     knobs = [f"--{k.replace('_', '-')}={v}" for k, v in a.overrides.items()]
+    pipelines = [arg for g in group for arg in ("--pipeline", g.pipeline)]
     argv = mmq_command(
-        "worker", "--pipeline", a.pipeline, "--instance", str(a.instance),
-        "--device", a.device.id, *knobs, *extra,
+        "worker", *pipelines, "--instance", str(a.instance), "--device", a.device.id,
+        *knobs, *extra,
     )  # fmt: skip
     env = pinned_env(a.device)
-    why = reasons.for_pipeline(a.pipeline) if reasons is not None else None
-    return ProcSpec(f"worker {a.pipeline}#{a.instance} on {a.device.id}", argv, env, why)
+    why = _first_reason([g.pipeline for g in group], reasons) if reasons is not None else None
+    label = "+".join(g.pipeline for g in group)
+    return ProcSpec(f"worker {label}#{a.instance} on {a.device.id}", argv, env, why)
+
+
+def _first_reason(pipelines: list[str], reasons: StartReasons) -> Callable[[int], str | None]:
+    """Why the worker `pid` of any of `pipelines` failed or died while loading."""
+    return lambda pid: next(filter(None, (reasons.why(p, pid) for p in pipelines)), None)
+
+
+def worker_groups(settings: Settings, plan: Plan) -> list[list[Assignment]]:
+    """The plan's worker processes: one per assignment, except that the on-demand
+    pipelines of a device that set `share_process` share one per instance (raises
+    PlacementError for knobs placed on those: the process takes them from the config)."""
+    groups: list[list[Assignment]] = []
+    shared: dict[tuple[str, int], list[Assignment]] = {}
+    for a in plan.assignments:
+        if a.on_demand and settings.pipelines[a.pipeline].share_process:
+            key = (a.device.id, a.instance)
+            if key not in shared:
+                shared[key] = []
+                groups.append(shared[key])
+            shared[key].append(a)
+        else:
+            groups.append([a])
+    for group in groups:
+        if len(group) > 1 and any(g.overrides for g in group):
+            names = ", ".join(g.pipeline for g in group)
+            raise PlacementError(f"{names} share a process: set their knobs in their config")
+    return groups
 
 
 def deployment_specs(
@@ -99,7 +135,7 @@ def deployment_specs(
         ]
         if settings.webhooks.secret:
             specs.append(ProcSpec("webhooks", mmq_command("webhooks", *extra)))
-    return specs + [worker_spec(a, extra, reasons) for a in plan.assignments]
+    return specs + [worker_spec(g, extra, reasons) for g in worker_groups(settings, plan)]
 
 
 def _describe(plan: Plan) -> str:

@@ -352,11 +352,23 @@ class PipelineConfig(BaseModel):
     up`, `mmq host`) starts a fresh, cold one. Unset: yes on a GPU or MIG slice, no on the
     CPU."""
 
+    share_process: bool = False
+    """On demand: `mmq up` and `mmq workers` run this pipeline's worker in one process with
+    the other on-demand pipelines of its device that set it (`mmq worker --pipeline A
+    --pipeline B`): one CUDA context for all their models, which the process keeps (it
+    does not exit after an unload), instead of a process and a context for each."""
+
     @property
     def exits_after_unload(self) -> bool:
         if self.exit_after_unload is not None:
             return self.exit_after_unload
         return on_gpu(self.device)
+
+    @model_validator(mode="after")
+    def _shares_on_demand(self) -> PipelineConfig:
+        if self.share_process and self.residency != "on_demand":
+            raise ValueError('share_process needs residency = "on_demand"')
+        return self
 
     max_queue_s: float | None = Field(default=None, gt=0, le=MAX_QUEUE_S)
     """The longest its jobs wait for a worker unless the request says (`max_queue_s`,

@@ -21,7 +21,7 @@ from host.placement import (
     load_placement,
     plan_placement,
 )
-from host.up import deployment_specs, host_plan
+from host.up import deployment_specs, host_plan, worker_groups
 from jobs.settings import PipelineConfig, Settings
 from tests.test_devices import topology
 
@@ -143,6 +143,36 @@ def test_on_demand_models_take_turns_for_the_room_resident_ones_leave() -> None:
             bigger, TWO_GPUS, place(*[{"pipeline": n, "device": "gpu:0"} for n in ("asr", "llm")])
         )
     assert "need 42.0 GiB (asr x1 at 12.0 GiB, llm x1 at 30.0 GiB on demand)" in str(refused.value)
+
+
+def test_on_demand_pipelines_that_share_a_process_get_one_worker_per_device() -> None:
+    """Three on-demand models on a GPU share one process (`share_process`); an on-demand
+    model that does not, and a resident one, keep a process each."""
+    shared = {"residency": "on_demand", "share_process": True, "memory_gb": 4}
+    s = settings(
+        asr={"memory_gb": 4},
+        tts=shared,
+        image=shared,
+        embed=shared,
+        llm={"residency": "on_demand", "memory_gb": 20},
+    )
+    entries = [{"pipeline": name, "device": "gpu:0"} for name in s.pipelines]
+    plan = plan_placement(s, TWO_GPUS, place(*entries))
+    workers = {spec.name: spec.argv for spec in deployment_specs(s, None, plan, services=False)}
+    assert sorted(workers) == [
+        "worker asr#0 on gpu:0", "worker llm#0 on gpu:0", "worker tts+image+embed#0 on gpu:0",
+    ]  # fmt: skip
+    argv = workers["worker tts+image+embed#0 on gpu:0"]
+    assert [argv[i + 1] for i, arg in enumerate(argv) if arg == "--pipeline"] == [
+        "tts", "image", "embed",
+    ]  # fmt: skip
+    two = settings(tts=shared, image=shared)
+    knobs = place({"pipeline": "tts", "device": "gpu:0", "concurrency": 2},
+                  {"pipeline": "image", "device": "gpu:0"})  # fmt: skip
+    with pytest.raises(PlacementError, match="tts, image share a process: set their knobs"):
+        worker_groups(two, plan_placement(two, TWO_GPUS, knobs))
+    with pytest.raises(ValueError, match="share_process needs residency"):
+        PipelineConfig(kind="tts", impl="x:Y", share_process=True)
 
 
 def test_mig_slices_take_workers_and_the_mig_gpu_does_not() -> None:
