@@ -1,8 +1,9 @@
-"""One worker process hosting two on-demand pipelines (the Piper voice and tiny.en) on a
-CPU "device" whose budget fits one of them: each job runs once in that process, the two
-models take turns on the device without ever being loaded together, and the process
-stays up across the unloads (its other model shares what it keeps). A resident pipeline,
-or pipelines of two devices, cannot share a process."""
+"""One worker process hosting the four built-in kinds on demand (tiny.en, the Piper voice,
+a tiny SD, a tiny LLM on the transformers engine) on a CPU "device" whose budget fits two
+of them: under alternating traffic each job runs once in that process, the least recently
+used idle model makes room, never more than two models are loaded, and the process stays
+up across the unloads (its other models share what it keeps). A resident pipeline, or
+pipelines of two devices, cannot share a process."""
 
 from __future__ import annotations
 
@@ -18,52 +19,67 @@ import pytest
 import redis
 
 from harness.audio import SHORT, spoken
-from harness.client import Api, new_owner
+from harness.client import new_owner
 from harness.deploy import REPO, Deployment, Proc, flush, running, wait_until
-from harness.kinds import pipeline_toml
+from harness.kinds import KIND_NAMES, pipeline_toml
 from harness.metrics import scrape, value
+from harness.models.llm import cached_tiny_llm
+from harness.models.sd import cached_tiny_sd
 from jobs import keys
 from jobs.settings import Settings
 from workers.process import check_shared
 
-ON_DEMAND = 'residency = "on_demand"\nmemory_gb = 1.0\nmin_loaded_s = 0\nidle_unload_s = 600\n'
+ON_DEMAND = 'residency = "on_demand"\nshare_process = true\nmin_loaded_s = 0\nidle_unload_s = 600\n'
+MEMORY_GB = {"tts": 1.5, "asr": 1.5, "image": 1.5, "llm": 2.0}
+"""The LLM's engine is sized in its `memory_gb` past a 1 GiB margin."""
 ENV = {
-    "MMQ_DEVICE_MEMORY_GB": json.dumps({"cpu": 1.5}),  # one of the two at a time
+    "MMQ_DEVICE_MEMORY_GB": json.dumps({"cpu": 3.5}),  # two of the four at a time
     "MMQ_LEASE__TTL_S": "2",
     "MMQ_LEASE__HEARTBEAT_S": "0.4",
 }
-CONFIG = pipeline_toml("tts", {}, ON_DEMAND) + pipeline_toml("asr", {}, ON_DEMAND)
 
 
 @pytest.fixture(scope="module")
 def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     flush(redis_url)
+    models = {"llm": cached_tiny_llm(tmp_path_factory), "sd": cached_tiny_sd(tmp_path_factory)}
+    config = "".join(
+        pipeline_toml(kind, models, ON_DEMAND + f"memory_gb = {MEMORY_GB[kind]}\n")
+        for kind in KIND_NAMES
+    )
     tmp = tmp_path_factory.mktemp("shared")
-    # echo and sleep (the test config's) for /readyz; tts and asr in one process below
-    with running(redis_url, tmp, ENV, ["echo", "sleep"], CONFIG) as deployment:
+    # echo and sleep (the test config's) for /readyz; the four kinds in one process below
+    with running(redis_url, tmp, ENV, ["echo", "sleep"], config) as deployment:
         yield deployment
 
 
 @pytest.fixture(scope="module")
 def shared(dep: Deployment) -> Proc:
-    proc = dep.spawn("worker-tts+asr", "worker", "--pipeline", "tts", "--pipeline", "asr")
+    pipelines = [arg for kind in KIND_NAMES for arg in ("--pipeline", kind)]
+    proc = dep.spawn("worker-shared", "worker", *pipelines)
     wait_until(lambda: "ready." in proc.log(), proc, timeout_s=60)
     return proc
 
 
 def _on_demand_loaded(r: redis.Redis) -> list[str]:
-    """The on-demand pipelines counted on this host's CPU now."""
+    """The on-demand pipelines counted on this host's CPU now (loaded or loading)."""
     (device,) = [d for d in r.smembers(keys.MODEL_DEVICES) if d.endswith("|cpu")]
     host, _, name = device.partition("|")
     entries = [json.loads(raw) for raw in r.hgetall(keys.device_models(host, name)).values()]
-    return sorted(e["pipeline"] for e in entries if not e["resident"] and e.get("loaded_at"))
+    return sorted(e["pipeline"] for e in entries if not e["resident"])
 
 
-def test_two_on_demand_pipelines_take_turns_in_one_process(dep: Deployment, shared: Proc) -> None:
+def test_four_on_demand_pipelines_take_turns_in_one_process(dep: Deployment, shared: Proc) -> None:
     api = new_owner(dep.redis_url, dep.base_url, f"shared{time.monotonic_ns()}")
     r = redis.Redis.from_url(dep.redis_url, decode_responses=True)
     up = api.http.post("/v1/files", files={"file": ("s.wav", spoken(SHORT[:1]), "audio/wav")})
     assert up.status_code == 201, up.text
+    inputs: dict[str, dict[str, Any]] = {
+        "tts": {"text": "Hello there.", "format": "wav"},
+        "asr": {"audio": up.json()["key"]},
+        "image": {"prompt": "a red square", "width": 64, "height": 64, "steps": 2},
+        "llm": {"prompt": "Count:", "max_tokens": 4},
+    }
     most: list[int] = []
     stop = threading.Event()
 
@@ -73,24 +89,22 @@ def test_two_on_demand_pipelines_take_turns_in_one_process(dep: Deployment, shar
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    order = ["tts", "asr", "image", "llm"] * 2
     try:
-        ends = []
-        for i in range(3):
-            ends.append(_run(api, "tts", text=f"Reading number {i}.", format="wav"))
-            ends.append(_run(api, "asr", audio=up.json()["key"]))
+        ends = [api.wait(api.submit(kind, **inputs[kind])["id"], timeout_s=240) for kind in order]
     finally:
         stop.set()
         watcher.join(timeout=5)
-    assert [j["status"] for j in ends] == ["succeeded"] * 6, ends
+    assert [j["status"] for j in ends] == ["succeeded"] * len(order), ends
     assert all(j["attempts"] == 1 for j in ends)
-    # Both pipelines ran as workers of the one process: the pid ends their names.
-    pids = {j["worker"].rsplit(".", 1)[1] for j in ends}
-    assert pids == {str(shared.process.pid)}, [j["worker"] for j in ends]
-    assert {j["worker"].split("-", 1)[0] for j in ends} == {"tts", "asr"}
-    # Each switch loaded the other model, and the device never held both.
+    # Every pipeline ran as a worker of the one process: the pid ends their names.
+    assert {j["worker"].rsplit(".", 1)[1] for j in ends} == {str(shared.process.pid)}
+    assert [j["worker"].split("-", 1)[0] for j in ends] == order
+    # Two fit: each job's model was evicted by the two jobs since its last one, so each
+    # job waited for a load, and the device never held more than two.
     assert all(j["timings"]["load_ms"] is not None for j in ends), [j["timings"] for j in ends]
-    assert max(most, default=0) == 1, most  # one loaded at a time, never two
-    wait_until(lambda: _loads(dep) >= 6, timeout_s=10)  # the tally writes every second
+    assert max(most, default=0) == 2, most
+    wait_until(lambda: _loads(dep) >= len(order), timeout_s=10)  # the tally writes each second
     assert shared.alive()
 
 
@@ -117,10 +131,6 @@ def test_a_resident_pipeline_or_two_devices_do_not_share_a_process(dep: Deployme
     assert "only on-demand pipelines share a process; resident: echo" in done.stderr
 
 
-def _run(api: Api, kind: str, **inp: Any) -> dict[str, Any]:
-    return api.wait(api.submit(kind, **inp)["id"], timeout_s=120)
-
-
 def _loads(dep: Deployment) -> float:
     samples = scrape(dep)
-    return sum(value(samples, "mmq_model_loads_total", pipeline=p) for p in ("tts", "asr"))
+    return sum(value(samples, "mmq_model_loads_total", pipeline=p) for p in KIND_NAMES)
