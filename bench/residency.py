@@ -13,8 +13,9 @@ per kind, and loads per minute under a mixed load with and without the anti-thra
 2. **Mixed load.** TTS and ASR on demand on a CPU "device" whose budget fits one of them.
    Jobs alternate between the two kinds, `--rate` a second for `--mixed-s`, once with
    `min_loaded_s = 0` (a model yields as soon as its queue is empty) and once with
-   `--min-loaded-s` (the anti-thrash rule). Reported: loads per minute, jobs that
-   succeeded, and end-to-end p50/p99 per kind.
+   `--min-loaded-s` (the anti-thrash rule), a worker process each; then with
+   `min_loaded_s = 0` and both in one process (`share_process`). Reported: loads per
+   minute, jobs that succeeded, and end-to-end p50/p99 per kind.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from rich.table import Table
 
 from bench.common import percentile_ms, run_meta
 from harness.audio import SHORT, spoken
-from harness.deploy import Deployment, private_deployment
+from harness.deploy import Deployment, private_deployment, wait_until
 from harness.kinds import pipeline_toml
 from harness.metrics import scrape, value
 from security.apikeys import create_key
@@ -47,21 +48,31 @@ MEMORY_GB = {"tts": 1.0, "asr": 1.0, "image": 1.0, "llm": 3.0}
 """What each model is counted at on the device (an LLM engine is sized in it)."""
 
 
-def _residency(kind: str, min_loaded_s: float) -> str:
+def _residency(kind: str, min_loaded_s: float, shared: bool) -> str:
     return (
         f'memory_gb = {MEMORY_GB[kind]}\nresidency = "on_demand"\nidle_unload_s = 3600\n'
-        f"min_loaded_s = {min_loaded_s}\n"
+        f"min_loaded_s = {min_loaded_s}\nshare_process = {str(shared).lower()}\n"
     )
 
 
 @contextlib.contextmanager
 def deployment(
-    kinds: list[str], env: dict[str, str], min_loaded_s: float, models: dict[str, Path]
+    kinds: list[str],
+    env: dict[str, str],
+    min_loaded_s: float,
+    models: dict[str, Path],
+    shared: bool = False,
 ) -> Iterator[tuple[Deployment, httpx.Client]]:
-    """A private deployment of `kinds` on demand, and a client with a key."""
-    config = "".join(pipeline_toml(k, models, _residency(k, min_loaded_s)) for k in kinds)
+    """A private deployment of `kinds` on demand (a worker process each, or one for all
+    with `shared`), and a client with a key."""
+    config = "".join(pipeline_toml(k, models, _residency(k, min_loaded_s, shared)) for k in kinds)
     env = {"HF_HUB_OFFLINE": "1", **env}
-    with private_deployment(config, env, kinds, prefix="mmq-residency-") as dep:
+    workers = [] if shared else kinds
+    with private_deployment(config, env, workers, prefix="mmq-residency-") as dep:
+        if shared:
+            pipelines = [arg for kind in kinds for arg in ("--pipeline", kind)]
+            proc = dep.spawn("worker-shared", "worker", *pipelines)
+            wait_until(lambda: "ready." in proc.log(), proc, timeout_s=120)
         key = create_key(redis.Redis.from_url(dep.redis_url, decode_responses=True), "bench")
         headers = {"Authorization": f"Bearer {key}"}
         with httpx.Client(
@@ -120,9 +131,9 @@ def cold_vs_warm(args: argparse.Namespace, models: dict[str, Path]) -> list[dict
     return rows
 
 
-def mixed(args: argparse.Namespace, min_loaded_s: float) -> dict[str, Any]:
+def mixed(args: argparse.Namespace, min_loaded_s: float, shared: bool = False) -> dict[str, Any]:
     env = {"MMQ_DEVICE_MEMORY_GB": json.dumps({"cpu": 1.5})}
-    with deployment(["tts", "asr"], env, min_loaded_s, {}) as (dep, http):
+    with deployment(["tts", "asr"], env, min_loaded_s, {}, shared) as (dep, http):
         audio = _upload(http)
         ids: list[tuple[str, str]] = []
         started = time.monotonic()
@@ -139,6 +150,7 @@ def mixed(args: argparse.Namespace, min_loaded_s: float) -> dict[str, Any]:
         samples = scrape(dep)
     loads = sum(value(samples, "mmq_model_loads_total", pipeline=p) for p in ("tts", "asr"))
     row: dict[str, Any] = {
+        "processes": "one for both" if shared else "one each",
         "min_loaded_s": min_loaded_s,
         "jobs": len(jobs),
         "succeeded": sum(j["status"] == "succeeded" for _, j in jobs),
@@ -178,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="mmq-residency-models-") as tmp:
         first = cold_vs_warm(args, _models(args.kinds, Path(tmp)))
-    turns = [mixed(args, 0.0), mixed(args, args.min_loaded_s)]
+    turns = [mixed(args, 0.0), mixed(args, args.min_loaded_s), mixed(args, 0.0, shared=True)]
     table = Table(title="Cold vs warm first output, one job at a time (one run)")
     for column in first[0]:
         table.add_column(column, justify="right")

@@ -20,7 +20,15 @@ import redis
 
 from harness.audio import SHORT, spoken
 from harness.client import new_owner
-from harness.deploy import REPO, Deployment, Proc, flush, running, wait_until
+from harness.deploy import (
+    REPO,
+    Deployment,
+    Proc,
+    flush,
+    private_deployment,
+    running,
+    wait_until,
+)
 from harness.kinds import KIND_NAMES, pipeline_toml
 from harness.metrics import scrape, value
 from harness.models.llm import cached_tiny_llm
@@ -32,6 +40,7 @@ from workers.process import check_shared
 ON_DEMAND = 'residency = "on_demand"\nshare_process = true\nmin_loaded_s = 0\nidle_unload_s = 600\n'
 MEMORY_GB = {"tts": 1.5, "asr": 1.5, "image": 1.5, "llm": 2.0}
 """The LLM's engine is sized in its `memory_gb` past a 1 GiB margin."""
+MIXED_JOBS = 80
 ENV = {
     "MMQ_DEVICE_MEMORY_GB": json.dumps({"cpu": 3.5}),  # two of the four at a time
     "MMQ_LEASE__TTL_S": "2",
@@ -106,6 +115,35 @@ def test_four_on_demand_pipelines_take_turns_in_one_process(dep: Deployment, sha
     assert max(most, default=0) == 2, most
     wait_until(lambda: _loads(dep) >= len(order), timeout_s=10)  # the tally writes each second
     assert shared.alive()
+
+
+def test_alternating_traffic_never_leaves_a_model_waiting_on_threads_held_for_it() -> None:
+    """TTS and ASR share a process (a pool of their four slots each) on a device that fits
+    one, under alternating traffic (as `bench.residency`'s mixed load). Each pipeline runs
+    at most its own slots of the pool, so the loaded model's queued jobs always find a
+    thread, end, and it yields its room. Without that cap, jobs of the other model waiting
+    for room held every thread, and the loaded model, its own jobs queued, never yielded:
+    a deadlock until the 600 s room timeout."""
+    config = "".join(pipeline_toml(k, {}, ON_DEMAND + "memory_gb = 1.0\n") for k in ("tts", "asr"))
+    env = {**ENV, "MMQ_DEVICE_MEMORY_GB": json.dumps({"cpu": 1.5}), "HF_HUB_OFFLINE": "1"}
+    with private_deployment(config, env, [], prefix="mmq-shared-mixed-") as dep:
+        proc = dep.spawn("worker-shared", "worker", "--pipeline", "tts", "--pipeline", "asr")
+        wait_until(lambda: "ready." in proc.log(), proc, timeout_s=60)
+        api = new_owner(dep.redis_url, dep.base_url, "mixed")
+        up = api.http.post("/v1/files", files={"file": ("s.wav", spoken(SHORT[:1]), "audio/wav")})
+        inputs = {
+            "tts": {"text": "Number one.", "format": "wav"},
+            "asr": {"audio": up.json()["key"]},
+        }
+        ids = []
+        for i in range(MIXED_JOBS):  # 4 a second, alternating
+            kind = ("tts", "asr")[i % 2]
+            ids.append(api.submit(kind, **inputs[kind])["id"])
+            time.sleep(0.25)
+        ends = [api.wait(job_id, timeout_s=120) for job_id in ids]
+        assert [j["status"] for j in ends] == ["succeeded"] * len(ids), ends
+        assert all(j["attempts"] == 1 for j in ends)
+        assert proc.alive()
 
 
 def test_a_resident_pipeline_or_two_devices_do_not_share_a_process(dep: Deployment) -> None:

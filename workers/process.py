@@ -55,6 +55,10 @@ LOADING_TTL_S = 30
 """A `loading` state lives this long unless the loading worker renews it."""
 STATE_TTL_S = 24 * 3600
 REASON_MAX_CHARS = 1000
+FULL_BACKOFF_S = 0.1
+"""How long a message of a pipeline whose slots are full waits before it goes back to its
+queue (in a process hosting several pipelines): it bounds the rate at which one is taken
+and given back while they stay full."""
 
 
 def worker_name(pipeline: str, instance: int, host: str) -> str:
@@ -71,13 +75,27 @@ def build_pipeline(settings: Settings, pipeline_name: str) -> Pipeline[Any, Any]
     return pipeline
 
 
-def register_task(app: Celery, runners: dict[str, JobRunner]) -> None:
-    """The one task: a job's message goes to the runner of the queue it came from."""
-    only = next(iter(runners.values())) if len(runners) == 1 else None
+def register_task(app: Celery, hosted: dict[str, Hosted]) -> None:
+    """The one task: a job's message goes to the pipeline of the queue it came from.
+
+    In a process that hosts several pipelines, a pipeline runs at most its own slots of
+    the shared thread pool (their sum): a message beyond them goes back to the front of
+    its queue after `FULL_BACKOFF_S`. Otherwise one pipeline's jobs waiting for room on
+    the device could hold every thread, while the model in their way cannot yield its
+    room because its own queued jobs get no thread to run on."""
+    only = next(iter(hosted.values())) if len(hosted) == 1 else None
 
     def run_job(task: Task, job_id: str) -> str:
-        runner = only or runners[task.request.delivery_info["routing_key"]]
-        outcome = runner.run(job_id)
+        h = only or hosted[task.request.delivery_info["routing_key"]]
+        if only is None and not h.slots.acquire(blocking=False):
+            time.sleep(FULL_BACKOFF_S)
+            h.push_back(job_id)
+            return "deferred:full"
+        try:
+            outcome = h.runner.run(job_id)
+        finally:
+            if only is None:
+                h.slots.release()
         log.info("job %s: %s", job_id, outcome)
         return outcome
 
@@ -185,6 +203,10 @@ class Hosted:
     events: EventWriter
     residency: Resident | OnDemand
     runner: JobRunner
+    push_back: Callable[[str], None]
+    """Puts a job's message back at the front of its queue."""
+    slots: threading.Semaphore
+    """Its share of a process that hosts several pipelines (its `concurrency`)."""
 
     def start(self) -> None:
         self.events.start()
@@ -225,6 +247,11 @@ def run_worker(settings: Settings, pipelines: Sequence[str], instance: int = 0) 
     names = {p: worker_name(p, instance, settings.host_name) for p in pipelines}
     built = [start_or_exit(settings, p, names[p]) for p in pipelines]
     app = make_celery(settings)
+    if len(built) > 1:
+        # The pipelines' queues take turns: in mmq's order ("priority") the first queue's
+        # messages, given back while its slots are full, would be taken before any other.
+        options = {**app.conf.broker_transport_options, "queue_order_strategy": "round_robin"}
+        app.conf.broker_transport_options = options
     store = JobStore.connect(settings, on_event=webhook_sender(app), metered=True)
     metrics = WorkerMetrics(store.r, built[0].config.device, host=settings.host_name)
 
@@ -236,7 +263,7 @@ def run_worker(settings: Settings, pipelines: Sequence[str], instance: int = 0) 
     # exits after one of them unloads.
     exits = exit_process if len(built) == 1 else None
     hosted = [host(settings, app, store, p, names[p.name], instance, exits) for p in built]
-    register_task(app, {queue_name(h.pipeline.name): h.runner for h in hosted})
+    register_task(app, {queue_name(h.pipeline.name): h for h in hosted})
     for h in hosted:
         h.start()
     metrics.start()
@@ -312,4 +339,5 @@ def host(
         pipeline, settings, store.r, store.tally, name, push_back, exit_process
     )
     runner = JobRunner(store, engine, keeper, events, schema, name, files_for, residency)
-    return Hosted(pipeline, engine, keeper, events, residency, runner)
+    slots = threading.Semaphore(knobs.concurrency)
+    return Hosted(pipeline, engine, keeper, events, residency, runner, push_back, slots)
