@@ -44,17 +44,6 @@ def add_file_pipeline(dep: Deployment) -> None:
 
 
 @contextlib.contextmanager
-def stopping(dep: Deployment) -> Iterator[Deployment]:
-    try:
-        yield dep
-    except BaseException:
-        print(dep.logs())
-        raise
-    finally:
-        dep.stop()
-
-
-@contextlib.contextmanager
 def moto_s3() -> Iterator[str]:
     """A real S3 API server (moto, over HTTP on loopback); yields its endpoint URL."""
     from moto.server import ThreadedMotoServer

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from harness.client import Api, new_owner
-from harness.deploy import Deployment, flush
+from harness.deploy import Deployment, flush, serving
 from harness.files import (
     MIB,
     add_file_pipeline,
@@ -23,7 +23,6 @@ from harness.files import (
     proc_status_kib,
     raw_request,
     reset_peak_rss,
-    stopping,
 )
 from jobs import keys
 from storage.signing import Signer
@@ -37,7 +36,7 @@ def files_dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     env = {"MMQ_STORAGE__MAX_UPLOAD_BYTES": str(MAX_UPLOAD_BYTES)}
     dep = Deployment(redis_url, tmp_path_factory.mktemp("files"), env_overrides=env)
     add_file_pipeline(dep)
-    with stopping(dep):
+    with serving(dep):
         dep.start_api()
         dep.start_worker("filesum")
         yield dep

@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from cluster.retention import RetentionIndex, RetentionSweeper
-from harness.deploy import Deployment, flush, wait_until
-from harness.files import file_tree, stopping
+from harness.deploy import Deployment, flush, serving, wait_until
+from harness.files import file_tree
 from jobs import keys
 from jobs.settings import Settings
 from storage.base import job_folder, upload_key
@@ -117,7 +117,7 @@ def test_the_reaper_process_runs_the_sweep(redis_url: str, tmp_path: Path) -> No
     storage.put(f"{job_folder('erin', 'job_gone')}/out.wav", b"out", "audio/wav")
     RetentionIndex(client).note_upload(key, time.time() - 1)
     RetentionIndex(client).note_artifacts("erin", "job_gone")
-    with stopping(dep):
+    with serving(dep):
         proc = dep.start_reaper()
         wait_until(lambda: not storage.exists(key), proc, timeout_s=15)
         wait_until(lambda: client.zcard(keys.ARTIFACTS) == 0, proc, timeout_s=15)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from harness.client import new_owner
-from harness.deploy import Deployment, flush
+from harness.deploy import Deployment, flush, serving
 from harness.files import (
     AWS_ENV,
     BUCKET,
@@ -23,7 +23,6 @@ from harness.files import (
     moto_s3,
     pattern_chunks,
     pattern_sha256,
-    stopping,
 )
 from jobs.errors import InputError, NotFound, TooLarge
 from jobs.settings import S3Settings, Settings
@@ -177,7 +176,7 @@ def s3_api(
     }
     dep = Deployment(redis_url, tmp_path_factory.mktemp("s3api"), env_overrides=env)
     add_file_pipeline(dep)
-    with stopping(dep):
+    with serving(dep):
         dep.start_api()
         dep.start_worker("filesum")
         yield dep
@@ -216,7 +215,7 @@ def test_api_refuses_to_start_without_its_bucket(
         "MMQ_STORAGE__S3__BUCKET": "not-created-here",
     }
     dep = Deployment(redis_url, tmp_path, env_overrides=env)
-    with stopping(dep):
+    with serving(dep):
         proc = dep.spawn("api", "api")
         assert proc.process.wait(timeout=30) != 0
         assert "bucket 'not-created-here'" in proc.log()
