@@ -78,24 +78,23 @@ def build_pipeline(settings: Settings, pipeline_name: str) -> Pipeline[Any, Any]
 def register_task(app: Celery, hosted: dict[str, Hosted]) -> None:
     """The one task: a job's message goes to the pipeline of the queue it came from.
 
-    In a process that hosts several pipelines, a pipeline runs at most its own slots of
-    the shared thread pool (their sum): a message beyond them goes back to the front of
-    its queue after `FULL_BACKOFF_S`. Otherwise one pipeline's jobs waiting for room on
-    the device could hold every thread, while the model in their way cannot yield its
-    room because its own queued jobs get no thread to run on."""
+    A pipeline runs at most its own slots of the thread pool (the sum of its pipelines'):
+    a message beyond them goes back to the front of its queue after `FULL_BACKOFF_S`. With
+    one pipeline that never happens; with several, one pipeline's jobs waiting for room
+    on the device could otherwise hold every thread, while the model in their way cannot
+    yield its room because its own queued jobs get no thread to run on."""
     only = next(iter(hosted.values())) if len(hosted) == 1 else None
 
     def run_job(task: Task, job_id: str) -> str:
         h = only or hosted[task.request.delivery_info["routing_key"]]
-        if only is None and not h.slots.acquire(blocking=False):
+        if not h.slots.acquire(blocking=False):
             time.sleep(FULL_BACKOFF_S)
             h.push_back(job_id)
             return "deferred:full"
         try:
             outcome = h.runner.run(job_id)
         finally:
-            if only is None:
-                h.slots.release()
+            h.slots.release()
         log.info("job %s: %s", job_id, outcome)
         return outcome
 
@@ -205,8 +204,11 @@ class Hosted:
     runner: JobRunner
     push_back: Callable[[str], None]
     """Puts a job's message back at the front of its queue."""
-    slots: threading.Semaphore
-    """Its share of a process that hosts several pipelines (its `concurrency`)."""
+    concurrency: int
+    """Its slots: the requests it runs at once (`knobs().concurrency`)."""
+
+    def __post_init__(self) -> None:
+        self.slots = threading.Semaphore(self.concurrency)
 
     def start(self) -> None:
         self.events.start()
@@ -262,7 +264,15 @@ def run_worker(settings: Settings, pipelines: Sequence[str], instance: int = 0) 
     # A process hosting several models keeps its CUDA context for the others: it never
     # exits after one of them unloads.
     exits = exit_process if len(built) == 1 else None
-    hosted = [host(settings, app, store, p, names[p.name], instance, exits) for p in built]
+    storage = make_storage(settings)
+    index = RetentionIndex(store.r)
+
+    def files_for(job: Job) -> JobFiles:
+        return JobFiles(settings, storage, index, owner=job.owner, job_id=job.id)
+
+    hosted = [
+        host(settings, app, store, p, names[p.name], instance, files_for, exits) for p in built
+    ]
     register_task(app, {queue_name(h.pipeline.name): h for h in hosted})
     for h in hosted:
         h.start()
@@ -275,7 +285,7 @@ def run_worker(settings: Settings, pipelines: Sequence[str], instance: int = 0) 
             [
                 "worker",
                 "--pool=threads",
-                f"--concurrency={sum(h.pipeline.knobs().concurrency for h in hosted)}",
+                f"--concurrency={sum(h.concurrency for h in hosted)}",
                 f"--queues={','.join(queue_name(p) for p in pipelines)}",
                 f"--hostname={hostname}",
                 f"--loglevel={settings.log_level}",
@@ -298,6 +308,7 @@ def host(
     pipeline: Pipeline[Any, Any],
     name: str,
     instance: int,
+    files_for: Callable[[Job], JobFiles],
     exit_process: Callable[[], None] | None,
 ) -> Hosted:
     """The parts that serve one pipeline in this process, as worker `name`."""
@@ -320,12 +331,6 @@ def host(
         "slots": str(knobs.concurrency),
     }
     keeper = LeaseKeeper(store, settings, name, info, batch_size=lambda: engine.running)
-    storage = make_storage(settings)
-    index = RetentionIndex(store.r)
-
-    def files_for(job: Job) -> JobFiles:
-        return JobFiles(settings, storage, index, owner=job.owner, job_id=job.id)
-
     schema = schema_for(config.kind, settings)
     events = EventWriter(store, merge=pipeline.merge_partials)
 
@@ -339,5 +344,4 @@ def host(
         pipeline, settings, store.r, store.tally, name, push_back, exit_process
     )
     runner = JobRunner(store, engine, keeper, events, schema, name, files_for, residency)
-    slots = threading.Semaphore(knobs.concurrency)
-    return Hosted(pipeline, engine, keeper, events, residency, runner, push_back, slots)
+    return Hosted(pipeline, engine, keeper, events, residency, runner, push_back, knobs.concurrency)
