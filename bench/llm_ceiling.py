@@ -2,7 +2,8 @@
 same engine called directly, in one run; and the CPU mmq spends per token and per request.
 
     python -m bench.llm_ceiling [--loads 16x128@20,64x128@20,256x128@20,100x384@14,64x8@20]
-                                [--rounds 2] [--api-workers 1] [--out FILE.json]
+                                [--rounds 2] [--api-workers 1] [--worker-instances 1]
+                                [--out FILE.json]
 
 A load `SxT@M` is S streams in a closed loop (each sends its next request as soon as its
 last one ended), T output tokens each, an engine step of M ms (`bench.synthetic_engine`:
@@ -10,6 +11,9 @@ one token per running sequence per step, about 10 µs of CPU per token). Each st
 `--rounds` requests. Per load, direct (`POST /v1/chat/completions`, `stream: true`, to the
 engine) and then through mmq (the same request to mmq's API, whose LLM pipeline has
 `engine = "url"` on that engine and `max_inflight = 512`), after a short warm-up of each.
+`--api-workers` runs the API as that many processes (`api.workers`), and
+`--worker-instances` feeds each engine from that many relay workers (`instances`), to see
+what a second core gives.
 
 Reported per load and target: output tokens/s, TTFT p50/p99, TPOT p50, requests/s; and for
 mmq the CPU time of each of its processes (API, LLM worker, Redis, reaper) over the level,
@@ -215,10 +219,10 @@ def pipeline_toml(step_ms: int, engine_url: str) -> str:
 
 
 def deploy(
-    loads: list[Load], api_workers: int, stack: ExitStack
+    loads: list[Load], api_workers: int, worker_instances: int, stack: ExitStack
 ) -> tuple[str, dict[int, str], CpuMeter]:
     """The API's URL, each engine step's synthetic engine URL, and the meter of mmq's
-    processes (API, reaper, a worker per step, Redis)."""
+    processes (API, reaper, `worker_instances` relay workers per step, Redis)."""
     ports = {step: free_port() for step in sorted({load.step_ms for load in loads})}
     engines = {step: f"http://127.0.0.1:{port}" for step, port in ports.items()}
     config = "".join(pipeline_toml(step, url) for step, url in engines.items())
@@ -230,7 +234,11 @@ def deploy(
     for step, port in ports.items():
         proc = dep.launch(f"engine{step}", [*engine, "--port", str(port), "--step-ms", str(step)])
         wait_until(lambda url=engines[step]: answers(f"{url}/health"), proc, timeout_s=120)
-    workers = {f"worker{step}": dep.start_worker(f"llm{step}", wait=False) for step in ports}
+    workers = {
+        f"worker{step}" + (f"-{i}" if i else ""): dep.start_worker(f"llm{step}", i, wait=False)
+        for step in ports
+        for i in range(worker_instances)
+    }
     dep.wait_ready(timeout_s=120)
     redis_pid = int(redis.Redis.from_url(dep.redis_url).info("server")["process_id"])
     pids = {"api": dep.pids("api")[0], "reaper": dep.pids("reaper")[0]}
@@ -358,6 +366,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--loads", default=DEFAULT_LOADS)
     parser.add_argument("--rounds", type=int, default=2, help="requests per stream per level")
     parser.add_argument("--api-workers", type=int, default=1)
+    parser.add_argument(
+        "--worker-instances", type=int, default=1, help="LLM relay workers per engine"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return parser.parse_args(argv)
 
@@ -366,13 +377,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     loads = [Load.parse(t) for t in args.loads.split(",")]
     with ExitStack() as stack:
-        api, engines, meter = deploy(loads, args.api_workers, stack)
+        api, engines, meter = deploy(loads, args.api_workers, args.worker_instances, stack)
         levels = asyncio.run(run(args, api, engines, meter, loads))
     fitted = fit(levels)
     report(levels, fitted)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
-        "meta": run_meta(loads=args.loads, rounds=args.rounds, api_workers=args.api_workers),
+        "meta": run_meta(
+            loads=args.loads,
+            rounds=args.rounds,
+            api_workers=args.api_workers,
+            worker_instances=args.worker_instances,
+        ),
         "goals": GOALS,
         "levels": [asdict(lv) for lv in levels],
         "fit": fitted,
