@@ -298,11 +298,18 @@ class EngineConnection(asyncio.Protocol):
         self.write(_response("200 OK", "text/plain", b""))
 
 
+BACKLOG = 2048
+
+
 async def serve(host: str, port: int, step_ms: float, cpu_report: bool, sleep: bool) -> None:
     engine = Engine(step_s=step_ms / 1000.0, sleep_mode=sleep)
     counter = [0]
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: EngineConnection(engine, counter), host, port)
+    # A listen backlog for a burst of clients (asyncio's default of 100 drops the SYNs of
+    # 256 streams that connect at once, and each dropped one waits a second to retry).
+    server = await loop.create_server(
+        lambda: EngineConnection(engine, counter), host, port, backlog=BACKLOG
+    )
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)

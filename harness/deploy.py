@@ -121,7 +121,8 @@ class Deployment:
             return {**user, **own, **self.env_overrides}
         env = {
             **os.environ,
-            "PYTHONPATH": str(REPO),
+            # The repo first, then what the caller had (a GPU host's carried wheels).
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
             **own,
             "HF_HUB_OFFLINE": "1",
             "MMQ_AUTH__REQUIRED": "true",
