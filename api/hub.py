@@ -153,38 +153,54 @@ class EventHub:
         """Whether the hub listens to every event (some request follows a job's events)."""
         return self._events.listening
 
-    def subscribe(self, job_id: str) -> contextlib.AbstractAsyncContextManager[Followed]:
+    async def join(self, job_id: str) -> Followed:
         """A queue of the job's events as they are announced (and `RESYNC` after a lost
-        connection), from the moment this returns: for a request that follows them."""
-        return self._subscribe(self._followers, job_id)
+        connection), from the moment this returns: for a request that follows them, which
+        must `leave` it. A job may be joined before it exists (a route that submits it and
+        streams its events), so that nothing it announces comes before the queue."""
+        queue: Followed = asyncio.Queue()
+        self._followers.setdefault(job_id, set()).add(queue)
+        if self._events_idle is not None:
+            self._events_idle.cancel()
+            self._events_idle = None
+        try:
+            await self._events.open()
+        except BaseException:
+            self.leave(job_id, queue)
+            raise
+        return queue
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, job_id: str) -> AsyncIterator[Followed]:
+        """`join` the job's events for the block, and `leave` them after."""
+        queue = await self.join(job_id)
+        try:
+            yield queue
+        finally:
+            self.leave(job_id, queue)
+
+    def leave(self, job_id: str, queue: Followed) -> None:
+        """Stop filling a queue that `join` gave; the hub stops reading every event
+        `events_linger_s` after the last follower left."""
+        _remove(self._followers, job_id, queue)
+        if not self._followers and self._events_idle is None:
+            loop = asyncio.get_running_loop()
+            self._events_idle = loop.call_later(self._events_linger_s, self._stop_events)
 
     def subscribe_ends(self, job_id: str) -> contextlib.AbstractAsyncContextManager[Ends]:
         """A queue of the job's terminal status notice (and `RESYNC`), for a request that
         waits for the end: that notice carries the job's fields as `job` unless they are
         large (`lua.NOTICE_JOB_MAX_BYTES`)."""
-        return self._subscribe(self._waiters, job_id)
+        return self._wait_for_end(job_id)
 
     @contextlib.asynccontextmanager
-    async def _subscribe(self, table: Subscribers[T], job_id: str) -> AsyncIterator[Queue[T]]:
-        queue: Queue[T] = asyncio.Queue()
-        table.setdefault(job_id, set()).add(queue)
-        following = table is self._followers
+    async def _wait_for_end(self, job_id: str) -> AsyncIterator[Ends]:
+        queue: Ends = asyncio.Queue()
+        self._waiters.setdefault(job_id, set()).add(queue)
         try:
-            if following:
-                if self._events_idle is not None:
-                    self._events_idle.cancel()
-                    self._events_idle = None
-                await self._events.open()
             yield queue
         finally:
-            subs = table.get(job_id)
-            if subs is not None:
-                subs.discard(queue)
-                if not subs:
-                    del table[job_id]
-            if following and not self._followers and self._events_idle is None:
-                loop = asyncio.get_running_loop()
-                self._events_idle = loop.call_later(self._events_linger_s, self._stop_events)
+            _remove(self._waiters, job_id, queue)
 
     async def _tick(self) -> None:
         """`TICK` to every follower each half `keepalive_s` (`api.streams.follow`)."""
@@ -227,6 +243,14 @@ def _event(notice: Notice) -> Event:
 def _notices(raw: str) -> list[Notice]:
     parsed: Notice | list[Notice] = orjson.loads(raw)
     return parsed if isinstance(parsed, list) else [parsed]
+
+
+def _remove(table: Subscribers[T], job_id: str, queue: Queue[T]) -> None:
+    subs = table.get(job_id)
+    if subs is not None:
+        subs.discard(queue)
+        if not subs:
+            del table[job_id]
 
 
 def _resync(table: Subscribers[T]) -> None:

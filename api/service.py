@@ -347,6 +347,19 @@ class JobService:
         index = keys.owner_jobs(owner)
         return await list_jobs(self._store, index, keep, limit=limit, cursor=cursor)
 
+    async def submit_following(self, owner: str, body: JobCreate) -> tuple[Job, streams.Batches]:
+        """Store and enqueue a job, and follow its events from its first (`follow`), for a
+        route that streams the job it submits: the job is joined in the hub before it is
+        stored, so nothing is read back from Redis (no owner check, no replay)."""
+        job_id = new_job_id()
+        joined = await self._hub.join(job_id)
+        try:
+            job, _created = await self.submit(owner, body, job_id=job_id)
+        except BaseException:
+            self._hub.leave(job_id, joined)
+            raise
+        return job, streams.follow(self._store, self._hub, job_id, None, joined)
+
     async def follow(self, owner: str, job_id: str, after: str | None) -> streams.Batches:
         """The job's events after `after` (all of them when None), replayed and then live
         until its terminal status event, in batches (those that arrived together), with

@@ -19,6 +19,7 @@ import anyio
 from starlette.requests import Request
 
 from api.service import JobService
+from api.streams import Batches
 from jobs.errors import Conflict, NotFound
 from jobs.models import Event
 
@@ -35,14 +36,18 @@ async def stream_job(
     keepalive: T | None = None,
     join: Callable[[list[T]], T] | None = None,
     cancel_on_disconnect: bool = False,
+    events: Batches | None = None,
 ) -> AsyncGenerator[T, None]:
     """The frames that `to_frames` makes of each event of the job after `after`, and
     `keepalive` (where given) when the job has been quiet for about `api.keepalive_s`, until the
     terminal status event. With `join` (a byte or text stream), the frames of events that
     arrived together go out as one write. Raises NotFound here, before any frame, unless
     the job is `owner`'s. With `cancel_on_disconnect`, closing the frames (or canceling
-    their task) before the end cancels the job: its client went away."""
-    events = await service.follow(owner, job_id, after)
+    their task) before the end cancels the job: its client went away. `events`: the job's
+    events as `JobService.submit_following` gave them, for the job the route just
+    submitted (no owner check then, and `after` is not used)."""
+    if events is None:
+        events = await service.follow(owner, job_id, after)
     return _frames(service, owner, job_id, events, to_frames, keepalive, join, cancel_on_disconnect)
 
 
@@ -50,7 +55,7 @@ async def _frames(
     service: JobService,
     owner: str,
     job_id: str,
-    events: AsyncGenerator[list[Event] | None, None],
+    events: Batches,
     to_frames: Callable[[Event], Iterable[T]],
     keepalive: T | None,
     join: Callable[[list[T]], T] | None,

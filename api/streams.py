@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
-from api.hub import TICK, EventHub
+from api.hub import TICK, EventHub, Followed
 from jobs.models import Event
 from jobstore.store import AsyncJobStore
 
@@ -31,18 +31,28 @@ def stream_id_key(event_id: str) -> StreamKey:
     return int(ms), int(seq or 0)
 
 
-async def follow(store: AsyncJobStore, hub: EventHub, job_id: str, after: str | None) -> Batches:
+async def follow(
+    store: AsyncJobStore,
+    hub: EventHub,
+    job_id: str,
+    after: str | None,
+    joined: Followed | None = None,
+) -> Batches:
     """Every event of the job after `after`, in order, once each, in batches: the replay,
     then each time notices arrive, all those that arrived meanwhile (a stream writes a
-    batch at once); None for keep-alives. Ends with the terminal status event."""
+    batch at once); None for keep-alives. Ends with the terminal status event. `joined`:
+    the hub's queue of a job joined before it was stored (`JobService.submit_following`),
+    which has nothing to replay; it is left at the end like one joined here."""
     last = stream_id_key(after) if after else (0, 0)
-    async with hub.subscribe(job_id) as notices:
-        batch = _after(await store.events(job_id, after), last)
-        if batch:
-            last = stream_id_key(batch[-1].id)
-            yield batch
-            if batch[-1].ends:
-                return
+    notices = joined if joined is not None else await hub.join(job_id)
+    try:
+        if joined is None:
+            batch = _after(await store.events(job_id, after), last)
+            if batch:
+                last = stream_id_key(batch[-1].id)
+                yield batch
+                if batch[-1].ends:
+                    return
         quiet = 0
         while True:
             arrived = [await notices.get()]  # no timeout per wait: the hub's ticks
@@ -67,6 +77,8 @@ async def follow(store: AsyncJobStore, hub: EventHub, job_id: str, after: str | 
             yield batch
             if batch[-1].ends:
                 return
+    finally:
+        hub.leave(job_id, notices)
 
 
 def _after(events: list[Event], last: StreamKey) -> list[Event]:

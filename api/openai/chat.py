@@ -87,7 +87,7 @@ async def _complete(
     try:
         body.refuse_what_is_not_carried()
         create = JobCreate(kind="llm", input=body.job_input(), **deadline)
-        job, _ = await service.submit(owner, create)
+        job, events = await service.submit_following(owner, create)
     except InputError as exc:
         raise renamed(exc, PARAMS) from None
     view = _View(job, body.model, chat)
@@ -101,10 +101,11 @@ async def _complete(
             keepalive=SSE_KEEPALIVE,
             join=b"".join,
             cancel_on_disconnect=True,
+            events=events,
         )
         headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
-    ended = await wait_for_end(request, service, owner, job.id)
+    ended = await wait_for_end(request, service, owner, job.id, events)
     if ended.output is None or ended.status != "succeeded":
         return job_failure(ended, PARAMS)
     return JSONResponse(view.whole(ended), headers=headers)

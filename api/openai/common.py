@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from api.openai.answers import failure_body, failure_status
 from api.service import JobService
 from api.streaming import stream_job, until_disconnected
+from api.streams import Batches
 from jobs.errors import InputError
 from jobs.models import Event, EventType, Job, JobCreate
 from jobs.settings import MAX_QUEUE_S
@@ -100,9 +101,18 @@ def _no_frames(event: Event) -> tuple[bytes, ...]:
     return ()
 
 
-async def wait_for_end(request: Request, service: JobService, owner: str, job_id: str) -> Job:
-    """The job once it has ended; cancels it if the client goes away first."""
-    events = await stream_job(service, owner, job_id, _no_frames, cancel_on_disconnect=True)
+async def wait_for_end(
+    request: Request,
+    service: JobService,
+    owner: str,
+    job_id: str,
+    followed: Batches | None = None,
+) -> Job:
+    """The job once it has ended; cancels it if the client goes away first. `followed`:
+    its events from `JobService.submit_following`."""
+    events = await stream_job(
+        service, owner, job_id, _no_frames, cancel_on_disconnect=True, events=followed
+    )
     async with until_disconnected(request):
         async for _ in events:
             pass
@@ -121,10 +131,10 @@ async def answer_when_ended(
     answer `answer(job)`, or OpenAI's error for a job that did not succeed; a refused
     submit names the request's field (`params`)."""
     try:
-        job, _ = await service.submit(owner, create)
+        job, events = await service.submit_following(owner, create)
     except InputError as exc:
         raise renamed(exc, params) from None
-    job = await wait_for_end(request, service, owner, job.id)
+    job = await wait_for_end(request, service, owner, job.id, events)
     if job.status is not JobStatus.SUCCEEDED:
         return job_failure(job, params)
     return JSONResponse(answer(job), headers={"X-Job-Id": job.id})

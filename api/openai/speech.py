@@ -89,12 +89,13 @@ async def create_speech(
         raise InputError("instructions", "mmq's Piper and Coqui voices take no instructions")
     job_input = _job_input(settings, body)
     try:
-        job, _ = await service.submit(owner, JobCreate(kind="tts", input=job_input, **deadline))
+        create = JobCreate(kind="tts", input=job_input, **deadline)
+        job, events = await service.submit_following(owner, create)
     except InputError as exc:
         raise renamed(exc, PARAMS) from None
     audio = _Frames(body)
     frames = await stream_job(
-        service, owner, job.id, audio, join=b"".join, cancel_on_disconnect=True
+        service, owner, job.id, audio, join=b"".join, cancel_on_disconnect=True, events=events
     )
     # The first frame decides the answer: an error before any audio is OpenAI's error.
     first = await anext(frames, None)
