@@ -226,6 +226,25 @@ def test_openai_client_chat_streams_the_same_text_it_answers_whole(oai: openai.O
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 
 
+def test_a_cached_answer_streams_whole_from_the_openai_route(oai: openai.OpenAI, api: Api) -> None:
+    """A cached answer's job ends inside its submit, before the route streams a byte: the
+    route joined the job's events before storing it, so the stream still has all of it."""
+    messages: Any = [{"role": "user", "content": "Stream me from the cache"}]
+    whole = oai.chat.completions.create(
+        model="tiny-chat", messages=messages, max_tokens=6, temperature=0
+    )
+    raw = oai.chat.completions.with_raw_response.create(
+        model="tiny-chat", messages=messages, max_tokens=6, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(raw.parse())
+    assert api.get(raw.headers["X-Job-Id"])["output"]["cached"] is True
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+
+
 def test_openai_client_completions_and_models(oai: openai.OpenAI) -> None:
     done = oai.completions.create(model="llm", prompt="Once upon", max_tokens=6, temperature=0)
     assert done.usage is not None and done.usage.completion_tokens == 6
