@@ -38,6 +38,7 @@ from api.openai.common import (
 from api.openai.transcripts import ResponseFormat, transcript_response
 from api.service import JobService
 from api.streaming import stream_job
+from api.streams import Batches
 from jobs.errors import InputError, MmqError, NotFound, TooLarge
 from jobs.models import Event, EventType, Job, JobCreate
 from jobs.schemas import asr, validation_error_field
@@ -143,7 +144,7 @@ async def _transcribe(
     form = await request.form(max_files=1, max_fields=32)
     try:
         fields, upload = _parse(form, service.settings.limits)
-        job = await _submit(service, owner, fields, upload, task, deadline)
+        job, followed = await _submit(service, owner, fields, upload, task, deadline)
     except InputError as exc:
         raise renamed(exc, PARAMS) from None
     finally:
@@ -158,10 +159,11 @@ async def _transcribe(
             keepalive=SSE_KEEPALIVE,
             join=b"".join,
             cancel_on_disconnect=True,
+            events=followed,
         )
         headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-    ended = await wait_for_end(request, service, owner, job.id)
+    ended = await wait_for_end(request, service, owner, job.id, followed)
     if ended.status != "succeeded" or ended.output is None:
         return job_failure(ended, PARAMS)
     words = "word" in fields.timestamp_granularities
@@ -195,18 +197,18 @@ async def _submit(
     upload: UploadFile,
     task: str,
     deadline: dict[str, Any],
-) -> Job:
-    """Check the request, store the upload, submit the job naming it."""
+) -> tuple[Job, Batches]:
+    """Check the request, store the upload, submit the job naming it; returns the job and
+    its events (`JobService.submit_following`)."""
     service.validate(JobCreate(kind="asr", input=fields.job_input(task, PENDING_KEY)))
     stored = await service.files.upload(owner, upload)
     body = JobCreate(kind="asr", input=fields.job_input(task, stored.key), **deadline)
     try:
-        job, _ = await service.submit(owner, body)
+        return await service.submit_following(owner, body)
     except MmqError:
         with contextlib.suppress(NotFound):
             await service.files.delete(stored.key)
         raise
-    return job
 
 
 class _Deltas:
