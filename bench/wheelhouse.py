@@ -1,6 +1,6 @@
 """A wheelhouse of what a GPU host's image lacks to run mmq and `bench.gpu`, in parts.
 
-    python -m bench.wheelhouse [--out .whl] [--part-mib 60] [--python-version 3.12]
+    python -m bench.wheelhouse [--out .whl] [--part-mib 56] [--python-version 3.12]
                                [--extras asr,tts,image,llm]
 
 For a GPU machine that reaches no package registry but has a Python with CUDA torch
@@ -238,7 +238,9 @@ def pack(wheels: list[Path], out: Path, part_bytes: int) -> list[list[Path]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.wheelhouse", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path(".whl"))
-    parser.add_argument("--part-mib", type=float, default=60.0)
+    # The device tool carries 64 MiB a call, the repository's tracked files (about 4.5 MiB)
+    # included: a part of 60 MiB no longer fit beside them.
+    parser.add_argument("--part-mib", type=float, default=56.0)
     parser.add_argument("--python-version", default="3.12")
     parser.add_argument("--extras", default=",".join(EXTRAS))
     parser.add_argument(
