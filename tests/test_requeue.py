@@ -89,10 +89,11 @@ def test_reapers_killed_at_random_moments_lose_no_job_and_end_none_twice(
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and any(owner.get(j)["status"] == "running" for j in ids):
         reaper = dep.start_reaper()
-        if kills % 2 == 0:  # any time in its start-up (about 1 s; more on a busy host)
+        if kills % 2 == 0:  # any time in its start-up (over 1 s; more on a busy host)
             time.sleep(rng.uniform(0.3, 1.5))
         else:  # once it sweeps: before, during or after one of its first sweeps
-            wait_until(lambda r=reaper: "reaper sweeping every" in r.log(), reaper, 30)
+            sweeping = f"[{reaper.process.pid}] reaper sweeping every"  # the log is shared
+            wait_until(lambda r=reaper, line=sweeping: line in r.log(), reaper, 30)
             time.sleep(rng.uniform(0.0, 0.5))
         reaper.kill()
         reaper.process.wait(10)
