@@ -37,7 +37,7 @@ from rich.table import Table
 
 from bench.common import percentile_ms, run_meta
 from harness.audio import SHORT, spoken
-from harness.deploy import Deployment, private_deployment, wait_until
+from harness.deploy import Deployment, private_deployment
 from harness.kinds import pipeline_toml
 from harness.metrics import scrape, value
 from security.apikeys import create_key
@@ -70,9 +70,7 @@ def deployment(
     workers = [] if shared else kinds
     with private_deployment(config, env, workers, prefix="mmq-residency-") as dep:
         if shared:
-            pipelines = [arg for kind in kinds for arg in ("--pipeline", kind)]
-            proc = dep.spawn("worker-shared", "worker", *pipelines)
-            wait_until(lambda: "ready." in proc.log(), proc, timeout_s=120)
+            dep.start_worker(kinds, timeout_s=120)
         key = create_key(redis.Redis.from_url(dep.redis_url, decode_responses=True), "bench")
         headers = {"Authorization": f"Bearer {key}"}
         with httpx.Client(

@@ -181,22 +181,24 @@ class Deployment:
 
     def start_worker(
         self,
-        pipeline: str,
+        pipeline: str | Sequence[str],
         instance: int | None = None,
         env: dict[str, str] | None = None,
         timeout_s: float = 30.0,
         wait: bool = True,
     ) -> Proc:
-        """A worker of `pipeline` (instance numbers count up per pipeline unless given),
-        waited for until it says it is ready (its model loaded) unless `wait` is false."""
+        """A worker of `pipeline`, or one process for several on-demand pipelines
+        (`mmq worker --pipeline A --pipeline B`); instance numbers count up per pipeline
+        unless given. Waited for until it says it is ready unless `wait` is false."""
+        names = [pipeline] if isinstance(pipeline, str) else list(pipeline)
         if instance is None:
-            instance = self.instances.get(pipeline, 0)
-        self.instances[pipeline] = max(self.instances.get(pipeline, 0), instance + 1)
+            instance = max(self.instances.get(name, 0) for name in names)
+        for name in names:
+            self.instances[name] = max(self.instances.get(name, 0), instance + 1)
         proc = self.spawn(
-            f"worker-{pipeline}-{instance}-{len(self.procs)}",
+            f"worker-{'+'.join(names)}-{instance}-{len(self.procs)}",
             "worker",
-            "--pipeline",
-            pipeline,
+            *(arg for name in names for arg in ("--pipeline", name)),
             "--instance",
             str(instance),
             env=env,

@@ -64,10 +64,7 @@ def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
 
 @pytest.fixture(scope="module")
 def shared(dep: Deployment) -> Proc:
-    pipelines = [arg for kind in KIND_NAMES for arg in ("--pipeline", kind)]
-    proc = dep.spawn("worker-shared", "worker", *pipelines)
-    wait_until(lambda: "ready." in proc.log(), proc, timeout_s=60)
-    return proc
+    return dep.start_worker(KIND_NAMES, timeout_s=60)
 
 
 def _on_demand_loaded(r: redis.Redis) -> list[str]:
@@ -127,8 +124,7 @@ def test_alternating_traffic_never_leaves_a_model_waiting_on_threads_held_for_it
     config = "".join(pipeline_toml(k, {}, ON_DEMAND + "memory_gb = 1.0\n") for k in ("tts", "asr"))
     env = {**ENV, "MMQ_DEVICE_MEMORY_GB": json.dumps({"cpu": 1.5}), "HF_HUB_OFFLINE": "1"}
     with private_deployment(config, env, [], prefix="mmq-shared-mixed-") as dep:
-        proc = dep.spawn("worker-shared", "worker", "--pipeline", "tts", "--pipeline", "asr")
-        wait_until(lambda: "ready." in proc.log(), proc, timeout_s=60)
+        proc = dep.start_worker(["tts", "asr"], timeout_s=60)
         api = new_owner(dep.redis_url, dep.base_url, "mixed")
         up = api.http.post("/v1/files", files={"file": ("s.wav", spoken(SHORT[:1]), "audio/wav")})
         inputs = {

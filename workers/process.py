@@ -279,7 +279,6 @@ def run_worker(settings: Settings, pipelines: Sequence[str], instance: int = 0) 
     metrics.start()
     store.tally.start()
     freeze_startup_heap()
-    hostname = names[pipelines[0]] if len(pipelines) == 1 else "+".join(names.values())
     try:
         app.worker_main(
             [
@@ -287,7 +286,7 @@ def run_worker(settings: Settings, pipelines: Sequence[str], instance: int = 0) 
                 "--pool=threads",
                 f"--concurrency={sum(h.concurrency for h in hosted)}",
                 f"--queues={','.join(queue_name(p) for p in pipelines)}",
-                f"--hostname={hostname}",
+                f"--hostname={'+'.join(names.values())}",
                 f"--loglevel={settings.log_level}",
                 "--without-gossip",
                 "--without-mingle",
