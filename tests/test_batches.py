@@ -1,8 +1,9 @@
 """OpenAI's Batch API driven by the official `openai` client against a real deployment (API,
 reaper with its release stage, echo and sleep workers): every line ends in exactly one of
-the two files, bad lines are named by number and field without failing the batch, lines
-wait behind interactive jobs and never count against the 429 bound, cancel and the
-completion window end a batch with what finished written out."""
+the two files, also when a worker, the release stage, the API or Redis dies mid-batch;
+bad lines are named by number and field without failing the batch; lines wait behind
+interactive jobs and never count against the 429 bound; cancel and the completion window
+end a batch with what finished written out."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import redis
 
 from harness.batches import job_line, jsonl
 from harness.client import new_owner
-from harness.deploy import Deployment, flush, running, serving, wait_until
+from harness.deploy import Deployment, flush, running, serving, status_events, wait_until
 from host.redis_server import RedisServer
 from jobs import keys
 
@@ -28,6 +29,7 @@ ENV = {
     "MMQ_BATCHES__RELEASE_INTERVAL_S": "0.1",
     "MMQ_LEASE__REAPER_INTERVAL_S": "0.2",
     "MMQ_LEASE__HEARTBEAT_S": "0.3",
+    "MMQ_LEASE__TTL_S": "2",
     "MMQ_QUEUE__MAX_QUEUED": "3",
 }
 
@@ -167,6 +169,49 @@ def test_every_line_ends_once_when_the_release_stage_is_killed(dep: Deployment) 
     output = _file(client, batch.output_file_id)
     assert sorted(o["custom_id"] for o in output) == sorted(f"k{i}" for i in range(80))
     assert batch.error_file_id is None
+
+
+def test_every_line_ends_once_when_a_worker_dies_and_the_api_restarts(dep: Deployment) -> None:
+    """A worker SIGKILLed while it runs lines, and the API killed and started again: the
+    lines that worker held run again on the other one, and every line ends once."""
+    client = _client(dep)
+    r = redis.Redis.from_url(dep.redis_url, decode_responses=True)
+    survivor = dep.start_worker("sleep")
+    victim = next(p for p in dep.procs if p.name.startswith("worker-sleep") and p is not survivor)
+    lines = [job_line(f"d{i}", "sleep", steps=3, step_ms=100) for i in range(16)]
+    batch = _run(client, lines)
+    prefix = f"job_{batch.id.removeprefix('batch_')}_"
+
+    def on_victim() -> list[str]:
+        return [
+            job_id
+            for job_id in r.zrange(keys.RUNNING, 0, -1)
+            if job_id.startswith(prefix)
+            and (r.hget(keys.job(job_id), "worker") or "").endswith(f".{victim.process.pid}")
+        ]
+
+    wait_until(lambda: bool(on_victim()), victim)
+    victim.kill()
+    dep.procs.remove(victim)
+    lost = on_victim()  # still `running` under the dead worker: they end only through a rerun
+    assert lost
+    (api,) = [p for p in dep.procs if p.name == "api"]
+    api.kill()
+    dep.procs.remove(api)
+    dep.start_api()
+
+    batch = _ended(client, batch.id)
+    assert batch.status == "completed" and batch.request_counts.completed == 16
+    output = _file(client, batch.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == sorted(f"d{i}" for i in range(16))
+    assert batch.error_file_id is None
+    for line in range(1, 17):  # a line's job is named by its line number
+        assert status_events(r, f"{prefix}{line}").count("succeeded") == 1
+    for job_id in lost:
+        output_of = json.loads(r.hget(keys.job(job_id), "output") or "{}")
+        assert r.hget(keys.job(job_id), "attempts") == "2", job_id
+        assert output_of["pid"] == survivor.process.pid
+    assert survivor.alive()
 
 
 def test_cancel_lets_running_lines_end_and_writes_what_finished(dep: Deployment) -> None:
