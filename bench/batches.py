@@ -1,10 +1,12 @@
 """A batch filling idle time, measured: interactive traffic alone, then the same traffic
 with a batch running, on a pipeline of known cost, in one run.
 
-    python -m bench.batches [--lines 2000] [--slots 8] [--service-ms 100] [--load 0.5]
-                            [--seconds 20] [--out bench/results/batches.json]
+    python -m bench.batches [--lines 2000] [--slots 8] [--service-ms 100] [--step-ms 50]
+                            [--load 0.5] [--seconds 20] [--reserve N] [--preempt]
+                            [--out bench/results/batches.json]
 
-The pipeline is the tests' `SleepPipeline` (each job sleeps `--service-ms`), with
+The pipeline is the tests' `SleepPipeline` (each job sleeps `--service-ms`, in steps of
+`--step-ms`, where a preempted line stops), with
 `--slots` runners on one worker: its capacity is slots / service time. Interactive jobs
 arrive as a Poisson process at `--load` of that capacity, for `--seconds`, each
 submitted with `Prefer: wait` (its latency is submit to answer, as a client sees it).
@@ -16,7 +18,9 @@ pipeline has no worker, then canceled). Reported: interactive p50/p99 (and queue
 alone and with the batch, and their ratios; the worker's busy share while the batch had
 work (the jobs' run time over slots x that time); and the batch's duration over what the
 idle capacity allows (lines x service time / (slots x (1 - load))). Goals (issue 34): p50
-and p99 within 1.10x, busy >= 95 %, duration <= 1.15x.
+and p99 within 1.10x, busy >= 95 %, duration <= 1.15x. With `--preempt`
+(`batches.preempt`), busy counts the runs that ended a job: the part of a line that a
+preemption threw away is not counted, and the lines it preempted are reported.
 """
 
 from __future__ import annotations
@@ -53,11 +57,10 @@ class Interactive:
 
 
 async def interactive_load(
-    http: httpx.AsyncClient, rate: float, service_ms: int, until: Any, seed: int
+    http: httpx.AsyncClient, rate: float, body: dict[str, Any], until: Any, seed: int
 ) -> Interactive:
-    """Poisson arrivals at `rate` per second until `until()` is true."""
+    """Poisson arrivals of `body` at `rate` per second until `until()` is true."""
     rng = random.Random(seed)
-    body = job_body(service_ms)
     result = Interactive([], [], 0, [])
 
     async def one() -> None:
@@ -86,9 +89,8 @@ def _ts(iso: str) -> float:
 
 
 async def run_batch(
-    http: httpx.AsyncClient, lines: int, service_ms: int
+    http: httpx.AsyncClient, lines: int, inp: dict[str, Any]
 ) -> tuple[dict[str, Any], list[tuple[float, float]]]:
-    inp = job_input(service_ms)
     text = "".join(
         json.dumps(
             {
@@ -153,6 +155,17 @@ async def memory_of_waiting_lines(http: httpx.AsyncClient, r: redis.Redis, lines
     return (after - before) / lines
 
 
+def preempted_lines(r: redis.Redis, job_ids: list[str]) -> int:
+    """How many of the lines' jobs were stopped for interactive work at least once."""
+    pipe = r.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.xrange(keys.job_events(job_id))
+    return sum(
+        any(e["type"] == "status" and '"preempted"' in e["data"] for _, e in events)
+        for events in pipe.execute()
+    )
+
+
 def busy_share(windows: list[tuple[float, float]], start: float, end: float, slots: int) -> float:
     """Share of `slots` x (end - start) that runs covered."""
     covered = sum(max(0.0, min(e, end) - max(s, start)) for s, e in windows)
@@ -173,17 +186,19 @@ async def measure(
         console.print(f"Redis memory: {per_line:.0f} bytes per waiting line")
         console.print(f"interactive alone: {rate:.1f} jobs/s for {args.seconds} s")
         stop_at = time.monotonic() + args.seconds
-        alone = await interactive_load(
-            http, rate, args.service_ms, lambda: time.monotonic() > stop_at, 1
-        )
+        body = job_body(args.service_ms, args.step_ms)
+        alone = await interactive_load(http, rate, body, lambda: time.monotonic() > stop_at, 1)
         console.print(f"interactive with a batch of {args.lines} lines")
         done = asyncio.Event()
-        batch_task = asyncio.create_task(run_batch(http, args.lines, args.service_ms))
+        line_input = job_input(args.service_ms, args.step_ms)
+        batch_task = asyncio.create_task(run_batch(http, args.lines, line_input))
         batch_task.add_done_callback(lambda _: done.set())
         started = time.time()
-        both = await interactive_load(http, rate, args.service_ms, done.is_set, 2)
+        both = await interactive_load(http, rate, body, done.is_set, 2)
         batch, batch_windows = await batch_task
-    per_ended = memory_of_ended_line(r, batch.pop("job_ids", []))
+    line_ids = batch.pop("job_ids", [])
+    per_ended = memory_of_ended_line(r, line_ids)
+    preempted = preempted_lines(r, line_ids)
     ideal_s = args.lines * args.service_ms / 1000 / (args.slots * (1 - args.load))
     first = min((s for s, _ in batch_windows), default=started)
     last = max((e for _, e in batch_windows), default=started)
@@ -218,13 +233,16 @@ async def measure(
             "request_counts": batch["request_counts"],
             "duration_s": duration_s,
             "ideal_s": ideal_s,
+            "lines_preempted": preempted,
         },
         "setup": {
             "slots": args.slots,
             "service_ms": args.service_ms,
             "capacity_jobs_per_s": capacity,
             "interactive_jobs_per_s": rate,
+            "step_ms": args.step_ms,
             "reserve_slots": args.reserve,
+            "preempt": args.preempt,
         },
     }
 
@@ -251,11 +269,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--service-ms", type=int, default=100)
     parser.add_argument("--load", type=float, default=0.5)
     parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--step-ms", type=int, default=50)
     parser.add_argument("--reserve", type=int, default=0, help="batches.reserve_slots")
+    parser.add_argument("--preempt", action="store_true", help="batches.preempt")
     parser.add_argument("--memory-lines", type=int, default=10_000)
     parser.add_argument("--out", type=Path, default=Path("bench/results/batches.json"))
     args = parser.parse_args(argv)
-    env = {"MMQ_BATCHES__RESERVE_SLOTS": str(args.reserve)}
+    env = {
+        "MMQ_BATCHES__RESERVE_SLOTS": str(args.reserve),
+        "MMQ_BATCHES__PREEMPT": str(args.preempt).lower(),
+    }
     with sleep_deployment(args.slots, env) as (base_url, client):
         key = create_key(client, "bench")
         result = asyncio.run(measure(args, base_url, key, client))

@@ -23,14 +23,15 @@ runners = {slots}
 """
 
 
-def job_input(service_ms: int) -> dict[str, Any]:
-    """The input of one `work` job of `service_ms`."""
-    steps = max(1, service_ms // 50)
+def job_input(service_ms: int, step_ms: int = 50) -> dict[str, Any]:
+    """The input of one `work` job of `service_ms`, in steps of about `step_ms` (where a
+    cancel or a preemption stops it)."""
+    steps = max(1, service_ms // step_ms)
     return {"model": "work", "steps": steps, "step_ms": service_ms // steps}
 
 
-def job_body(service_ms: int) -> dict[str, Any]:
-    return {"kind": "sleep", "input": job_input(service_ms)}
+def job_body(service_ms: int, step_ms: int = 50) -> dict[str, Any]:
+    return {"kind": "sleep", "input": job_input(service_ms, step_ms)}
 
 
 @contextlib.contextmanager

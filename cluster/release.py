@@ -25,6 +25,10 @@ each active batch (oldest first):
    fixed (`Line.job_id`) and taking a line off the list is one script that checks it is
    still the first (`RELEASE`): a crash between the job's submit and that script, or two
    release stages at once, makes no second job and loses no line.
+   With `batches.preempt`, interactive work that waits for a slot held by a batch line
+   stops the line that started last at its next step (`Slots.to_preempt`); its worker
+   queues it again (`requeue_preempted`: the run is not counted as an attempt), and the
+   freed slot takes the interactive job first.
 3. **Finish**: a batch with nothing left to release and nothing in flight writes its two
    files to storage (as OpenAI file objects) and ends: `completed`, or `cancelled` /
    `expired` with every line never released in the error file. A line's job has the
@@ -117,6 +121,8 @@ class ReleaseStage:
         draining = self._draining(set(live))
         # Held jobs are released even with fair share turned off since: none is stranded.
         self._release_held({p: s for p, s in slots.items() if p not in draining})
+        if self.settings.batches.preempt:
+            self._preempt_lines(slots)
         room = Room(
             {p: s.batch_room(self.settings.batches.reserve_slots) for p, s in slots.items()}
         )
@@ -295,6 +301,15 @@ class ReleaseStage:
                 )
                 slot.queued[level] += len(pushed)
                 slot.held[level] -= len(pushed)
+
+    def _preempt_lines(self, slots: dict[str, Slots]) -> None:
+        """`batches.preempt`: interactive work that waits for a slot held by a batch line
+        stops the line that started last, at its next step (`Slots.to_preempt`); its
+        worker queues it again."""
+        for pipeline, slot in slots.items():
+            for job_id in slot.to_preempt():
+                if self.store.request_preempt(job_id):
+                    log.info("%s: batch line %s stopped for interactive work", pipeline, job_id)
 
     def _write_room(self, slots: dict[str, Slots], draining: set[str]) -> None:
         """What a submit may still push at once, per pipeline, for a few steps; a

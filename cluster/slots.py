@@ -5,7 +5,7 @@ its queue per priority, jobs held by fair share; and the room each use may still
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 
@@ -38,6 +38,10 @@ class Slots:
 
     depth: int = 0
     """Interactive messages allowed to wait in the queue beyond the slots (`Depth`)."""
+    lines_running: list[tuple[float, str]] = field(default_factory=list)
+    """(started_at, job id) of its running batch lines not yet asked to stop."""
+    preempting: int = 0
+    """Its running batch lines asked to stop for interactive work (`batches.preempt`)."""
 
     @property
     def interactive_queued(self) -> int:
@@ -62,6 +66,15 @@ class Slots:
         if sum(self.held[: level + 1]) > 0:
             return 0
         return max(0, self.interactive_room(level))
+
+    def to_preempt(self) -> list[str]:
+        """The batch lines to stop so that interactive work waiting for a slot gets one:
+        as many as wait beyond the free slots and the lines already stopping, those that
+        started last first (the least work lost)."""
+        waiting = self.interactive_queued + self.held_total
+        wanted = waiting - max(0, self.total - self.running) - self.preempting
+        newest_first = sorted(self.lines_running, reverse=True)
+        return [job_id for _, job_id in newest_first[: max(0, wanted)]]
 
     def batch_room(self, reserve: int) -> int:
         """Batch lines that may still be released: none while interactive work waits."""
@@ -101,7 +114,7 @@ def read_slots(r: redis.Redis, settings: Settings, live: list[str]) -> dict[str,
             pipe.llen(priority_list(queue_name(pipeline), PRIORITY_VALUES[priority]))
         pipe.hmget(keys.HELD, [f"{pipeline}|{p}" for p in INTERACTIVE])
     for job_id in running_ids:
-        pipe.hget(keys.job(job_id), "pipeline")
+        pipe.hmget(keys.job(job_id), "pipeline", "priority", "started_at", "preempt_requested")
     found = iter(pipe.execute())
     slots: dict[str, Slots] = {}
     for pipeline, names in workers.items():
@@ -119,7 +132,13 @@ def read_slots(r: redis.Redis, settings: Settings, live: list[str]) -> dict[str,
             batch_queued=lengths[-1],
             held=held,
         )
-    for pipeline in found:  # the running jobs' pipelines
-        if pipeline and str(pipeline) in slots:
-            slots[str(pipeline)].running += 1
+    for job_id, (pipeline, priority, started_at, preempt) in zip(running_ids, found, strict=True):
+        slot = slots.get(str(pipeline))
+        if slot is None:
+            continue
+        slot.running += 1
+        if priority == "batch" and preempt == "1":
+            slot.preempting += 1
+        elif priority == "batch":
+            slot.lines_running.append((float(started_at or 0), job_id))
     return slots

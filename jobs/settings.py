@@ -302,6 +302,11 @@ class BatchSettings(BaseModel):
     more)."""
     reserve_slots: int = Field(default=0, ge=0)
     """Worker slots of each pipeline that batch lines leave free for interactive jobs."""
+    preempt: bool = False
+    """An interactive job that waits for a slot held by a batch line stops the line that
+    started last at its next step; the line goes back to the queue and runs again later
+    (what it had done is lost). For pipelines of long, many-step jobs (images, long
+    audio); a short job's wait for the next free slot is shorter than its step."""
 
 
 class PipelineConfig(BaseModel):

@@ -238,6 +238,7 @@ end
 if target == 'queued' then
   redis.call('SADD', queued_set, a.job_id)
   redis.call('ZREM', KEYS[4], a.job_id)
+  if mode == 'check' then redis.call('DEL', KEYS[3]) end  -- its run gives it back
 elseif target == 'running' then
   redis.call('SREM', queued_set, a.job_id)
   redis.call('ZADD', KEYS[4], deadline_after(a.lease_ttl_ms), a.job_id)
@@ -362,6 +363,16 @@ GIVE_BACK_LEASE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('ZADD', KEYS[2], 0, ARGV[2])
+return 1
+"""
+
+REQUEST_PREEMPT = """
+-- KEYS: job; ARGV: the cancel channel, job_id
+-- Flag a running job to stop at its next step and go back to the queue (`batches.preempt`),
+-- and wake its worker as a cancel does; nothing for a job that is no longer running.
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
+redis.call('HSET', KEYS[1], 'preempt_requested', '1')
+redis.call('PUBLISH', ARGV[1], ARGV[2])
 return 1
 """
 

@@ -7,6 +7,7 @@ transition script, with its source states and its lease rule inside.
 | `succeed`, `fail`, `cancel_running` | running -> the end | held (`check`): only its run ends it |
 | `cancel_queued` | queued -> canceled | none (no run exists) |
 | `expire`, `expire_by_id` | queued -> expired | none (its deadline passed: it never runs) |
+| `requeue_preempted` | running -> queued | held (`check`): its run stopped for interactive work |
 | `requeue_lost`, `fail_lost` | running -> queued / failed | gone (`absent`): its worker was lost |
 | `answer_from_cache` | queued -> running -> succeeded | a lease of its own for the two steps |
 
@@ -137,6 +138,28 @@ def requeue_lost(job: Job, message: TaskMessage) -> Transition:
         lease_mode="absent",
         fields={"queued_at": _now(), "started_at": "", "first_output_at": ""},
         event_data={"reason": "worker_lost", "attempts": job.attempts},
+        message=message,
+    )
+
+
+def requeue_preempted(job: Job, lease: Lease, message: TaskMessage) -> Transition:
+    """The run holding `lease` stopped a batch line for interactive work (`batches.preempt`):
+    the job is queued again with a new task message, and the run does not count as one of
+    its attempts."""
+    return transition(
+        job,
+        JobStatus.QUEUED,
+        sources=RUNNING,
+        lease_mode="check",
+        lease=lease,
+        fields={
+            "queued_at": _now(),
+            "started_at": "",
+            "first_output_at": "",
+            "preempt_requested": "",
+            "attempts": str(max(0, job.attempts - 1)),
+        },
+        event_data={"reason": "preempted"},
         message=message,
     )
 

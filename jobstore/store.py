@@ -156,6 +156,7 @@ class JobStore:
         self._renew = client.register_script(lua.RENEW_LEASE)
         self._give_back = client.register_script(lua.GIVE_BACK_LEASE)
         self._resend = client.register_script(lua.RESEND)
+        self._preempt = client.register_script(lua.REQUEST_PREEMPT)
 
     @classmethod
     def connect(
@@ -337,13 +338,24 @@ class JobStore:
         pipe.publish(keys.CANCEL_CHANNEL, job_id)
         pipe.execute()
 
-    def cancel_requested(self, job_ids: list[str]) -> set[str]:
+    def request_preempt(self, job_id: str) -> bool:
+        """Ask the worker running a batch line to stop it at its next step and queue it
+        again (`batches.preempt`); False if it is no longer running."""
+        return bool(self._preempt(keys=[keys.job(job_id)], args=[keys.CANCEL_CHANNEL, job_id]))
+
+    def stop_requested(self, job_ids: list[str]) -> set[str]:
+        """Those of `job_ids` asked to stop: canceled, or preempted for interactive work."""
         if not job_ids:
             return set()
         pipe = self.r.pipeline(transaction=False)
         for job_id in job_ids:
-            pipe.hget(keys.job(job_id), "cancel_requested")
-        return {j for j, flag in zip(job_ids, pipe.execute(), strict=True) if flag == "1"}
+            pipe.hmget(keys.job(job_id), "cancel_requested", "preempt_requested")
+        return {j for j, flags in zip(job_ids, pipe.execute(), strict=True) if "1" in flags}
+
+    def preempted(self, job_id: str) -> bool:
+        """Whether a run that stopped on a stop request was preempted (and not canceled)."""
+        cancel, preempt = self.r.hmget(keys.job(job_id), "cancel_requested", "preempt_requested")
+        return preempt == "1" and cancel != "1"
 
     def events(self, job_id: str, after: str | None = None) -> list[Event]:
         return _events_from(job_id, self.r.xrange(keys.job_events(job_id), _after(after)))

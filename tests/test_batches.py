@@ -19,6 +19,7 @@ import openai
 import pytest
 import redis
 
+from cluster.slots import Slots
 from harness.batches import job_line, jsonl
 from harness.client import new_owner
 from harness.deploy import Deployment, flush, running, serving, status_events, wait_until
@@ -212,6 +213,63 @@ def test_every_line_ends_once_when_a_worker_dies_and_the_api_restarts(dep: Deplo
         assert r.hget(keys.job(job_id), "attempts") == "2", job_id
         assert output_of["pid"] == survivor.process.pid
     assert survivor.alive()
+
+
+def test_preemption_stops_the_newest_lines_for_what_waits_beyond_the_free_slots() -> None:
+    slot = Slots(
+        total=4, ahead=1, running=4, queued=[0, 2, 0], batch_queued=3, held=[0, 0, 1],
+        lines_running=[(1.0, "a"), (3.0, "c"), (2.0, "b")], preempting=1,
+    )  # fmt: skip
+    assert slot.to_preempt() == ["c", "b"]  # 3 waiting, no slot free, 1 line already stopping
+    slot.running = 3  # a slot is free: it takes one of them
+    assert slot.to_preempt() == ["c"]
+    slot.queued, slot.held = [0, 0, 0], [0, 0, 0]  # only batch lines wait
+    assert slot.to_preempt() == []
+
+
+def test_preempt_stops_the_line_holding_the_slot_for_an_interactive_job(tmp_path: Path) -> None:
+    """`batches.preempt`: an interactive job that finds the only slot held by a long batch
+    line stops that line at its next step and runs before it; the line goes back to the
+    queue, runs again whole (the stopped run is not counted as an attempt), and the batch
+    completes with every line once."""
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        (tmp_path / "deploy").mkdir()
+        dep = Deployment(server.url, tmp_path / "deploy", ENV | {"MMQ_BATCHES__PREEMPT": "true"})
+        with serving(dep):
+            dep.start_api()
+            dep.start_reaper()
+            dep.start_worker("sleep")  # one slot
+            client = _client(dep)
+            lines = [job_line(f"p{i}", "sleep", steps=20, step_ms=100) for i in range(2)]
+            batch = _run(client, lines)
+            r = redis.Redis.from_url(server.url, decode_responses=True)
+            line = f"job_{batch.id.removeprefix('batch_')}_1"
+            wait_until(lambda: r.hget(keys.job(line), "status") == "running")
+            owner = new_owner(server.url, dep.base_url, "interactive")
+            job = owner.wait(owner.submit("sleep", steps=1, step_ms=10)["id"])
+            assert job["status"] == "succeeded"
+
+            batch = _ended(client, batch.id)
+            assert batch.status == "completed" and batch.request_counts.completed == 2
+            output = _file(client, batch.output_file_id)
+            assert sorted(o["custom_id"] for o in output) == ["p0", "p1"]
+            line_job = r.hgetall(keys.job(line))
+            assert json.loads(line_job["output"])["steps"] == 20 and line_job["attempts"] == "1"
+            # The interactive job ended before the line it stopped started again.
+            ended_at = float(r.hget(keys.job(job["id"]), "finished_at") or "inf")
+            assert ended_at < float(line_job["started_at"])
+            assert status_events(r, line) == [
+                "queued", "running", "queued", "running", "succeeded"
+            ]  # fmt: skip
+            requeued = [
+                json.loads(e["data"])
+                for _, e in r.xrange(keys.job_events(line))
+                if e["type"] == "status" and json.loads(e["data"])["status"] == "queued"
+            ]
+            assert requeued[-1].get("reason") == "preempted"
+    finally:
+        server.stop()
 
 
 def test_cancel_lets_running_lines_end_and_writes_what_finished(dep: Deployment) -> None:

@@ -14,12 +14,14 @@ import redis
 import redis.asyncio as aredis
 from pydantic import ValidationError
 
+from broker.celery_app import job_message, make_celery
 from harness.pipelines import EchoInput, EchoPipeline
 from jobs import keys
 from jobs.models import EventType, Job, WebhookSpec
 from jobs.schemas.llm import LlmOptions
 from jobs.settings import PipelineConfig, Settings, load_settings
 from jobs.states import TRANSITIONS, InvalidTransition, JobStatus, check_transition
+from jobstore import operations
 from jobstore.changes import ALL_FIELDS, Lease, transition
 from jobstore.codec import job_from_fields, job_to_fields
 from jobstore.lua import NOTICE_JOB_MAX_BYTES
@@ -227,6 +229,30 @@ def test_the_reaper_path_needs_an_expired_lease(store: JobStore) -> None:
     late = store.apply(transition(job, JobStatus.QUEUED, sources=r, lease_mode="absent"))
     assert late.ok
     assert store.r.sismember(keys.queued("echo"), job.id)
+
+
+def test_a_preempted_run_gives_its_job_back_under_its_lease_without_an_attempt(
+    store: JobStore,
+) -> None:
+    job = _put(store)
+    assert not store.request_preempt(job.id)  # only a running job is asked to stop
+    lease = Lease("w", 5000)
+    started = store.apply(operations.start(job.id, "echo", lease, "w"))
+    running = job_from_fields(started.read_back)
+    assert store.request_preempt(job.id)
+    assert store.stop_requested([job.id]) == {job.id} and store.preempted(job.id)
+    message = job_message(make_celery(store.settings), running)
+    stranger = store.apply(operations.requeue_preempted(running, Lease("x", 1), message))
+    assert not stranger.ok and stranger.reason == "lease"
+    assert store.apply(operations.requeue_preempted(running, lease, message)).ok
+    again = store.get(job.id)
+    assert again is not None and again.status is JobStatus.QUEUED and again.attempts == 0
+    assert store.r.exists(keys.lease(job.id)) == 0  # the next start takes it at once
+    assert store.r.hget(keys.job(job.id), "preempt_requested") == ""
+    assert store.r.lrange(message.list_key, 0, -1).count(message.envelope) == 1
+    (last,) = [e for e in store.events(job.id) if e.type is EventType.STATUS][-1:]
+    assert last.data == {"status": "queued", "reason": "preempted"}
+    assert store.apply(operations.start(job.id, "echo", Lease("w2", 5000), "w2")).ok
 
 
 def test_a_cancel_requested_before_start_wins(store: JobStore) -> None:

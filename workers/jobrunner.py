@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from broker.kombu_redis import TaskMessage
 from jobs.errors import InputError
 from jobs.models import EventType, Job
 from jobs.schemas import validation_error_field
@@ -44,8 +45,11 @@ class JobRunner:
         worker_name: str,
         files_for: Callable[[Job], Files] | None = None,
         residency: Residency | None = None,
+        message_for: Callable[[Job], TaskMessage] | None = None,
     ) -> None:
         self.files_for = files_for
+        self.message_for = message_for
+        """The task message that queues a job again (a preempted batch line)."""
         self.residency = residency
         self.store = store
         self.engine = engine
@@ -157,6 +161,10 @@ class JobRunner:
                 )
                 change = replace(change, charge=charge)
             self._end(job, change)
+        elif outcome.status == "canceled" and self._preempted(job):
+            assert self.message_for is not None
+            self._end(job, operations.requeue_preempted(job, lease, self.message_for(job)))
+            log.info("job %s: batch line stopped for interactive work; queued again", job.id)
         elif outcome.status == "canceled":
             at_deadline = job.cancel_at_deadline and time.time() >= (job.deadline or math.inf)
             self._end(job, operations.cancel_running(job, lease, ran_in, at_deadline=at_deadline))
@@ -167,6 +175,10 @@ class JobRunner:
             self.store.give_back_lease(job.id, lease)
         else:
             self._end(job, operations.fail(job, lease, _error_info(outcome.error), ran_in))
+
+    def _preempted(self, job: Job) -> bool:
+        """A batch line stopped for interactive work (`batches.preempt`), not canceled."""
+        return self.message_for is not None and self.store.preempted(job.id)
 
     def _end(self, job: Job, change: Transition) -> None:
         result = self.store.apply(change)

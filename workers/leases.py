@@ -139,7 +139,7 @@ class LeaseKeeper:
                 log.warning("lost the lease of job %s; stopping it here", job_id)
                 entry.lost.set()
                 entry.cancel.set()
-        for job_id in self.store.cancel_requested(list(held)):
+        for job_id in self.store.stop_requested(list(held)):
             held[job_id].cancel.set()
         self._mark_alive()
 

@@ -27,7 +27,7 @@ from typing import Any
 from celery import Celery, Task
 from redis.exceptions import RedisError
 
-from broker.celery_app import make_celery, webhook_sender
+from broker.celery_app import job_message, make_celery, webhook_sender
 from broker.kombu_redis import task_message
 from broker.queues import TASK_NAME, queue_name
 from cluster.retention import RetentionIndex
@@ -342,5 +342,8 @@ def host(
     residency = residency_for(
         pipeline, settings, store.r, store.tally, name, push_back, exit_process
     )
-    runner = JobRunner(store, engine, keeper, events, schema, name, files_for, residency)
+    runner = JobRunner(
+        store, engine, keeper, events, schema, name, files_for, residency,
+        message_for=lambda job: job_message(app, job),
+    )  # fmt: skip
     return Hosted(pipeline, engine, keeper, events, residency, runner, push_back, knobs.concurrency)
