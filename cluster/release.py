@@ -72,6 +72,7 @@ from jobstore.file_objects import FileObject, save_object_sync
 from jobstore.lua import RELEASE_HELD
 from jobstore.store import JobStore
 from storage.base import Storage
+from telemetry.metrics import BATCH_LINES_PREEMPTED
 
 log = logging.getLogger(__name__)
 
@@ -307,9 +308,10 @@ class ReleaseStage:
         stops the line that started last, at its next step (`Slots.to_preempt`); its
         worker queues it again."""
         for pipeline, slot in slots.items():
-            for job_id in slot.to_preempt():
-                if self.store.request_preempt(job_id):
-                    log.info("%s: batch line %s stopped for interactive work", pipeline, job_id)
+            stopped = sum(map(self.store.request_preempt, slot.to_preempt()))
+            if stopped:
+                log.info("%s: %d batch lines stopped for interactive work", pipeline, stopped)
+                self.store.tally.add([(BATCH_LINES_PREEMPTED, (pipeline,), stopped)])
 
     def _write_room(self, slots: dict[str, Slots], draining: set[str]) -> None:
         """What a submit may still push at once, per pipeline, for a few steps; a

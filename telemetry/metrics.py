@@ -90,6 +90,13 @@ MESSAGES_RESENT = MetricDef(
     ("reason",),
 )
 
+BATCH_LINES_PREEMPTED = MetricDef(
+    "mmq_batch_lines_preempted",
+    "Running batch lines stopped for interactive work (`batches.preempt`), by pipeline: "
+    "each throws away what the line had done.",
+    ("pipeline",),
+)
+
 MODEL_LOADS = MetricDef(
     "mmq_model_loads",
     "On-demand models loaded when a job came, by pipeline and device.",
@@ -111,7 +118,7 @@ MODEL_UNLOADS = MetricDef(
 RECORDED = (
     JOBS_SUBMITTED, JOBS_FINISHED, QUEUE_WAIT, FIRST_OUTPUT, TPOT, END_TO_END, BATCH_SIZE,
     BATCH_SECONDS, MESSAGES_RESENT, JOBS_REJECTED, MODEL_LOADS, MODEL_LOAD_SECONDS,
-    MODEL_UNLOADS,
+    MODEL_UNLOADS, BATCH_LINES_PREEMPTED,
 )  # fmt: skip
 """Every metric kept in Redis (the API adds gauges it reads at scrape time)."""
 

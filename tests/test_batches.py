@@ -268,6 +268,8 @@ def test_preempt_stops_the_line_holding_the_slot_for_an_interactive_job(tmp_path
                 if e["type"] == "status" and json.loads(e["data"])["status"] == "queued"
             ]
             assert requeued[-1].get("reason") == "preempted"
+            counted = 'mmq_batch_lines_preempted_total{pipeline="sleep"} 1.0'
+            wait_until(lambda: counted in owner.http.get("/metrics").text)
     finally:
         server.stop()
 
