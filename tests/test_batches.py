@@ -22,7 +22,15 @@ import redis
 from cluster.slots import Slots
 from harness.batches import job_line, jsonl
 from harness.client import new_owner
-from harness.deploy import Deployment, flush, running, serving, status_events, wait_until
+from harness.deploy import (
+    Deployment,
+    Proc,
+    flush,
+    running,
+    serving,
+    status_events,
+    wait_until,
+)
 from host.redis_server import RedisServer
 from jobs import keys
 
@@ -67,6 +75,24 @@ def _ended(client: openai.OpenAI, batch_id: str, timeout_s: float = 60) -> Any:
             return batch
         time.sleep(0.2)
     raise TimeoutError(f"batch {batch_id} did not end in {timeout_s}s")
+
+
+def _completed_once_each(
+    client: openai.OpenAI, batch_id: str, custom_ids: list[str], timeout_s: float = 60
+) -> Any:
+    """The batch once it has ended `completed`, with each line in the output file once."""
+    batch = _ended(client, batch_id, timeout_s)
+    assert batch.status == "completed", batch
+    assert batch.request_counts.completed == len(custom_ids) and batch.error_file_id is None
+    output = _file(client, batch.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == sorted(custom_ids)
+    return batch
+
+
+def _kill(dep: Deployment, proc: Proc) -> None:
+    """SIGKILL one of the deployment's processes, mid-batch, and forget it."""
+    proc.kill()
+    dep.procs.remove(proc)
 
 
 def _file(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
@@ -162,14 +188,9 @@ def test_every_line_ends_once_when_the_release_stage_is_killed(dep: Deployment) 
     batch = _run(client, lines)
     wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 8)
     (reaper,) = [p for p in dep.procs if p.name == "reaper"]
-    reaper.kill()  # SIGKILL, mid-release and mid-collect
-    dep.procs.remove(reaper)
+    _kill(dep, reaper)  # mid-release and mid-collect
     dep.start_reaper()
-    batch = _ended(client, batch.id)
-    assert batch.status == "completed" and batch.request_counts.completed == 80
-    output = _file(client, batch.output_file_id)
-    assert sorted(o["custom_id"] for o in output) == sorted(f"k{i}" for i in range(80))
-    assert batch.error_file_id is None
+    _completed_once_each(client, batch.id, [f"k{i}" for i in range(80)])
 
 
 def test_every_line_ends_once_when_a_worker_dies_and_the_api_restarts(dep: Deployment) -> None:
@@ -192,20 +213,14 @@ def test_every_line_ends_once_when_a_worker_dies_and_the_api_restarts(dep: Deplo
         ]
 
     wait_until(lambda: bool(on_victim()), victim)
-    victim.kill()
-    dep.procs.remove(victim)
+    _kill(dep, victim)
     lost = on_victim()  # still `running` under the dead worker: they end only through a rerun
     assert lost
     (api,) = [p for p in dep.procs if p.name == "api"]
-    api.kill()
-    dep.procs.remove(api)
+    _kill(dep, api)
     dep.start_api()
 
-    batch = _ended(client, batch.id)
-    assert batch.status == "completed" and batch.request_counts.completed == 16
-    output = _file(client, batch.output_file_id)
-    assert sorted(o["custom_id"] for o in output) == sorted(f"d{i}" for i in range(16))
-    assert batch.error_file_id is None
+    _completed_once_each(client, batch.id, [f"d{i}" for i in range(16)])
     for line in range(1, 17):  # a line's job is named by its line number
         assert status_events(r, f"{prefix}{line}").count("succeeded") == 1
     for job_id in lost:
@@ -250,10 +265,7 @@ def test_preempt_stops_the_line_holding_the_slot_for_an_interactive_job(tmp_path
             job = owner.wait(owner.submit("sleep", steps=1, step_ms=10)["id"])
             assert job["status"] == "succeeded"
 
-            batch = _ended(client, batch.id)
-            assert batch.status == "completed" and batch.request_counts.completed == 2
-            output = _file(client, batch.output_file_id)
-            assert sorted(o["custom_id"] for o in output) == ["p0", "p1"]
+            _completed_once_each(client, batch.id, ["p0", "p1"])
             line_job = r.hgetall(keys.job(line))
             assert json.loads(line_job["output"])["steps"] == 20 and line_job["attempts"] == "1"
             # The interactive job ended before the line it stopped started again.
@@ -383,10 +395,6 @@ def test_a_batch_keeps_every_line_across_a_redis_crash(tmp_path: Path) -> None:
             server.process.wait()
             time.sleep(0.5)
             server.start()
-            batch = _ended(client, batch.id, timeout_s=90)
-            assert batch.status == "completed", batch
-            output = _file(client, batch.output_file_id)
-            assert sorted(o["custom_id"] for o in output) == sorted(f"r{i}" for i in range(60))
-            assert batch.request_counts.completed == 60 and batch.error_file_id is None
+            _completed_once_each(client, batch.id, [f"r{i}" for i in range(60)], timeout_s=90)
     finally:
         server.stop()
