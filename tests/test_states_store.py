@@ -253,6 +253,9 @@ def test_a_preempted_run_gives_its_job_back_under_its_lease_without_an_attempt(
     (last,) = [e for e in store.events(job.id) if e.type is EventType.STATUS][-1:]
     assert last.data == {"status": "queued", "reason": "preempted"}
     assert store.apply(operations.start(job.id, "echo", Lease("w2", 5000), "w2")).ok
+    assert store.request_preempt(job.id)
+    store.request_cancel(job.id)  # a cancel (or the batch window's end) wins over a stop
+    assert store.stop_requested([job.id]) == {job.id} and not store.preempted(job.id)
 
 
 def test_a_cancel_requested_before_start_wins(store: JobStore) -> None:
