@@ -161,7 +161,10 @@ def preempted_lines(r: redis.Redis, job_ids: list[str]) -> int:
     for job_id in job_ids:
         pipe.xrange(keys.job_events(job_id))
     return sum(
-        any(e["type"] == "status" and '"preempted"' in e["data"] for _, e in events)
+        any(
+            e["type"] == "status" and json.loads(e["data"]).get("reason") == "preempted"
+            for _, e in events
+        )
         for events in pipe.execute()
     )
 

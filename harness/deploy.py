@@ -29,6 +29,7 @@ from common.procs import die_with_parent, free_port
 from host.launcher import mmq_command
 from host.redis_server import RedisServer
 from jobs import keys
+from jobstore.codec import text_list
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -352,6 +353,18 @@ def status_events(r: redis.Redis, job_id: str) -> list[str]:
     """The statuses of a job's status events, in order, from its stream."""
     entries = cast(list[tuple[str, dict[str, str]]], r.xrange(keys.job_events(job_id)))
     return [json.loads(e["data"])["status"] for _, e in entries if e["type"] == "status"]
+
+
+def running_on(r: redis.Redis, proc: Proc, prefix: str = "") -> list[str]:
+    """The running jobs (ids starting with `prefix`) that the worker process `proc` holds,
+    as their records name it."""
+    running = text_list(r.zrange(keys.RUNNING, 0, -1))
+    return [
+        job_id
+        for job_id in running
+        if job_id.startswith(prefix)
+        and str(r.hget(keys.job(job_id), "worker") or "").endswith(f".{proc.process.pid}")
+    ]
 
 
 def flush(redis_url: str) -> None:

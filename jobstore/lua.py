@@ -238,15 +238,16 @@ end
 if target == 'queued' then
   redis.call('SADD', queued_set, a.job_id)
   redis.call('ZREM', KEYS[4], a.job_id)
-  if mode == 'check' then redis.call('DEL', KEYS[3]) end  -- its run gives it back
 elseif target == 'running' then
   redis.call('SREM', queued_set, a.job_id)
   redis.call('ZADD', KEYS[4], deadline_after(a.lease_ttl_ms), a.job_id)
 else
   redis.call('SREM', queued_set, a.job_id)
   redis.call('ZREM', KEYS[4], a.job_id)
-  if mode == 'check' then redis.call('DEL', KEYS[3]) end
 end
+-- A run that leaves `running` under its lease (an end, or a preempted line queued again)
+-- gives the lease up: the next start takes the job at once.
+if mode == 'check' and target ~= 'running' then redis.call('DEL', KEYS[3]) end
 -- The owner's queued count follows the job in and out of `queued` (batch lines apart).
 if current[6] and current[5] ~= 'batch' and (status == 'queued') ~= (target == 'queued') then
   local usage = a.usage_prefix .. current[6]

@@ -27,6 +27,7 @@ from harness.deploy import (
     Proc,
     flush,
     running,
+    running_on,
     serving,
     status_events,
     wait_until,
@@ -204,17 +205,10 @@ def test_every_line_ends_once_when_a_worker_dies_and_the_api_restarts(dep: Deplo
     batch = _run(client, lines)
     prefix = f"job_{batch.id.removeprefix('batch_')}_"
 
-    def on_victim() -> list[str]:
-        return [
-            job_id
-            for job_id in r.zrange(keys.RUNNING, 0, -1)
-            if job_id.startswith(prefix)
-            and (r.hget(keys.job(job_id), "worker") or "").endswith(f".{victim.process.pid}")
-        ]
-
-    wait_until(lambda: bool(on_victim()), victim)
+    wait_until(lambda: bool(running_on(r, victim, prefix)), victim)
     _kill(dep, victim)
-    lost = on_victim()  # still `running` under the dead worker: they end only through a rerun
+    # Still `running` under the dead worker: they end only through a rerun.
+    lost = running_on(r, victim, prefix)
     assert lost
     (api,) = [p for p in dep.procs if p.name == "api"]
     _kill(dep, api)

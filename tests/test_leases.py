@@ -17,7 +17,7 @@ from broker.celery_app import make_celery
 from broker.kombu_redis import UNACKED
 from broker.queues import TASK_NAME, queue_name
 from harness.client import Api, new_owner
-from harness.deploy import Deployment, flush, serving, status_events, wait_until
+from harness.deploy import Deployment, flush, running_on, serving, status_events, wait_until
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from jobs import keys
 from jobs.models import Job
@@ -63,11 +63,7 @@ def test_sigkilled_worker_jobs_run_again_elsewhere_exactly_once(
     on_victim: list[str] = []
 
     def victim_running() -> bool:
-        on_victim.clear()
-        for job_id in rclient.zrange(keys.RUNNING, 0, -1):
-            worker = rclient.hget(keys.job(job_id), "worker") or ""
-            if worker.endswith(f".{victim.process.pid}"):
-                on_victim.append(job_id)
+        on_victim[:] = running_on(rclient, victim)
         return bool(on_victim)
 
     wait_until(victim_running, victim, timeout_s=20)

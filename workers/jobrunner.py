@@ -161,8 +161,8 @@ class JobRunner:
                 )
                 change = replace(change, charge=charge)
             self._end(job, change)
-        elif outcome.status == "canceled" and self._preempted(job):
-            assert self.message_for is not None
+        elif outcome.status == "canceled" and self.message_for and self.store.preempted(job.id):
+            # A batch line stopped for interactive work (`batches.preempt`), not canceled.
             self._end(job, operations.requeue_preempted(job, lease, self.message_for(job)))
             log.info("job %s: batch line stopped for interactive work; queued again", job.id)
         elif outcome.status == "canceled":
@@ -175,10 +175,6 @@ class JobRunner:
             self.store.give_back_lease(job.id, lease)
         else:
             self._end(job, operations.fail(job, lease, _error_info(outcome.error), ran_in))
-
-    def _preempted(self, job: Job) -> bool:
-        """A batch line stopped for interactive work (`batches.preempt`), not canceled."""
-        return self.message_for is not None and self.store.preempted(job.id)
 
     def _end(self, job: Job, change: Transition) -> None:
         result = self.store.apply(change)
