@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A short check of a GPU host, as one command once `bench/gpu_remote.sh` has installed
-# every part of the wheelhouse there: bench.llm_ceiling with the host's cores split into
+# A short check of a GPU host, as one command once every part of the wheelhouse is there
+# (`bash bench/gpu_remote.sh --install-only` per part; the last part may instead come with
+# this call, whose first `--run` installs it): bench.llm_ceiling with the host's cores split into
 # API processes and relay workers (PAIRS), then `bench.gpu --quick` on image, TTS and LLM
 # (ASR needs CUDA 12's cuBLAS, which a CUDA 13 image lacks). About 7 minutes on an H100
 # host with 16 cores; results go to $OUT (the device tool's) or bench/results.
