@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import redis
+from kombu import Queue
 from kombu.transport import redis as kombu_redis_transport
 from packaging.specifiers import SpecifierSet
 
@@ -150,4 +151,45 @@ def test_a_closed_channel_acks_through_its_client_and_never_raises_attribute_err
     assert message.delivery_tag not in rclient.hkeys(UNACKED)
     with pytest.raises(redis.ConnectionError), unused.conn_or_acquire():
         pass  # a closed channel that never had a client
+    app.close()
+
+
+def test_a_consumer_takes_queued_messages_in_one_read_each_recorded_as_kombu_does(
+    redis_url: str, rclient: redis.Redis
+) -> None:
+    """On Redis 7+ one BLMPOP takes every waiting message (up to `INTAKE_MAX`), in queue
+    order; each is in `unacked` with the record kombu's own `append` writes (the reaper
+    puts it back from there), and its ack removes it."""
+    rclient.flushdb()
+    app = make_celery(load_settings(redis_url=redis_url))
+    queue = "test.intake"
+    got: list[Any] = []
+    with app.connection_for_write() as conn:
+        with conn.Producer() as producer:
+            for n in range(5):
+                producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)])
+        rclient.config_resetstat()
+        consumer = conn.Consumer([Queue(queue)], callbacks=[lambda _body, m: got.append(m)])
+        with consumer:
+            conn.drain_events(timeout=2)
+        stats = rclient.info("commandstats")
+        assert [m.payload for m in got] == [{"n": n} for n in range(5)]
+        assert stats["cmdstat_blmpop"]["calls"] == 1 and "cmdstat_brpop" not in stats
+        records = rclient.hgetall(UNACKED)
+        assert {m.delivery_tag for m in got} == set(records)
+        # kombu's own path (one message, `basic_get`) writes the same record.
+        producer_conn = conn.clone()
+        with producer_conn, producer_conn.Producer() as producer:
+            producer.publish({"n": 5}, routing_key=queue, declare=[Queue(queue)])
+        own = conn.default_channel.basic_get(queue, no_ack=False)
+        assert own is not None
+        [batched, kombus] = [
+            json.loads(str(rclient.hget(UNACKED, tag)))
+            for tag in (got[0].delivery_tag, own.delivery_tag)
+        ]
+        assert _shape(batched) == _shape(kombus) and batched[1:] == kombus[1:]
+        assert batched[0] == got[0]._raw
+        for message in [*got, own]:
+            message.ack()
+        assert rclient.hlen(UNACKED) == 0 and rclient.zcard(UNACKED_INDEX) == 0
     app.close()
