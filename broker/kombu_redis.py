@@ -402,7 +402,10 @@ class Channel(kombu_redis.Channel):
             return True
         finally:
             self._in_poll = None  # type: ignore[assignment]  # as kombu's own read
-            self._flush_brpop_reauth()  # type: ignore[no-untyped-call]  # as kombu's own read
+            # kombu 5.7 flushes a pending re-auth here; a release without it has none.
+            flush_reauth = getattr(self, "_flush_brpop_reauth", None)
+            if flush_reauth is not None:
+                flush_reauth()
 
     def _intake_count(self) -> int:
         """How many messages the next read may take: 1 (BRPOP) on a server without
