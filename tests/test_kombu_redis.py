@@ -193,3 +193,35 @@ def test_a_consumer_takes_queued_messages_in_one_read_each_recorded_as_kombu_doe
             message.ack()
         assert rclient.hlen(UNACKED) == 0 and rclient.zcard(UNACKED_INDEX) == 0
     app.close()
+
+
+def test_with_a_key_prefix_the_consumer_keeps_kombus_brpop(
+    redis_url: str, rclient: redis.Redis
+) -> None:
+    """BLMPOP's keys would miss kombu's prefixing: with `global_keyprefix` (or a server
+    older than Redis 7) the channel reads one message per BRPOP, as kombu does."""
+    rclient.flushdb()
+    app = make_celery(load_settings(redis_url=redis_url))
+    app.conf.broker_transport_options = {
+        **app.conf.broker_transport_options,
+        "global_keyprefix": "pfx:",
+    }
+    queue = "test.prefixed"
+    got: list[Any] = []
+    with app.connection_for_write() as conn:
+        with conn.Producer() as producer:
+            for n in range(2):
+                producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)])
+        rclient.config_resetstat()
+        consumer = conn.Consumer([Queue(queue)], callbacks=[lambda _body, m: got.append(m)])
+        with consumer:
+            for _ in range(2):
+                conn.drain_events(timeout=2)
+        stats = rclient.info("commandstats")
+        assert [m.payload for m in got] == [{"n": 0}, {"n": 1}]
+        assert stats["cmdstat_brpop"]["calls"] == 2 and "cmdstat_blmpop" not in stats
+        assert rclient.hlen(f"pfx:{UNACKED}") == 2
+        for message in got:
+            message.ack()
+        assert rclient.hlen(f"pfx:{UNACKED}") == 0
+    app.close()
