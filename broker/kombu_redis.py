@@ -331,8 +331,8 @@ class Channel(kombu_redis.Channel):
 
     kombu's consumer takes one message per BRPOP, then writes its `unacked` record in a
     second round trip, both on the consumer thread, before it asks for the next: about
-    1,300 no-op tasks a second here however many threads wait (`bench.celery_floor`), so
-    a burst of 256 LLM requests waited about 190 ms in the queue for that alone. On Redis
+    1,300 no-op tasks a second here with 512 threads (`bench.celery_floor`), so the last
+    of a burst of 256 requests waits about 190 ms in the queue for that alone. On Redis
     7 or later this channel asks with BLMPOP for up to `INTAKE_MAX` messages of the first
     non-empty list (the same priority order; never more than the prefetch limit leaves
     room for), writes their records in one pipeline, then delivers them in order. Older
