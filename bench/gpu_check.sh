@@ -15,7 +15,8 @@ PAIRS="${PAIRS:-1 1,2 1,1 2,2 2}"
 LOADS="${LOADS:-16x128@20,256x128@20,64x8@20}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 echo "cores: $(nproc)"
-if [ "${ONLY:-ceiling}" = ceiling ]; then
+ONLY="${ONLY:-}"  # empty: both halves
+if [ "$ONLY" != gpu ]; then
     IFS=, read -ra pairs <<< "$PAIRS"
     for c in "${pairs[@]}"; do
         set -- $c
@@ -26,7 +27,7 @@ if [ "${ONLY:-ceiling}" = ceiling ]; then
             | grep -E "mmq:|direct:|fit over|by process|Error|error|missing" | cut -c1-200
     done
 fi
-if [ "${ONLY:-gpu}" = gpu ]; then
+if [ "$ONLY" != ceiling ]; then
     echo "== bench.gpu"
     timeout "${GPU_S:-300}" bash bench/gpu_remote.sh -- --quick --sections image,tts,llm \
         --set image_requests=32 --set image_steps=20 --set tts_instances=1,2,4 --set tts_jobs=32 \

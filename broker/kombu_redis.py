@@ -288,6 +288,7 @@ class QoS(kombu_redis.QoS):
         """Record these messages in `unacked` as kombu's `append` does, in one pipeline;
         their `append` then only does the in-memory bookkeeping."""
         now = time.time()
+        tags = []
         with self.pipe_or_acquire() as pipe:
             for payload in payloads:
                 properties = payload["properties"]
@@ -296,8 +297,9 @@ class QoS(kombu_redis.QoS):
                 record = kombu_dumps(fields)  # type: ignore[no-untyped-call]
                 pipe.zadd(self.unacked_index_key, {tag: now})
                 pipe.hset(self.unacked_key, tag, record)
+                tags.append(tag)
             pipe.execute()
-        self._noted.update(p["properties"]["delivery_tag"] for p in payloads)
+        self._noted.update(tags)
 
     def append(self, message: Any, delivery_tag: str) -> None:
         if delivery_tag in self._noted:
@@ -341,9 +343,7 @@ class Channel(kombu_redis.Channel):
     QoS = QoS
     _shared_client: Any = None
     _multi_pop: bool | None = None
-    """Whether the server has BLMPOP (Redis 7): asked once, on the first read."""
-    _popping_many = False
-    """Whether the read in flight is a BLMPOP."""
+    """Whether reads are BLMPOPs (Redis 7, no key prefix): decided on the first read."""
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -361,9 +361,7 @@ class Channel(kombu_redis.Channel):
         yield shared
 
     def _brpop_start(self, timeout: float | None = None) -> None:
-        count = self._intake_count()
-        self._popping_many = count > 1
-        if not self._popping_many:
+        if not self._pops_many():
             super()._brpop_start(timeout)  # type: ignore[no-untyped-call]
             return
         queues = self._queue_cycle.consume(len(self.active_queues))
@@ -377,12 +375,14 @@ class Channel(kombu_redis.Channel):
         wait = self.brpop_timeout if timeout is None else timeout
         self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]
+        room = self.qos.can_consume_max_estimate()  # None: no prefetch limit
+        count = INTAKE_MAX if room is None else max(1, min(INTAKE_MAX, room))
         self.client.connection.send_command(
             "BLMPOP", wait or 0, len(lists), *lists, "RIGHT", "COUNT", count
         )
 
     def _brpop_read(self, **options: Any) -> bool:
-        if not self._popping_many:
+        if not self._pops_many():
             return bool(super()._brpop_read(**options))  # type: ignore[no-untyped-call]
         try:
             try:
@@ -407,19 +407,16 @@ class Channel(kombu_redis.Channel):
             if flush_reauth is not None:
                 flush_reauth()
 
-    def _intake_count(self) -> int:
-        """How many messages the next read may take: 1 (BRPOP) on a server without
-        BLMPOP or with a key prefix, else up to the prefetch limit's room."""
+    def _pops_many(self) -> bool:
+        """Whether reads are BLMPOPs: the server has it (Redis 7) and kombu adds no key
+        prefix (BLMPOP's keys would miss it); else kombu's BRPOP. Asked once."""
         if self._multi_pop is None:
             try:
                 major = int(str(self.client.info("server")["redis_version"]).split(".")[0])
             except (redis.RedisError, KeyError, ValueError):
                 major = 0
             self._multi_pop = major >= 7 and not self.global_keyprefix
-        if not self._multi_pop:
-            return 1
-        room = self.qos.can_consume_max_estimate()
-        return max(1, min(INTAKE_MAX, INTAKE_MAX if room is None else room))
+        return self._multi_pop
 
 
 def _text(value: bytes | str) -> str:

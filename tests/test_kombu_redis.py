@@ -154,6 +154,22 @@ def test_a_closed_channel_acks_through_its_client_and_never_raises_attribute_err
     app.close()
 
 
+def _consume(
+    conn: Any, rclient: redis.Redis, queue: str, sent: int, reads: int
+) -> tuple[list[Any], dict[str, Any]]:
+    """Publish `sent` messages ({"n": i}) to `queue`, then let a consumer of `conn` read
+    `reads` times: the messages it got, and Redis's command stats of those reads."""
+    with conn.Producer() as producer:
+        for n in range(sent):
+            producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)])
+    rclient.config_resetstat()
+    got: list[Any] = []
+    with conn.Consumer([Queue(queue)], callbacks=[lambda _body, m: got.append(m)]):
+        for _ in range(reads):
+            conn.drain_events(timeout=2)
+    return got, rclient.info("commandstats")
+
+
 def test_a_consumer_takes_queued_messages_in_one_read_each_recorded_as_kombu_does(
     redis_url: str, rclient: redis.Redis
 ) -> None:
@@ -163,16 +179,8 @@ def test_a_consumer_takes_queued_messages_in_one_read_each_recorded_as_kombu_doe
     rclient.flushdb()
     app = make_celery(load_settings(redis_url=redis_url))
     queue = "test.intake"
-    got: list[Any] = []
     with app.connection_for_write() as conn:
-        with conn.Producer() as producer:
-            for n in range(5):
-                producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)])
-        rclient.config_resetstat()
-        consumer = conn.Consumer([Queue(queue)], callbacks=[lambda _body, m: got.append(m)])
-        with consumer:
-            conn.drain_events(timeout=2)
-        stats = rclient.info("commandstats")
+        got, stats = _consume(conn, rclient, queue, sent=5, reads=1)
         assert [m.payload for m in got] == [{"n": n} for n in range(5)]
         assert stats["cmdstat_blmpop"]["calls"] == 1 and "cmdstat_brpop" not in stats
         records = rclient.hgetall(UNACKED)
@@ -206,18 +214,8 @@ def test_with_a_key_prefix_the_consumer_keeps_kombus_brpop(
         **app.conf.broker_transport_options,
         "global_keyprefix": "pfx:",
     }
-    queue = "test.prefixed"
-    got: list[Any] = []
     with app.connection_for_write() as conn:
-        with conn.Producer() as producer:
-            for n in range(2):
-                producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)])
-        rclient.config_resetstat()
-        consumer = conn.Consumer([Queue(queue)], callbacks=[lambda _body, m: got.append(m)])
-        with consumer:
-            for _ in range(2):
-                conn.drain_events(timeout=2)
-        stats = rclient.info("commandstats")
+        got, stats = _consume(conn, rclient, "test.prefixed", sent=2, reads=2)
         assert [m.payload for m in got] == [{"n": 0}, {"n": 1}]
         assert stats["cmdstat_brpop"]["calls"] == 2 and "cmdstat_blmpop" not in stats
         assert rclient.hlen(f"pfx:{UNACKED}") == 2
