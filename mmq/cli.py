@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -60,20 +61,18 @@ def api(config: ConfigOpt = None, redis: RedisOpt = None) -> None:
     if settings.api.workers == 1:
         uvicorn.run(create_app(settings), host=host, port=port, log_level=level, access_log=False)
         return
-    # Each process builds its app from what this one resolved (the embedded Redis's URL):
-    # uvicorn's worker processes take nothing but the environment.
-    os.environ.update(settings.child_env())
+    # uvicorn's worker processes take nothing but the environment: this process becomes
+    # uvicorn's supervisor with an environment that gives each of them what this one
+    # resolved (the Redis URL, the host name, the config file).
+    env = os.environ | settings.child_env()
     if (path := config_file_path(config)) is not None:
-        os.environ["MMQ_CONFIG_FILE"] = str(Path(path).resolve())
-    uvicorn.run(
-        "api.app:app_from_environment",
-        factory=True,
-        workers=settings.api.workers,
-        host=host,
-        port=port,
-        log_level=level,
-        access_log=False,
-    )
+        env["MMQ_CONFIG_FILE"] = str(Path(path).resolve())
+    argv = [
+        sys.executable, "-m", "uvicorn", "api.app:app_from_environment", "--factory",
+        "--workers", str(settings.api.workers), "--host", host, "--port", str(port),
+        "--log-level", level, "--no-access-log",
+    ]  # fmt: skip
+    os.execve(sys.executable, argv, env)
 
 
 WORKER_PIPELINE_HELP = (
