@@ -43,7 +43,7 @@ MULTIPART_SLACK_BYTES = 1_048_576
 
 def app_from_environment() -> FastAPI:
     """The app of one of several API processes (`api.workers`): its settings come from
-    the environment and the config file that `mmq api` exported for them."""
+    the environment (the Redis URL, host name and config file) that `mmq api` gave them."""
     return create_app(load_settings())
 
 

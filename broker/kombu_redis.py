@@ -259,7 +259,7 @@ class Unacked:
             client = channel.client
             index = client.zrangebyscore(UNACKED_INDEX, "-inf", before, 0, limit, withscores=True)
             for raw_tag, delivered in index:
-                tag = raw_tag.decode() if isinstance(raw_tag, bytes) else str(raw_tag)
+                tag = _text(raw_tag)
                 raw = client.hget(UNACKED, tag)
                 if raw is not None:
                     found.append((tag, job_id_of(json.loads(raw)[0]), float(delivered)))

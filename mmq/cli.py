@@ -52,13 +52,13 @@ HostOpt = Annotated[
 @app.command()
 def api(config: ConfigOpt = None, redis: RedisOpt = None) -> None:
     """Run the HTTP API (uvicorn)."""
-    import uvicorn
-
-    from api.app import create_app
-
     settings = with_redis(command_settings(config, redis))
     host, port, level = settings.api.host, settings.api.port, settings.log_level.lower()
     if settings.api.workers == 1:
+        import uvicorn
+
+        from api.app import create_app
+
         uvicorn.run(create_app(settings), host=host, port=port, log_level=level, access_log=False)
         return
     # uvicorn's worker processes take nothing but the environment: this process becomes
