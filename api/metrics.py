@@ -50,6 +50,8 @@ class Snapshot:
     running: int = 0
     workers: list[tuple[dict[str, str], float]] = field(default_factory=list)
     devices: list[dict[str, str]] = field(default_factory=list)
+    backends: list[dict[str, str]] = field(default_factory=list)
+    """The last readings of each worker's backend (an LLM engine's own gauges)."""
     batches: dict[str, int] = field(default_factory=dict)
     """Active batches by status."""
     batch_lines: dict[str, int] = field(default_factory=dict)
@@ -98,6 +100,8 @@ async def read_snapshot(r: aredis.Redis, settings: Settings) -> Snapshot:
     pipe.zrangebyscore(keys.WORKERS, recent, "+inf", withscores=True)
     pipe.zremrangebyscore(keys.DEVICES, "-inf", now - DEVICE_KEEP_S)
     pipe.zrange(keys.DEVICES, 0, -1)
+    pipe.zremrangebyscore(keys.BACKENDS, "-inf", now - DEVICE_KEEP_S)
+    pipe.zrange(keys.BACKENDS, 0, -1)
     results = iter(await pipe.execute())
     snap.recorded = {metric.name: next(results) for metric in RECORDED}
     snap.depth = {(n, kind, pri): int(next(results)) for n, kind, pri, _ in lists}
@@ -106,18 +110,23 @@ async def read_snapshot(r: aredis.Redis, settings: Settings) -> Snapshot:
     workers: list[tuple[str, float]] = next(results)
     next(results)
     devices: list[str] = next(results)
+    next(results)
+    backends: list[str] = next(results)
     pipe = r.pipeline(transaction=False)
     for name, _ in workers:
         pipe.hgetall(keys.worker(name))
     for device in devices:
         pipe.hgetall(keys.device(device))
+    for worker in backends:
+        pipe.hgetall(keys.backend(worker))
     found = await pipe.execute()
     snap.workers = [
         ({"worker": name, **info}, now - beat)
         for (name, beat), info in zip(workers, found, strict=False)
         if info
     ]
-    snap.devices = [info for info in found[len(workers) :] if info]
+    snap.devices = [info for info in found[len(workers) : len(workers) + len(devices)] if info]
+    snap.backends = [info for info in found[len(workers) + len(devices) :] if info]
     live = {name for name, beat in workers if now - beat <= settings.lease.heartbeat_s * 3}
     snap.models = await read_models(r, live)
     await _read_batches(r, snap)
@@ -255,6 +264,7 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
     yield loaded
     yield from _workers(snap, settings.lease.heartbeat_s * 3)
     yield from _devices(snap.devices)
+    yield from _backends(snap.backends)
 
 
 def _recorded(metric: MetricDef, fields: dict[str, str]) -> Metric:
@@ -333,6 +343,60 @@ def _keys(quotas: list[Quota]) -> Iterable[Metric]:
             cost.add_metric([q.owner, kind], use.used)
             limit.add_metric([q.owner, f"cost.{kind}"], use.limit)
     return [queued, used, running, cost, limit]
+
+
+ENGINE_LABELS = ("pipeline", "worker", "host")
+ENGINE_GAUGES = {
+    "requests_running": ("mmq_engine_requests_running", "Sequences the LLM engine runs now."),
+    "requests_waiting": (
+        "mmq_engine_requests_waiting",
+        "Sequences waiting inside the LLM engine (its own queue, after mmq's admission).",
+    ),
+    "kv_cache_usage": ("mmq_engine_kv_cache_usage_ratio", "Share of the KV cache in use."),
+}
+ENGINE_COUNTERS = {
+    "prefix_cache_queries": (
+        "mmq_engine_prefix_cache_queries",
+        "Prompt tokens looked up in the engine's prefix cache since it started.",
+    ),
+    "prefix_cache_hits": (
+        "mmq_engine_prefix_cache_hits",
+        "Prompt tokens found in the engine's prefix cache since it started.",
+    ),
+    "preemptions": ("mmq_engine_preemptions", "Sequences the engine preempted since it started."),
+}
+
+
+def _backends(readings: list[dict[str, str]]) -> Iterable[Metric]:
+    """An LLM engine's own gauges (vLLM's `/metrics`), by pipeline and worker."""
+    out: list[Metric] = []
+    for field_name, (name, doc) in ENGINE_GAUGES.items():
+        out.append(_reading(GaugeMetricFamily(name, doc, labels=list(ENGINE_LABELS)),
+                            readings, field_name))  # fmt: skip
+    for field_name, (name, doc) in ENGINE_COUNTERS.items():
+        out.append(_reading(CounterMetricFamily(name, doc, labels=list(ENGINE_LABELS)),
+                            readings, field_name))  # fmt: skip
+    ratio = GaugeMetricFamily(
+        "mmq_engine_prefix_cache_hit_ratio",
+        "Share of the prompt tokens looked up since the engine started that its prefix cache "
+        "held (hits / queries).",
+        labels=list(ENGINE_LABELS),
+    )
+    for info in readings:
+        queries = float(info.get("prefix_cache_queries") or 0)
+        if queries > 0:
+            hits = float(info.get("prefix_cache_hits") or 0)
+            ratio.add_metric([info.get(n, "") for n in ENGINE_LABELS], hits / queries)
+    return [*out, ratio]
+
+
+def _reading(
+    family: GaugeMetricFamily | CounterMetricFamily, readings: list[dict[str, str]], field: str
+) -> Metric:
+    for info in readings:
+        if info.get(field):
+            family.add_metric([info.get(n, "") for n in ENGINE_LABELS], float(info[field]))
+    return family
 
 
 def _devices(readings: list[dict[str, str]]) -> Iterable[Metric]:

@@ -264,3 +264,14 @@ DEVICES = f"{PREFIX}:devices"
 def device(host_device: str) -> str:
     """Hash: the last reading of one GPU or MIG slice (utilisation, memory), with a TTL."""
     return f"{PREFIX}:device:{host_device}"
+
+
+BACKENDS = f"{PREFIX}:backends"
+"""Sorted set: the workers whose pipeline's backend has readings (an LLM engine's own
+gauges), scored by time."""
+
+
+def backend(worker: str) -> str:
+    """Hash: the last readings of one worker's backend (`Pipeline.readings`), with its
+    host, worker and pipeline, with a TTL."""
+    return f"{PREFIX}:backend:{worker}"

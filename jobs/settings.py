@@ -422,7 +422,8 @@ class Settings(BaseSettings):
     """Log level of every process."""
     metrics_flush_s: float = Field(default=1.0, gt=0)
     """How often a worker or reaper writes the metrics it added up to Redis (`/metrics`
-    sees a job's end at most this long after it)."""
+    sees a job's end at most this long after it), and how often a worker reads its GPU and
+    its LLM engine's own gauges for `/metrics`."""
     redis: RedisSettings = Field(default_factory=RedisSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)

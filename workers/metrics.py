@@ -1,5 +1,6 @@
 """A worker process's readings of its GPU or MIG slice through NVML (utilisation, memory),
-written to Redis every `interval_s` for the API's `/metrics`. Job ends and batches are
+and of its pipelines' backends (an LLM engine's own gauges: `Pipeline.readings`), written
+to Redis every `interval_s` for the API's `/metrics`. Job ends and batches are
 counted in the store's `MetricsTally` (`jobstore/store.py`, `workers/process.py`). Metrics
 never stop a worker: errors are logged and dropped.
 """
@@ -9,17 +10,56 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import redis
+from redis.typing import EncodableT, FieldT
 
 from host.devices import Usage, read_usage
 from jobs import keys
 from jobstore.codec import time_seconds
+from pipelines.base import Pipeline
 
 log = logging.getLogger(__name__)
 
 Reader = Callable[[str], Usage | None]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A pipeline of this process whose backend has readings (`Pipeline.readings`)."""
+
+    worker: str
+    pipeline: str
+    readings: Callable[[], dict[str, float]]
+
+
+def has_readings(pipeline: Pipeline[Any, Any]) -> bool:
+    """Whether the pipeline's class says anything of its backend (`Pipeline.readings`)."""
+    return type(pipeline).readings is not Pipeline.readings
+
+
+def write_readings(
+    client: redis.Redis, host: str, backend: Backend, values: dict[str, float], ttl_s: int
+) -> None:
+    """Store one backend's readings; they expire after `ttl_s` (a gone worker's drop out)."""
+    readings: dict[FieldT, EncodableT] = {name: repr(v) for name, v in values.items()}
+    pipe = client.pipeline(transaction=False)
+    pipe.delete(keys.backend(backend.worker))
+    pipe.hset(
+        keys.backend(backend.worker),
+        mapping={
+            "host": host,
+            "worker": backend.worker,
+            "pipeline": backend.pipeline,
+            **readings,
+        },
+    )
+    pipe.expire(keys.backend(backend.worker), ttl_s)
+    pipe.zadd(keys.BACKENDS, {backend.worker: time_seconds(client.time())})
+    pipe.execute()
 
 
 def write_usage(client: redis.Redis, host: str, usage: Usage, ttl_s: int) -> None:
@@ -53,9 +93,11 @@ class WorkerMetrics:
         interval_s: float = 5.0,
         read: Reader = read_usage,
         host: str | None = None,
+        backends: Sequence[Backend] = (),
     ) -> None:
         self.r = client
         self.device = device
+        self.backends = list(backends)
         self.interval_s = interval_s
         self.read = read
         self.host = host or socket.gethostname()
@@ -70,11 +112,23 @@ class WorkerMetrics:
         write_usage(self.r, self.host, usage, ttl_s=int(self.interval_s * 3) + 1)
         return True
 
+    def sample_backends(self) -> None:
+        """Read each backend and store what it says."""
+        ttl_s = int(self.interval_s * 3) + 1
+        for backend in self.backends:
+            values = backend.readings()
+            if values:
+                write_readings(self.r, self.host, backend, values, ttl_s)
+
+    @property
+    def _on_gpu(self) -> bool:
+        return self.device.startswith(("gpu:", "mig:"))
+
     def start(self) -> None:
-        """Sample the device in a thread, where it is a GPU or MIG slice."""
-        if not self.device.startswith(("gpu:", "mig:")):
+        """Sample the device (a GPU or MIG slice) and the backends in a thread."""
+        if not self._on_gpu and not self.backends:
             return
-        self._thread = threading.Thread(target=self._loop, name="gpu-metrics", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="worker-metrics", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -83,11 +137,15 @@ class WorkerMetrics:
             self._thread.join(self.interval_s + 1)
 
     def _loop(self) -> None:
+        gpu = self._on_gpu
         while not self._stop.is_set():
             try:
-                if not self.sample_once():
+                if gpu and not self.sample_once():
                     log.warning("no NVML reading of %s: GPU metrics off here", self.device)
-                    return
+                    gpu = False
+                self.sample_backends()
             except redis.RedisError as exc:
-                log.warning("GPU reading not stored: %s", exc)
+                log.warning("readings not stored: %s", exc)
+            if not gpu and not self.backends:
+                return
             self._stop.wait(self.interval_s)

@@ -46,7 +46,7 @@ from workers.events import EventWriter
 from workers.jobfiles import JobFiles
 from workers.jobrunner import JobRunner
 from workers.leases import LeaseKeeper
-from workers.metrics import WorkerMetrics
+from workers.metrics import Backend, WorkerMetrics, has_readings
 from workers.residency import OnDemand, Resident, residency_for
 
 log = logging.getLogger(__name__)
@@ -255,7 +255,14 @@ def run_worker(settings: Settings, pipelines: Sequence[str], instance: int = 0) 
         options = {**app.conf.broker_transport_options, "queue_order_strategy": "round_robin"}
         app.conf.broker_transport_options = options
     store = JobStore.connect(settings, on_event=webhook_sender(app), metered=True)
-    metrics = WorkerMetrics(store.r, built[0].config.device, host=settings.host_name)
+    backends = [Backend(names[p.name], p.name, p.readings) for p in built if has_readings(p)]
+    metrics = WorkerMetrics(
+        store.r,
+        built[0].config.device,
+        host=settings.host_name,
+        interval_s=settings.metrics_flush_s,
+        backends=backends,
+    )
 
     def exit_process() -> None:
         """A warm shutdown, as on SIGTERM: the worker ends, its supervisor starts another."""

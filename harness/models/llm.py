@@ -2,7 +2,8 @@
 `save_pretrained`, so that `transformers serve` and `vllm serve` load it like any model
 directory.
 
-- `tiny` (tests, CPU): 2 layers of 64, a BPE of 512 tokens trained on a few sentences.
+- `tiny` (tests, CPU): 2 layers of 128 (2 heads of 64, the smallest head vLLM's CPU
+  attention takes, and 1 KV head), a BPE of 512 tokens trained on a few sentences.
 - `tiny-llama3-vocab` (tests): the tiny model with `llama3-8b`'s tokenizer and output
   layer, to check them on a CPU.
 - `llama3-8b` (GPUs): Llama-3-8B's shape (32 layers of 4096, GQA 32/8, 128256 tokens),
@@ -57,7 +58,7 @@ class LlmShape:
 
 
 SHAPES = {
-    "tiny": LlmShape(512, 64, 128, 2, 4, 2, 4096, "float32"),
+    "tiny": LlmShape(512, 128, 256, 2, 2, 1, 4096, "float32"),
     "tiny-llama3-vocab": LlmShape(128256, 64, 128, 2, 4, 2, 4096, "float32", 500000.0),
     "llama3-8b": LlmShape(128256, 4096, 14336, 32, 32, 8, 8192, "bfloat16", 500000.0),
 }

@@ -56,13 +56,13 @@ def build_tiny_vlm(path: Path) -> Path:
         patch_size=PATCH,
         projection_dim=32,
     )
-    text = LlamaConfig(
+    text = LlamaConfig(  # the tiny Llama's shape (harness.models.llm): heads of 64
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=128,
+        intermediate_size=256,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
         max_position_embeddings=4096,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

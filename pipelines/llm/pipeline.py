@@ -16,11 +16,14 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
+
 from jobs.schemas.llm import LlmInput, LlmOptions
 from jobs.settings import PipelineConfig, Settings, on_gpu
 from pipelines.base import BackendLost, EngineKnobs, Request, SimplePipeline
 from pipelines.llm.choices import Choices, merge_partials
 from pipelines.llm.client import Delta, EngineClient, EngineLost, request_body
+from pipelines.llm.gauges import engine_readings
 from pipelines.llm.images import inline_images
 from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
 from pipelines.llm.sizing import GIB
@@ -30,6 +33,8 @@ log = logging.getLogger(__name__)
 
 MONITOR_INTERVAL_S = 0.5
 MAX_RESTART_BACKOFF_S = 30.0
+READINGS_TIMEOUT_S = 2.0
+"""How long a read of the engine's `/metrics` may take."""
 ENGINE_EXIT_GRACE_S = 2.0
 """How long a broken stream waits to see whether the engine process exited."""
 
@@ -47,6 +52,7 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         self._ready_lock = threading.Lock()
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._watch, name="engine-monitor", daemon=True)
+        self._no_engine_metrics = False
 
     @property
     def spec(self) -> EngineSpec:
@@ -104,6 +110,21 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         self._ready.set()
         self._watch_engine()
         return False
+
+    def readings(self) -> dict[str, float]:
+        """The engine's own gauges from its `/metrics` (`pipelines.llm.gauges`); nothing
+        while it is down or asleep, or where it serves no `/metrics` (`transformers serve`:
+        asked once)."""
+        server = self.server
+        if server is None or not self._ready.is_set() or self._no_engine_metrics:
+            return {}
+        try:
+            r = httpx.get(f"{server.base_url}/metrics", timeout=READINGS_TIMEOUT_S)
+        except httpx.HTTPError:
+            return {}
+        if r.status_code == 404:
+            self._no_engine_metrics = True
+        return engine_readings(r.text) if r.status_code == 200 else {}
 
     def _watch_engine(self) -> None:
         """Restart the engine whenever it dies, from now until `_unwatch_engine`."""

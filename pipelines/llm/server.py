@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from common.procs import die_with_parent, free_port
+from common.procs import die_with_parent, free_port, signal_group
 from pipelines.llm.command import EngineSpec, engine_command, engine_size
 from pipelines.llm.sizing import EngineSize
 from pipelines.llm.startup import (
@@ -203,13 +204,18 @@ class EngineServer:
         self.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the engine and every process it started. vLLM's engine core and model
+        workers outlive a server process that was killed (SIGKILL, out of memory) and hold
+        their memory; they are in its process group (its own session), which goes whole."""
         process, self.process = self.process, None
         self.asleep = False
-        if process is None or process.poll() is not None:
+        if process is None:
             return
-        process.terminate()
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        signal_group(process, signal.SIGKILL)
