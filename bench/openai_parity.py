@@ -3,7 +3,7 @@ OpenAI-parity issue, sent with the official `openai` client.
 
     python -m bench.openai_parity [--out bench/results/openai_parity.json]
 
-It builds the test models (no hub), starts a private deployment with four `llm`
+It builds the test models (no hub), starts a private deployment with five `llm`
 pipelines and sends each request to each:
 
 - `chat`: the tiny Llama on `transformers serve` (a chat template without tools, no
@@ -11,9 +11,10 @@ pipelines and sends each request to each:
 - `tools`: a tiny Qwen2 on `transformers serve` that always calls `get_weather`
   (`harness.models.tool_caller`);
 - `vision`: a tiny LLaVA on `transformers serve` (`harness.models.vision`);
-- `vllm-wire`: `bench.synthetic_engine` declared as vLLM (`engine_features`), to show
-  what is carried to an engine that honours everything (its answers are made up: the
-  cell shows what mmq relays, not what vLLM would generate).
+- `vllm-chat` and `vllm-tools`: the same two models on the real vLLM (its CPU build, from
+  the environment `make install` builds; `hermes` parses the tool caller's calls).
+  tests/test_llm_wire.py keeps the synthetic engine's check that every field reaches an
+  engine exactly as sent.
 
 Each cell is the HTTP status and what came back (tool calls, choices, log probabilities,
 or the error's `param` and message). It prints the table and writes JSON.
@@ -25,33 +26,29 @@ import argparse
 import base64
 import io
 import json
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
-import httpx
 import openai
 from PIL import Image
 from rich.console import Console
 from rich.table import Table
 
 from bench.common import run_meta
-from common.procs import free_port
 from harness.client import new_owner
 from harness.deploy import private_deployment, wait_until
 from harness.kinds import llm_toml
 from harness.models.llm import build_tiny_llm
 from harness.models.tool_caller import build_tool_caller
 from harness.models.vision import build_tiny_vlm
-from jobs.schemas.llm import Feature
 
 console = Console(width=160)
 DEFAULT_OUT = Path("bench/results/openai_parity.json")
-PIPELINES = ("chat", "tools", "vision", "vllm-wire")
+PIPELINES = ("chat", "tools", "vision", "vllm-chat", "vllm-tools")
 WEATHER: Any = {
     "type": "function",
     "function": {
@@ -138,12 +135,23 @@ def _describe(answer: Any) -> str:
         )
     if len(answer.choices) > 1:
         parts.append(f"{len(answer.choices)} choices")
+    content = answer.choices[0].message.content or ""
+    if content.startswith("{"):  # structured output: what came back, and whether it parses
+        parts.append(f"content {content} ({'parses' if _parses(content) else 'not JSON'})")
     logprobs = answer.choices[0].logprobs
     if logprobs is not None and logprobs.content:
         parts.append(f"logprobs on {len(logprobs.content)} tokens")
     if answer.usage is not None:
         parts.append(f"prompt {answer.usage.prompt_tokens} tokens")
     return ", ".join(parts)
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def ask(send: Callable[[openai.OpenAI, str], str], client: openai.OpenAI, model: str) -> str:
@@ -155,16 +163,16 @@ def ask(send: Callable[[openai.OpenAI, str], str], client: openai.OpenAI, model:
         return f"{exc.status_code} {param}: {message.removeprefix(f'{param}: ')}"
 
 
-def config(models: dict[str, Path], port: int) -> str:
+def config(models: dict[str, Path]) -> str:
     transformers = {"engine": "transformers", "max_inflight": 2, "startup_timeout_s": 300}
-    wire = {
-        "engine": "url", "engine_url": f"http://127.0.0.1:{port}", "max_inflight": 8,
-        "engine_features": list(get_args(Feature)), "takes_images": True,
-    }  # fmt: skip
+    vllm = {"engine": "vllm", "max_inflight": 4, "startup_timeout_s": 600}
     tables = [
         llm_toml(name, str(models[name]), transformers) for name in ("chat", "tools", "vision")
     ]
-    return "".join(tables) + llm_toml("vllm-wire", "synthetic", wire)
+    tables.append(llm_toml("vllm-chat", str(models["chat"]), vllm))
+    tools = vllm | {"tool_call_parser": "hermes"}
+    tables.append(llm_toml("vllm-tools", str(models["tools"]), tools))
+    return "".join(tables)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,16 +186,11 @@ def main(argv: list[str] | None = None) -> int:
             "tools": build_tool_caller(tmp / "tools"),
             "vision": build_tiny_vlm(tmp / "vision"),
         }
-        port = free_port()
         env = {"HF_HUB_OFFLINE": "1"}
-        dep = stack.enter_context(private_deployment(config(models, port), env, []))
-        engine = dep.launch(
-            "engine", [sys.executable, "-m", "bench.synthetic_engine", "--port", str(port)]
-        )
-        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/health"), engine, timeout_s=30)
-        for name in PIPELINES:  # an engine may take minutes to start on a busy machine
-            worker = dep.spawn(f"worker-{name}", "worker", "--pipeline", name)
-            wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=300)
+        dep = stack.enter_context(private_deployment(config(models), env, []))
+        workers = [dep.spawn(f"worker-{name}", "worker", "--pipeline", name) for name in PIPELINES]
+        for worker in workers:  # an engine may take minutes to start on a busy machine
+            wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=600)
         api = new_owner(dep.redis_url, dep.base_url, f"parity{time.monotonic_ns()}")
         client = openai.OpenAI(base_url=f"{dep.base_url}/v1", api_key=api.key, max_retries=0)
         rows = {
@@ -204,13 +207,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps({"meta": run_meta(), "rows": rows}, indent=2) + "\n")
     console.print(f"wrote {args.out}")
     return 0
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def pipeline_for(settings: Settings, kind: str, model: str | None) -> str:
 
 
 def _names(name: str, config: PipelineConfig) -> set[str]:
-    names = {name, *config.aliases}
+    names = {name, *config.aliases, *config.adapters()}
     if config.model:
         names.add(config.model)
     return names

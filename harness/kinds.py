@@ -58,12 +58,19 @@ KIND_NAMES = ("llm", "image", "asr", "tts")
 def llm_toml(name: str, model: str, options: dict[str, Any], **pipeline: Any) -> str:
     """A `[pipelines.NAME]` table of the `llm` kind on `model`, with `pipeline`'s keys and
     its `options` (values written as JSON, which TOML reads the same for strings, numbers,
-    booleans and lists)."""
+    booleans and lists; tables inline)."""
     lines = [f"[pipelines.{name}]", 'kind = "llm"', 'impl = "pipelines.llm:LlmPipeline"']
-    lines += [f"{key} = {json.dumps(value)}" for key, value in {"model": model, **pipeline}.items()]
+    lines += [f"{key} = {_toml(value)}" for key, value in {"model": model, **pipeline}.items()]
     lines += ["", f"[pipelines.{name}.options]"]
-    lines += [f"{key} = {json.dumps(value)}" for key, value in options.items()]
+    lines += [f"{key} = {_toml(value)}" for key, value in options.items()]
     return "\n" + "\n".join(lines) + "\n"
+
+
+def _toml(value: Any) -> str:
+    """A value as TOML: JSON's spelling, but a table inline (`{"k" = v}`)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
 
 
 def pipeline_toml(kind: str, models: dict[str, Path], extra: str = "") -> str:

@@ -381,6 +381,12 @@ class PipelineConfig(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     """Pipeline-specific options."""
 
+    def adapters(self) -> dict[str, str]:
+        """The LoRA adapters it serves beside its model, name -> directory (an LLM
+        pipeline's `options.lora_modules`): names a request's `model` may use too."""
+        adapters = self.options.get("lora_modules")
+        return {str(k): str(v) for k, v in adapters.items()} if isinstance(adapters, dict) else {}
+
     def options_as(self, model: type[OptionsT]) -> OptionsT:
         """`options` validated as `model` (the pipeline's own options class)."""
         return model.model_validate(self.options)

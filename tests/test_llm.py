@@ -25,12 +25,17 @@ from harness.client import Api, new_owner
 from harness.deploy import Deployment, Proc, flush, live_in_group, serving, wait_until
 from harness.kinds import llm_toml
 from harness.metrics import JOB_HISTOGRAMS, check_job_counted, scrape, value
-from harness.models.llm import cached_tiny_llm
+from harness.models.llm import cached_tiny_llm, tiny_llm_claiming
 from jobs.schemas.llm import LlmOptions
 from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
 
 LONG_THRESHOLD = 60
 MAX_QUEUED = 10
+LONG_CONTEXT = 32768
+LONG = 30000
+"""A job that runs until it is stopped: 30,000 tokens take vLLM 20 s here."""
+ON_DEMAND = {"residency": "on_demand", "idle_unload_s": 3, "min_loaded_s": 0, "memory_gb": 2}
+"""`llm-od`: its engine starts for a job and stops once idle."""
 ENGINES: dict[str, dict[str, Any]] = {
     "transformers": {"engine": "transformers"},
     # --enforce-eager: no torch.compile warm-up, which is most of a start on two cores.
@@ -47,10 +52,15 @@ def engine(request: pytest.FixtureRequest) -> str:
 def llm_dep(
     engine: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Deployment]:
-    model = str(cached_tiny_llm(tmp_path_factory))
+    # The tiny model with room for sequences that run long enough, on vLLM too, to be
+    # canceled, cut off or killed mid-stream (tokens come every ~0.6 ms there).
+    model = str(tiny_llm_claiming(cached_tiny_llm(tmp_path_factory),
+                                  tmp_path_factory.mktemp("long-llm"), LONG_CONTEXT))  # fmt: skip
     flush(redis_url)
-    env = {"HF_HUB_OFFLINE": "1", "MMQ_LEASE__TTL_S": "3", "MMQ_LEASE__HEARTBEAT_S": "0.5"}
-    env["MMQ_QUEUE__MAX_QUEUED"] = str(MAX_QUEUED)
+    # Leases of 10 s (the default): vLLM and mmq share two cores here, and a busy engine
+    # has held up every other process for seconds at a time.
+    env = {"HF_HUB_OFFLINE": "1", "MMQ_LEASE__TTL_S": "10", "MMQ_LEASE__HEARTBEAT_S": "1"}
+    env |= {"MMQ_QUEUE__MAX_QUEUED": str(MAX_QUEUED), "MMQ_LIMITS__LLM_MAX_TOKENS": str(LONG)}
     dep = Deployment(redis_url, tmp_path_factory.mktemp(f"llm-{engine}"), env_overrides=env)
     common = ENGINES[engine] | {"startup_timeout_s": 240}
     short = common | {
@@ -58,11 +68,15 @@ def llm_dep(
     }  # fmt: skip
     extra = llm_toml("llm", model, short, aliases=["tiny-chat"])
     extra += llm_toml("llm-long", model, common | {"max_inflight": 1})
+    extra += llm_toml("llm-od", model, common | {"max_inflight": 2}, **ON_DEMAND)
     dep.config_path.write_text(dep.config_path.read_text() + extra)
     with serving(dep):
         dep.start_api()
         dep.start_reaper()
-        workers = [dep.spawn(f"worker-{n}", "worker", "--pipeline", n) for n in ("llm", "llm-long")]
+        workers = [
+            dep.spawn(f"worker-{n}", "worker", "--pipeline", n)
+            for n in ("llm", "llm-long", "llm-od")
+        ]
         for worker in workers:
             wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=300)
         yield dep
@@ -145,7 +159,7 @@ def test_the_cache_is_per_owner(llm_dep: Deployment, api: Api) -> None:
 def test_long_prompts_run_on_their_own_engine_and_short_ones_never_wait(api: Api) -> None:
     long_text = "The quick brown fox jumps over the lazy dog. " * 30
     longs = [
-        api.submit("llm", **_chat(long_text + str(i), max_tokens=3000, cache=False))
+        api.submit("llm", **_chat(long_text + str(i), max_tokens=LONG, cache=False))
         for i in range(2)
     ]
     short = api.submit("llm", **_chat("Short one", max_tokens=4, cache=False))
@@ -179,7 +193,7 @@ def test_at_most_max_inflight_sequences_run_at_once(api: Api) -> None:
 
 
 def test_cancel_stops_the_generation(api: Api) -> None:
-    job = api.submit("llm", **_chat("Cancel me", max_tokens=3000, cache=False))
+    job = api.submit("llm", **_chat("Cancel me", max_tokens=LONG, cache=False))
     _wait_for_a_token(api, job["id"])
     assert api.http.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
     ended = api.wait(job["id"], 60)
@@ -188,38 +202,57 @@ def test_cancel_stops_the_generation(api: Api) -> None:
     assert after["status"] == "succeeded"
 
 
-def _running(dep: Deployment, pipeline: str = "llm") -> float:
-    """The engine's own count of the sequences it runs, through mmq's `/metrics`."""
-    return value(scrape(dep), "mmq_engine_requests_running", pipeline=pipeline)
+def _engine(dep: Deployment, reading: str) -> float:
+    """The engine's own count (`running`, `generated`), through mmq's `/metrics`."""
+    name = {
+        "running": "mmq_engine_requests_running",
+        "generated": "mmq_engine_generation_tokens_total",
+    }
+    return value(scrape(dep), name[reading], pipeline="llm")
 
 
 def test_a_cancel_and_a_client_that_goes_away_abort_the_sequence_in_the_engine(
     llm_dep: Deployment, api: Api, engine: str
 ) -> None:
+    """Each sequence would run for LONG tokens; once its job is canceled (or its client has
+    gone) the engine runs nothing, having generated far fewer: it was aborted."""
     if engine != "vllm":
         pytest.skip("transformers serve reports nothing of itself (no /metrics)")
-    job = api.submit("llm", **_chat("Abort me", max_tokens=3000, cache=False))
+    wait_until(lambda: _engine(llm_dep, "running") == 0, timeout_s=60)
+    generated = _engine(llm_dep, "generated")
+    job = api.submit("llm", **_chat("Abort me", max_tokens=LONG, cache=False))
     _wait_for_a_token(api, job["id"])
-    wait_until(lambda: _running(llm_dep) == 1, timeout_s=30)
+    wait_until(lambda: _engine(llm_dep, "running") == 1, timeout_s=60)
     assert api.http.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
-    wait_until(lambda: _running(llm_dep) == 0, timeout_s=30)
+    wait_until(lambda: _engine(llm_dep, "running") == 0, timeout_s=60)
     assert api.wait(job["id"], 30)["status"] == "canceled"
+    assert 0 < _engine(llm_dep, "generated") - generated < LONG
 
-    body = {"model": "llm", "max_tokens": 3000, "stream": True, "cache": False}
+    generated = _engine(llm_dep, "generated")
+    body = {"model": "llm", "max_tokens": LONG, "stream": True, "cache": False}
     body["messages"] = [{"role": "user", "content": "Leave me"}]
     with api.http.stream("POST", "/v1/chat/completions", json=body, timeout=60) as response:
         assert response.status_code == 200
-        next(line for line in response.iter_lines() if line.startswith("data: "))
         left = response.headers["X-Job-Id"]
-        wait_until(lambda: _running(llm_dep) == 1, timeout_s=30)
+        chunks = (line for line in response.iter_lines() if '"content"' in line)
+        for _ in range(3):  # the engine is generating it
+            next(chunks)
     # The client went away: its job is canceled and the sequence aborted.
     assert api.wait(left, 60)["status"] == "canceled"
-    wait_until(lambda: _running(llm_dep) == 0, timeout_s=30)
+    wait_until(lambda: _engine(llm_dep, "running") == 0, timeout_s=60)
+    assert 0 < _engine(llm_dep, "generated") - generated < LONG
 
 
-def test_stop_ends_the_answer_before_its_string_streamed_and_whole(oai: openai.OpenAI) -> None:
+def test_stop_ends_the_answer_before_its_string_streamed_and_whole(
+    oai: openai.OpenAI, engine: str
+) -> None:
     messages: Any = [{"role": "user", "content": "Stop somewhere"}]
     plain = {"model": "llm", "messages": messages, "max_tokens": 24, "temperature": 0}
+    if engine == "transformers":  # its continuous batching runs through a stop string
+        with pytest.raises(openai.UnprocessableEntityError) as refused:
+            oai.chat.completions.create(**plain, stop=["x"])
+        assert refused.value.body["param"] == "stop"  # type: ignore[index]
+        return
     text = oai.chat.completions.create(**plain, extra_body={"cache": False})
     full = text.choices[0].message.content or ""
     # A stop string of plain letters that first occurs after the answer's start.
@@ -239,29 +272,36 @@ def test_priorities_and_429_are_decided_before_the_engine(llm_dep: Deployment, a
     """Three sequences fill the engine (max_inflight = 3); what waits is mmq's to order: a
     high-priority job sent last starts before the low ones, and past the queue's limit
     (MAX_QUEUED) a submit gets 429 with Retry-After."""
-    blockers = [
-        api.submit("llm", **_chat(f"Block {i}", max_tokens=3000, cache=False)) for i in range(3)
-    ]
-    for job in blockers:
-        _wait_for_a_token(api, job["id"])
-    lows = [
-        api.submit("llm", "low", **_chat(f"Low {i}", max_tokens=4, cache=False)) for i in range(3)
-    ]
-    high = api.submit("llm", "high", **_chat("High", max_tokens=4, cache=False))
-    room = MAX_QUEUED - len(lows) - 1
-    more = [api.http.post("/v1/jobs", json={"kind": "llm", "input": _chat(f"More {i}")})
-            for i in range(room + 1)]  # fmt: skip
-    assert [r.status_code for r in more] == [202] * room + [429], [r.text for r in more]
-    assert int(more[-1].headers["Retry-After"]) > 0
-    for r in more[:room]:
-        api.http.post(f"/v1/jobs/{r.json()['id']}/cancel")
-    api.http.post(f"/v1/jobs/{blockers[0]['id']}/cancel")
-    done_high = api.wait(high["id"], 120)
-    done_lows = [api.wait(j["id"], 120) for j in lows]
-    for job in blockers[1:]:
-        api.http.post(f"/v1/jobs/{job['id']}/cancel")
-    assert done_high["status"] == "succeeded"
-    assert all(_at(done_high["started_at"]) <= _at(j["started_at"]) for j in done_lows)
+    sent: list[str] = []
+    try:
+        blockers = [
+            api.submit("llm", **_chat(f"Block {i}", max_tokens=LONG, cache=False)) for i in range(3)
+        ]
+        sent += [j["id"] for j in blockers]
+        for job in blockers:
+            _wait_for_a_token(api, job["id"])
+        lows = [
+            api.submit("llm", "low", **_chat(f"Low {i}", max_tokens=4, cache=False))
+            for i in range(3)
+        ]
+        high = api.submit("llm", "high", **_chat("High", max_tokens=4, cache=False))
+        sent += [j["id"] for j in (*lows, high)]
+        room = MAX_QUEUED - len(lows) - 1
+        more = [api.http.post("/v1/jobs", json={"kind": "llm", "input": _chat(f"More {i}")})
+                for i in range(room + 1)]  # fmt: skip
+        sent += [r.json()["id"] for r in more if r.status_code == 202]
+        assert [r.status_code for r in more] == [202] * room + [429], [r.text for r in more]
+        assert int(more[-1].headers["Retry-After"]) > 0
+        for r in more[:room]:
+            api.http.post(f"/v1/jobs/{r.json()['id']}/cancel")
+        api.http.post(f"/v1/jobs/{blockers[0]['id']}/cancel")
+        done_high = api.wait(high["id"], 120)
+        done_lows = [api.wait(j["id"], 120) for j in lows]
+        assert done_high["status"] == "succeeded"
+        assert all(_at(done_high["started_at"]) <= _at(j["started_at"]) for j in done_lows)
+    finally:  # nothing of this test left to hold the engine or the queue
+        for job_id in sent:
+            api.http.post(f"/v1/jobs/{job_id}/cancel")
 
 
 @pytest.mark.parametrize(
@@ -362,12 +402,16 @@ def test_openai_errors_name_the_field(oai: openai.OpenAI, engine: str) -> None:
     assert bad_model.value.body["param"] == "model"  # type: ignore[index]
 
 
-def _engine_pid(worker: Proc) -> int:
+def _children(worker: Proc) -> list[int]:
     out = subprocess.run(
         ["pgrep", "-P", str(worker.process.pid)], capture_output=True, text=True, check=False
     )
-    pids = [int(p) for p in out.stdout.split()]
-    assert len(pids) == 1, out
+    return [int(p) for p in out.stdout.split()]
+
+
+def _engine_pid(worker: Proc) -> int:
+    pids = _children(worker)
+    assert len(pids) == 1, pids
     return pids[0]
 
 
@@ -390,7 +434,7 @@ def test_a_worker_killed_mid_stream_leaves_no_engine_and_its_job_runs_again(
     llm_dep: Deployment, api: Api
 ) -> None:
     worker = next(p for p in llm_dep.procs if p.name.startswith("worker-llm-long"))
-    job = api.submit("llm", **_chat("y " * LONG_THRESHOLD * 2, max_tokens=3000, cache=False))
+    job = api.submit("llm", **_chat("y " * LONG_THRESHOLD * 2, max_tokens=LONG, cache=False))
     _wait_for_a_token(api, job["id"])
     engine = _engine_pid(worker)
     worker.kill()
@@ -406,6 +450,26 @@ def test_a_worker_killed_mid_stream_leaves_no_engine_and_its_job_runs_again(
     api.http.post(f"/v1/jobs/{job['id']}/cancel")  # no need to see all 3000 tokens again
     ended = api.wait(job["id"], 60)
     assert ended["status"] in ("canceled", "succeeded") and ended["attempts"] == 2, ended
+
+
+def test_an_on_demand_engine_starts_for_a_job_stops_when_idle_and_starts_again(
+    llm_dep: Deployment, api: Api
+) -> None:
+    worker = next(p for p in llm_dep.procs if p.name == "worker-llm-od")
+    wait_until(lambda: _children(worker) == [], worker, timeout_s=60)  # cold: no engine yet
+
+    def ask(text: str) -> dict[str, Any]:
+        job = api.submit("llm", model="llm-od", **_chat(text, max_tokens=4, cache=False))
+        return api.wait(job["id"], 300)
+
+    first = ask("Wake up")
+    assert first["status"] == "succeeded" and first["timings"]["load_ms"] > 0, first
+    engine = _engine_pid(worker)
+    # Idle for idle_unload_s: the engine is stopped, everything it started with it.
+    wait_until(lambda: _children(worker) == [] and live_in_group(engine) == [], timeout_s=60)
+    again = ask("Once more")
+    assert again["status"] == "succeeded" and again["timings"]["load_ms"] > 0, again
+    assert _engine_pid(worker) != engine
 
 
 def test_an_engine_that_cannot_start_fails_with_its_log(tmp_path: Path) -> None:

@@ -1,20 +1,22 @@
-"""What today's OpenAI clients send, through mmq with the official client, against real
-engine processes:
+"""What today's OpenAI clients send, through mmq with the official client, on each engine
+mmq starts, `transformers serve` and the real vLLM (its CPU build), each once per module:
 
-- tool calling end to end on `transformers serve` with a model that calls a tool
-  (`harness.models.tool_caller`): `tool_calls` in the answer, as streamed deltas,
-  in the job's output and partial events, and a conversation with the call and its
+- tool calling end to end with a model that calls a tool (`harness.models.tool_caller`;
+  vLLM parses its calls with its `hermes` parser): `tool_calls` in the answer, as streamed
+  deltas, in the job's output and partial events, and a conversation with the call and its
   result sent back;
-- what only vLLM honours (`tool_choice`, `parallel_tool_calls`, `response_format`,
-  `logprobs`, `n`, `presence_penalty`) reaches the engine as the client sent it: shown on
-  `bench.synthetic_engine`, which records what it receives and writes vLLM's wire format
-  for `n` and `logprobs`, so that mmq's relay of several choices and of log
-  probabilities is checked too (the engine makes up their values: it is not a stand-in
-  for vLLM's behaviour);
-- image parts reach a vision-language model on `transformers serve`
-  (`harness.models.vision`) as data URLs and as stored file keys, and a model that
-  takes none refuses them by name;
-- the response cache keys on `response_format`.
+- structured output (`response_format`: `json_object` and a strict `json_schema`), log
+  probabilities, several choices (`n`) and `presence_penalty`: vLLM honours each (the
+  answer parses and matches its schema), `transformers serve` would drop them, so mmq
+  refuses them by name;
+- what vLLM is chosen for: its prefix cache (hits read through mmq's `/metrics`), and LoRA
+  adapters per request (random-weight adapters, `harness.models.lora`);
+- image parts reach a vision-language model (`harness.models.vision`) on `transformers
+  serve` as data URLs and as stored file keys, and a model that takes none refuses them by
+  name. vLLM's CPU build cannot read them here (`NO_VISION_ON_VLLM_CPU`).
+
+`tests/test_llm_wire.py` checks what only the synthetic engine can: every field reaching
+the engine exactly as sent.
 """
 
 from __future__ import annotations
@@ -22,26 +24,47 @@ from __future__ import annotations
 import base64
 import io
 import json
-import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-import httpx
+import jsonschema
 import openai
 import pytest
 from PIL import Image
 
-from common.procs import free_port
 from common.sse import parse_lines
 from harness.client import Api, new_owner
 from harness.deploy import Deployment, flush, serving, wait_until
 from harness.kinds import llm_toml
-from harness.models.tool_caller import ARGUMENTS, TOOL, cached_tool_caller
+from harness.metrics import scrape, value
+from harness.models.llm import cached_tiny_llm
+from harness.models.lora import cached_lora
+from harness.models.tool_caller import (
+    ARGUMENTS,
+    JSON_ANSWER,
+    JSON_SCHEMA,
+    TOOL,
+    cached_tool_caller,
+)
 from harness.models.vision import IMAGE_TOKENS, cached_tiny_vlm
 
-TRANSFORMERS = {"engine": "transformers", "max_inflight": 2, "startup_timeout_s": 180}
-VLLM_FEATURES = ["tools", "tool_choice", "response_format", "logprobs", "n", "presence_penalty"]
+ENGINES: dict[str, dict[str, Any]] = {
+    "transformers": {"engine": "transformers", "max_inflight": 2, "startup_timeout_s": 240},
+    # --enforce-eager: no torch.compile warm-up, which is most of a start on two cores.
+    "vllm": {
+        "engine": "vllm", "max_inflight": 4, "startup_timeout_s": 240,
+        "extra_args": ["--enforce-eager"],
+    },
+}  # fmt: skip
+NO_VISION_ON_VLLM_CPU = (
+    "vLLM's CPU build reads image parts with transformers' image processors, which import "
+    "torchvision; PyPI's torchvision for torch 2.13 links CUDA and does not load beside the "
+    "CPU torch, and the CPU wheel is on PyTorch's own index, which this machine and CI do "
+    "not reach"
+)
+ADAPTERS = ("tiny-lora", "tiny-lora-2")
 WEATHER: Any = {
     "type": "function",
     "function": {
@@ -57,66 +80,59 @@ WEATHER: Any = {
 ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-class Engines:
-    def __init__(self, dep: Deployment, wire_url: str) -> None:
+class Features:
+    def __init__(self, dep: Deployment, base_model: Path) -> None:
         self.dep = dep
-        self.wire_url = wire_url
+        self.base_model = base_model
 
-    def received(self, marker: str) -> list[dict[str, Any]]:
-        """The bodies the synthetic engine received whose messages or prompt hold
-        `marker`."""
-        got = httpx.get(f"{self.wire_url}/requests", timeout=5).json()
-        return [r["body"] for r in got if marker in json.dumps(r["body"])]
+
+@pytest.fixture(scope="module", params=list(ENGINES))
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def engines(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
-    model = cached_tool_caller(tmp_path_factory)
-    vlm = cached_tiny_vlm(tmp_path_factory)
+def features(
+    engine: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Features]:
+    caller = str(cached_tool_caller(tmp_path_factory))
+    base = cached_tiny_llm(tmp_path_factory)
     flush(redis_url)
-    port = free_port()
     env = {"HF_HUB_OFFLINE": "1", "MMQ_LEASE__TTL_S": "3", "MMQ_LEASE__HEARTBEAT_S": "0.5"}
-    dep = Deployment(redis_url, tmp_path_factory.mktemp("features"), env_overrides=env)
-    wire = {"engine": "url", "engine_url": f"http://127.0.0.1:{port}", "max_inflight": 8}
-    extra = (
-        llm_toml("tools", str(model), TRANSFORMERS, aliases=["tool-caller"])
-        + llm_toml("vision", str(vlm), TRANSFORMERS)
-        + llm_toml("wire", "synthetic", wire | {"engine_features": VLLM_FEATURES})
-    )
+    dep = Deployment(redis_url, tmp_path_factory.mktemp(f"features-{engine}"), env_overrides=env)
+    options = ENGINES[engine]
+    pipelines = ["tools", "base"]
+    if engine == "vllm":
+        tools = options | {"tool_call_parser": "hermes"}
+        adapters = {
+            name: str(cached_lora(tmp_path_factory, base, seed))
+            for seed, name in enumerate(ADAPTERS)
+        }
+        extra = llm_toml("tools", caller, tools, aliases=["tool-caller"])
+        extra += llm_toml("base", str(base), options | {"lora_modules": adapters})
+    else:
+        vlm = str(cached_tiny_vlm(tmp_path_factory))
+        extra = llm_toml("tools", caller, options, aliases=["tool-caller"])
+        extra += llm_toml("base", str(base), options) + llm_toml("vision", vlm, options)
+        pipelines.append("vision")
     dep.config_path.write_text(dep.config_path.read_text() + extra)
     with serving(dep):
-        engine = dep.launch(
-            "engine",
-            [sys.executable, "-m", "bench.synthetic_engine", "--port", str(port),
-             "--step-ms", "5"],
-        )  # fmt: skip
-        wire_url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _answers(f"{wire_url}/health"), engine, timeout_s=30)
         dep.start_api()
         dep.start_reaper()
-        workers = [
-            dep.spawn(f"worker-{n}", "worker", "--pipeline", n) for n in ("tools", "vision", "wire")
-        ]
+        workers = [dep.spawn(f"worker-{n}", "worker", "--pipeline", n) for n in pipelines]
         for worker in workers:
-            wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=240)
-        yield Engines(dep, wire_url)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+            wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=300)
+        yield Features(dep, base)
 
 
 @pytest.fixture
-def api(engines: Engines) -> Api:
-    return new_owner(engines.dep.redis_url, engines.dep.base_url, f"feat{time.monotonic_ns()}")
+def api(features: Features) -> Api:
+    return new_owner(features.dep.redis_url, features.dep.base_url, f"feat{time.monotonic_ns()}")
 
 
 @pytest.fixture
-def oai(engines: Engines, api: Api) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{engines.dep.base_url}/v1", api_key=api.key, max_retries=0)
+def oai(features: Features, api: Api) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{features.dep.base_url}/v1", api_key=api.key, max_retries=0)
 
 
 def test_a_tool_call_comes_back_whole_streamed_and_in_the_job(oai: openai.OpenAI, api: Api) -> None:
@@ -147,9 +163,12 @@ def test_a_tool_call_comes_back_whole_streamed_and_in_the_job(oai: openai.OpenAI
         )
     )
     deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
-    assert len(deltas) == 1 and deltas[0].index == 0
-    assert deltas[0].function is not None and deltas[0].function.name == TOOL
-    assert json.loads(deltas[0].function.arguments or "") == ARGUMENTS
+    # One call, in one delta or in several (vLLM: its name, then its arguments), which a
+    # client puts together by index.
+    assert {d.index for d in deltas} == {0} and deltas[0].id
+    assert [d.function.name for d in deltas if d.function and d.function.name] == [TOOL]
+    arguments = "".join(d.function.arguments or "" for d in deltas if d.function)
+    assert json.loads(arguments) == ARGUMENTS
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
 
 
@@ -174,90 +193,141 @@ def test_a_conversation_with_the_call_and_its_result_is_carried(oai: openai.Open
     assert second.choices[0].finish_reason == "tool_calls"
 
 
-def test_what_the_engine_can_honour_reaches_it_as_sent(
-    oai: openai.OpenAI, engines: Engines
-) -> None:
-    marker = f"carried-{time.monotonic_ns()}"
-    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
-    response_format: Any = {
+def test_structured_output_parses_and_matches_its_schema(oai: openai.OpenAI, engine: str) -> None:
+    strict: Any = {
         "type": "json_schema",
-        "json_schema": {"name": "place", "schema": schema, "strict": True},
+        "json_schema": {"name": "answer", "schema": JSON_SCHEMA, "strict": True},
     }
-    tool_choice: Any = {"type": "function", "function": {"name": TOOL}}
-    oai.chat.completions.create(
-        model="wire", messages=[{"role": "user", "content": marker}], max_tokens=3,
-        tools=[WEATHER], tool_choice=tool_choice, parallel_tool_calls=False,
-        response_format=response_format, logprobs=True, top_logprobs=2, n=2,
-        presence_penalty=0.5,
-    )  # fmt: skip
-    [body] = engines.received(marker)
-    assert body["tools"] == [WEATHER]
-    assert body["tool_choice"] == tool_choice
-    assert body["parallel_tool_calls"] is False
-    assert body["response_format"] == response_format
-    assert body["logprobs"] is True and body["top_logprobs"] == 2
-    assert body["n"] == 2 and body["presence_penalty"] == 0.5
-
-    prompt = f"completion-{marker}"
-    oai.completions.create(model="wire", prompt=prompt, max_tokens=2, logprobs=3)
-    [body] = engines.received(prompt)
-    assert body["logprobs"] == 3  # the completions API's top-token count
+    if engine == "transformers":  # it would drop it without a word
+        with pytest.raises(openai.UnprocessableEntityError) as refused:
+            oai.chat.completions.create(model="tool-caller", messages=ASK, response_format=strict)
+        assert refused.value.body["param"] == "response_format"  # type: ignore[index]
+        return
+    plain = oai.chat.completions.create(model="tool-caller", messages=ASK, max_tokens=16)
+    assert "<tool_call>" in (plain.choices[0].message.content or "")  # its first choice
+    as_object: Any = {"type": "json_object"}
+    for response_format in (as_object, strict):
+        answer = oai.chat.completions.create(
+            model="tool-caller", messages=ASK, max_tokens=16, response_format=response_format
+        )
+        parsed = json.loads(answer.choices[0].message.content or "")
+        jsonschema.validate(parsed, JSON_SCHEMA)
+        assert parsed == json.loads(JSON_ANSWER) and answer.choices[0].finish_reason == "stop"
 
 
-def test_several_choices_and_log_probabilities_stream_and_answer_whole(
-    oai: openai.OpenAI,
-) -> None:
-    kw: Any = {"model": "wire", "messages": [{"role": "user", "content": "Count."}]}
-    whole = oai.chat.completions.create(**kw, max_tokens=4, n=2, logprobs=True, top_logprobs=1)
-    assert [c.index for c in whole.choices] == [0, 1]
-    for choice in whole.choices:
-        assert choice.message.content == " tok" * 4 and choice.finish_reason == "length"
-        assert choice.logprobs is not None and choice.logprobs.content is not None
-        assert [e.token for e in choice.logprobs.content] == [" tok"] * 4
-        assert all(len(e.top_logprobs) == 1 for e in choice.logprobs.content)
-    assert whole.usage is not None and whole.usage.completion_tokens == 8
+def test_log_probabilities_choices_and_presence_penalty(oai: openai.OpenAI, engine: str) -> None:
+    ask: Any = {"model": "base", "messages": [{"role": "user", "content": "Say something"}]}
+    ask |= {"max_tokens": 24, "temperature": 0, "extra_body": {"cache": False}}
+    if engine == "transformers":  # each would be dropped: refused by name
+        sent: list[tuple[dict[str, Any], str]] = [
+            ({"logprobs": True}, "logprobs"), ({"n": 2}, "n"),
+            ({"presence_penalty": 1.5}, "presence_penalty"),
+        ]  # fmt: skip
+        for extra, param in sent:
+            with pytest.raises(openai.UnprocessableEntityError) as refused:
+                oai.chat.completions.create(**ask, **extra)
+            assert refused.value.body["param"] == param  # type: ignore[index]
+        return
+    whole = oai.chat.completions.create(**ask, logprobs=True, top_logprobs=2)
+    assert whole.choices[0].logprobs is not None
+    entries = whole.choices[0].logprobs.content or []
+    assert len(entries) == 24 and all(len(e.top_logprobs) == 2 for e in entries)
+    # Greedy: each chosen token is the likeliest of its alternatives.
+    assert all(e.logprob == pytest.approx(e.top_logprobs[0].logprob) for e in entries)
 
-    stream = oai.chat.completions.create(
-        **kw, max_tokens=4, n=2, logprobs=True, stream=True, extra_body={"cache": False}
-    )
-    texts: dict[int, str] = {0: "", 1: ""}
-    tokens: dict[int, int] = {0: 0, 1: 0}
-    roles: list[int] = []
-    finish: dict[int, str | None] = {}
-    for chunk in stream:
-        for choice in chunk.choices:
-            texts[choice.index] += choice.delta.content or ""
-            if choice.delta.role:
-                roles.append(choice.index)
-            if choice.logprobs is not None and choice.logprobs.content:
-                tokens[choice.index] += len(choice.logprobs.content)
-            if choice.finish_reason:
-                finish[choice.index] = choice.finish_reason
-    assert texts == {0: " tok" * 4, 1: " tok" * 4}
-    assert tokens == {0: 4, 1: 4} and sorted(roles) == [0, 1]
-    assert finish == {0: "length", 1: "length"}
+    with pytest.raises(openai.UnprocessableEntityError) as greedy:  # vLLM's rule, said first
+        oai.chat.completions.create(**ask, n=2)
+    assert greedy.value.body["param"] == "n"  # type: ignore[index]
+    sampled = ask | {"temperature": 1.0, "seed": 7}
+    two = oai.chat.completions.create(**sampled, n=2, logprobs=True)
+    assert [c.index for c in two.choices] == [0, 1]
+    assert two.usage is not None and two.usage.completion_tokens == 48
+    assert all(len(c.logprobs.content or []) == 24 for c in two.choices if c.logprobs)
+    counted: dict[int, int] = {}
+    finish: dict[int, str] = {}
+    for chunk in oai.chat.completions.create(**sampled, n=2, logprobs=True, stream=True):
+        for c in chunk.choices:
+            got = len(c.logprobs.content or []) if c.logprobs is not None else 0
+            counted[c.index] = counted.get(c.index, 0) + got
+            if c.finish_reason:
+                finish[c.index] = c.finish_reason
+    assert counted == {0: 24, 1: 24} and finish == {0: "length", 1: "length"}
 
-    done = oai.completions.create(model="wire", prompt="Count.", max_tokens=3, logprobs=1)
+    done = oai.completions.create(model="base", prompt="Once upon", max_tokens=5, logprobs=2,
+                                  temperature=0, extra_body={"cache": False})  # fmt: skip
     logprobs = done.choices[0].logprobs
-    assert logprobs is not None and logprobs.tokens == [" tok"] * 3
-    assert logprobs.token_logprobs is not None and len(logprobs.token_logprobs) == 3
+    assert logprobs is not None and logprobs.top_logprobs is not None
+    # Up to two alternatives a token (fewer where two tokens read the same, as two halves
+    # of UTF-8 characters do: the dict keeps one).
+    assert len(logprobs.top_logprobs) == 5 and all(1 <= len(t) <= 2 for t in logprobs.top_logprobs)
+
+    # A strong presence penalty changes a greedy answer that repeats its tokens.
+    penalized = oai.chat.completions.create(**ask, presence_penalty=2.0)
+    assert penalized.choices[0].message.content != whole.choices[0].message.content
 
 
-def test_the_response_cache_keys_on_response_format(
-    oai: openai.OpenAI, engines: Engines, api: Api
+def _prefix_cache(dep: Deployment) -> tuple[float, float]:
+    samples = scrape(dep)
+    queries = value(samples, "mmq_engine_prefix_cache_queries_total", pipeline="base")
+    return queries, value(samples, "mmq_engine_prefix_cache_hits_total", pipeline="base")
+
+
+def test_a_shared_prefix_is_read_from_vllms_prefix_cache(
+    features: Features, oai: openai.OpenAI, engine: str
 ) -> None:
-    marker = f"cache-{time.monotonic_ns()}"
-    kw: Any = {
-        "model": "wire", "messages": [{"role": "user", "content": marker}],
-        "max_tokens": 2, "temperature": 0,
-    }  # fmt: skip
-    as_json: Any = {"type": "json_object"}
-    first = oai.chat.completions.with_raw_response.create(**kw, response_format=as_json)
-    plain = oai.chat.completions.with_raw_response.create(**kw)
-    again = oai.chat.completions.with_raw_response.create(**kw, response_format=as_json)
-    outputs = [api.get(r.headers["x-job-id"])["output"] for r in (first, plain, again)]
-    assert [o["cached"] for o in outputs] == [False, False, True]
-    assert len(engines.received(marker)) == 2
+    """Four prompts of about 2,000 tokens each (of the 4,096 the engine takes): with nothing
+    in common the prefix cache holds none of them; sharing all but their last words, the
+    three after the first are mostly read from it. Read through mmq's `/metrics`, which
+    shows the engine's own counts."""
+    if engine != "vllm":
+        pytest.skip("transformers serve has no prefix cache to read")
+
+    def hit_ratio(prompts: list[str]) -> float:
+        before = _prefix_cache(features.dep)
+        for prompt in prompts:
+            oai.completions.create(model="base", prompt=prompt, max_tokens=1,
+                                   extra_body={"cache": False})  # fmt: skip
+        looked_up = len(prompts) * 1000  # at least: each prompt is over 1,000 tokens
+        wait_until(lambda: _prefix_cache(features.dep)[0] - before[0] >= looked_up, timeout_s=30)
+        after = _prefix_cache(features.dep)
+        return (after[1] - before[1]) / (after[0] - before[0])
+
+    stamp = time.monotonic_ns()
+    apart = hit_ratio([" ".join(f"{i}w{stamp}y{k}" for k in range(100)) for i in range(4)])
+    shared = " ".join(f"fact{stamp}n{k}" for k in range(100))
+    together = hit_ratio([f"{shared} question {i}" for i in range(4)])
+    assert apart < 0.1 and together > 0.3, (apart, together)
+    assert value(scrape(features.dep), "mmq_engine_prefix_cache_hit_ratio", pipeline="base") > 0
+
+
+def test_a_lora_adapter_answers_the_requests_that_name_it(
+    features: Features, oai: openai.OpenAI, engine: str
+) -> None:
+    if engine != "vllm":
+        pytest.skip("transformers serve takes no adapters (lora_modules is refused there)")
+    ask: Any = {"messages": [{"role": "user", "content": "Who are you?"}], "max_tokens": 16}
+    ask |= {"temperature": 0}
+
+    def answer(model: str, cache: bool = False) -> str:
+        done = oai.chat.completions.create(model=model, **ask, extra_body={"cache": cache})
+        assert done.model == model
+        return done.choices[0].message.content or ""
+
+    base = answer("base", cache=True)
+    adapted = answer(ADAPTERS[0])
+    assert adapted != base and answer(ADAPTERS[0]) == adapted  # its own, every time
+    assert answer(ADAPTERS[1]) not in (adapted, base)
+    assert answer(ADAPTERS[0], cache=True) == adapted  # never the base's cached answer
+
+    models = {m.id: m for m in oai.models.list()}
+    for name in ADAPTERS:
+        assert models[name].model_extra == {
+            "kind": "llm", "pipeline": "base", "parent": str(features.base_model),
+        }  # fmt: skip
+    with pytest.raises(openai.UnprocessableEntityError) as unknown:
+        answer("tiny-lora-9")
+    assert unknown.value.body["param"] == "model"  # type: ignore[index]
+    assert "'tiny-lora-9'" in unknown.value.body["message"]  # type: ignore[index]
 
 
 def _png(side: int = 40) -> bytes:
@@ -275,7 +345,11 @@ def _look(url: str) -> Any:
     return [{"role": "user", "content": parts}]
 
 
-def test_images_reach_a_vision_model_inline_and_by_file_key(oai: openai.OpenAI, api: Api) -> None:
+def test_images_reach_a_vision_model_inline_and_by_file_key(
+    oai: openai.OpenAI, api: Api, engine: str
+) -> None:
+    if engine == "vllm":
+        pytest.skip(NO_VISION_ON_VLLM_CPU)
     text_only = oai.chat.completions.create(
         model="vision", messages=[{"role": "user", "content": "What is it?"}], max_tokens=2
     )
@@ -299,12 +373,19 @@ def test_images_reach_a_vision_model_inline_and_by_file_key(oai: openai.OpenAI, 
     assert "not a png, jpeg, gif or webp image" in failed["error"]["message"]
 
 
-def test_images_are_refused_by_name_where_they_cannot_be_read(oai: openai.OpenAI) -> None:
+def test_a_text_model_refuses_image_parts_by_name(oai: openai.OpenAI) -> None:
     data_url = "data:image/png;base64," + base64.b64encode(_png()).decode()
     with pytest.raises(openai.UnprocessableEntityError) as text_model:
         oai.chat.completions.create(model="tool-caller", messages=_look(data_url))
     assert text_model.value.body["param"] == "messages.0.content.1.image_url.url"  # type: ignore[index]
     assert "takes no images" in text_model.value.body["message"]  # type: ignore[index]
+
+
+def test_images_a_vision_model_cannot_read_are_refused_by_name(
+    oai: openai.OpenAI, engine: str
+) -> None:
+    if engine == "vllm":
+        pytest.skip(NO_VISION_ON_VLLM_CPU)
     with pytest.raises(openai.UnprocessableEntityError) as not_png:
         oai.chat.completions.create(model="vision", messages=_look("data:text/plain;base64,aGk="))
     assert "data:image/(png|jpeg|gif|webp)" in not_png.value.body["message"]  # type: ignore[index]

@@ -204,3 +204,26 @@ def test_an_engine_capped_by_memory_gb_runs_fewer_sequences_and_answers(
         assert "sequences cut to 27 (from 48)" in server.size.describe()
     finally:
         server.stop()
+
+
+def test_a_machine_without_vllm_is_told_what_to_install_or_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No CPU environment, no `vllm` on the PATH: the start fails with what to do (the
+    worker records it for /readyz and `mmq up`), before any process starts; a GPU device
+    is never served by the CPU build."""
+    from pipelines.llm import command
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no `vllm` of the machine's
+    options = LlmOptions(engine="vllm")
+    gpu = EngineServer(EngineSpec("big", "some/model", "gpu:0", options, tmp_path))
+    with pytest.raises(EngineStartError, match=r"^vLLM is not installed here for gpu:0: set "):
+        gpu.start()
+    assert gpu.process is None
+
+    monkeypatch.setattr(command, "VLLM_CPU_ENV", tmp_path / "no-such-env")
+    cpu = EngineServer(EngineSpec("small", "some/model", "cpu", options, tmp_path))
+    with pytest.raises(EngineStartError) as info:
+        cpu.start()
+    assert "`make install` builds its CPU environment in" in info.value.summary
+    assert "options.engine_bin" in info.value.summary and cpu.process is None

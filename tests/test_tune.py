@@ -17,6 +17,7 @@ import redis
 
 from harness.client import Api
 from harness.deploy import REPO, Deployment
+from harness.models.llm import cached_tiny_llm
 from harness.slo import Slo, SloError, check_kind, parse_slo
 from host.launcher import mmq_command
 from jobs import keys
@@ -296,6 +297,70 @@ def test_a_short_real_tune_of_a_shipped_pipeline_writes_a_valid_config(
         assert _written(config, pipeline, knob) == 0  # valid: the settings load it
     # Either way, the shipped config with every-core threads (what a win writes) loads.
     assert _written(_shipped_with(tmp_path / "out", pipeline, {knob: 0}), pipeline, knob) == 0
+
+
+VLLM_TUNE = """\
+[pipelines.llm]
+kind = "llm"
+impl = "pipelines.llm:LlmPipeline"
+model = {model}
+
+[pipelines.llm.options]
+engine = "vllm"
+max_inflight = 8
+max_num_seqs = 2              # the knobs to tune
+max_num_batched_tokens = 256
+extra_args = ["--enforce-eager"]
+"""
+
+
+def test_a_vllm_tune_restarts_the_engine_for_each_point_and_picks_from_its_table(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """max_num_seqs x max_num_batched_tokens on the real vLLM, as teams tune it: each point a
+    fresh engine, waited for until it answers (never a fixed timeout), measured under the
+    SLO; the winner, if one is called, is the table's best, and it is what is written."""
+    model = cached_tiny_llm(tmp_path_factory)
+    config = tmp_path / "mmq.toml"
+    config.write_text(VLLM_TUNE.format(model=json.dumps(str(model))))
+    before = config.read_text()
+    done = _tune(
+        tmp_path, "llm", "--config", "mmq.toml", "--slo", "p95=30s",
+        "--knob", "options.max_num_seqs=2,8", "--knob", "options.max_num_batched_tokens=256,1024",
+        "--fix", "options.max_inflight=8", "--concurrency", "8", "--requests", "16",
+        "--warmup", "1", "--repeats", "1", "--out", "out", "--write", timeout_s=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "out" / "tune.json").read_text())
+    points = sorted(
+        (c["knobs"]["options.max_num_seqs"], c["knobs"]["options.max_num_batched_tokens"])
+        for c in result["candidates"]
+    )
+    assert points == [(2, 256), (2, 1024), (8, 256), (8, 1024)]
+    assert all(c["failed"] is None for c in result["candidates"]), result["candidates"]
+    logs = (tmp_path / "out" / "logs").glob("*.log")  # the tune keeps its processes' logs
+    starts = [
+        line for log in logs for line in log.read_text().splitlines()
+        if "engine llm: starting" in line and "vllm.entrypoints.openai.api_server" in line
+    ]  # fmt: skip
+    engine_args = sorted(
+        (int(line.split("--max-num-seqs ")[1].split()[0]),
+         int(line.split("--max-num-batched-tokens ")[1].split()[0])) for line in starts
+    )  # fmt: skip
+    assert engine_args == points  # one engine started for each point, with its knobs
+    by_knobs = {json.dumps(c["knobs"], sort_keys=True): c for c in result["candidates"]}
+    top = max(c["goodput_median"] for c in result["candidates"])
+    best = by_knobs[json.dumps(result["best"], sort_keys=True)]
+    assert best["goodput_median"] == top  # its best is its table's
+    print(f"vLLM tune: {result['verdict']}; winner {result['winner']}")
+    if result["winner"] is None:  # within the noise of the config's own: nothing written
+        assert config.read_text() == before, result["verdict"]
+    else:
+        assert result["winner"] == result["best"], result["verdict"]
+        options = load_settings(config).pipelines["llm"].options
+        knobs = result["winner"]
+        assert options["max_num_seqs"] == knobs["options.max_num_seqs"]
+        assert options["max_num_batched_tokens"] == knobs["options.max_num_batched_tokens"]
 
 
 def test_record_writes_accepted_jobs_as_a_workload_that_replays(

@@ -7,6 +7,7 @@ import asyncio
 import datetime
 import os
 import platform
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -157,6 +158,7 @@ def run(args: TuneArgs, console: Console) -> int:
         with TuneDeployment(raw, args.pipeline, workdir) as deployment:
             inputs = _uploaded(deployment, workload)
             outcome = _search(p, deployment, inputs, console)
+        _keep_logs(workdir, out / "logs")
     report.print_all(console, outcome, p.slos)
     _save(p, outcome, out, console)
     return 0 if outcome.best is not None else 1
@@ -287,6 +289,16 @@ def _save(p: Plan, outcome: Outcome, out: Path, console: Console) -> None:
             report.diff(old, new, path) or "no change to the config", highlight=False, markup=False
         )
         console.print("(--write applies it)")
+
+
+def _keep_logs(workdir: Path, logs: Path) -> None:
+    """The processes' logs, and each engine's (an LLM candidate's: its command line and
+    start), from the work directory that is about to go."""
+    found = [*workdir.glob("*.log"), *(workdir / "data" / "engine-logs").glob("*.log")]
+    if found:
+        logs.mkdir(parents=True, exist_ok=True)
+    for log in found:
+        shutil.copyfile(log, logs / log.name)
 
 
 def _stamp() -> str:

@@ -24,7 +24,7 @@ import annotated_types
 from pydantic.fields import FieldInfo
 
 from jobs.schemas import OPTIONS_MODELS
-from jobs.settings import PipelineConfig
+from jobs.settings import PipelineConfig, on_gpu
 
 Value = int | float
 Candidate = dict[str, Value]
@@ -50,7 +50,8 @@ VLLM_SPACE: dict[str, list[Value]] = {
     "options.max_num_batched_tokens": [2048, 8192],
     "options.gpu_memory_utilization": [0.85, 0.92],
 }
-"""Added to the LLM space where the engine is vLLM."""
+"""Added to the LLM space where the engine is vLLM (on a GPU; on the CPU, where its
+cache is sized from memory, without `gpu_memory_utilization`): each point restarts it."""
 
 
 class KnobError(ValueError):
@@ -113,6 +114,8 @@ def build_space(
     }
     if kind == "llm" and str(config.options.get("engine", "")) == "vllm":
         knobs.update({name: list(values) for name, values in VLLM_SPACE.items()})
+        if not on_gpu(config.device):  # vLLM's CPU build sizes its cache from mmq's sizing
+            del knobs["options.gpu_memory_utilization"]
     for name, values in widen.items():
         check_knob(kind, config, name)
         knobs[name] = sorted({_typed(name, v, knob_field(kind, name)) for v in values})

@@ -59,10 +59,11 @@ async def create_completion(
 
 @router.get("/models")
 async def list_models(owner: Owner, settings: SettingsDep) -> dict[str, Any]:
-    """Every model the deployment serves, all kinds: pipeline names, models, aliases."""
+    """Every model the deployment serves, all kinds: pipeline names, models, aliases,
+    LoRA adapters."""
     seen: dict[str, dict[str, Any]] = {}
     for name, config in settings.enabled_pipelines.items():
-        for model_id in (name, config.model, *config.aliases):
+        for model_id in (name, config.model, *config.aliases, *config.adapters()):
             if model_id and model_id not in seen:
                 seen[model_id] = {
                     "id": model_id,
@@ -72,6 +73,8 @@ async def list_models(owner: Owner, settings: SettingsDep) -> dict[str, Any]:
                     "kind": config.kind,
                     "pipeline": name,
                 }
+                if model_id in config.adapters():  # a LoRA adapter, as vLLM lists one
+                    seen[model_id]["parent"] = config.model
     return {"object": "list", "data": list(seen.values())}
 
 

@@ -10,10 +10,12 @@ directory.
   bfloat16 (16 GB); the tokenizer is made up (`harness.models.bpe`) with Llama 3's
   vocabulary size. `layers` makes a shallower model of the same width for a smaller GPU.
 
-Generation never ends early, so every request decodes exactly `max_tokens`: the tiny
-model has no end token in its generation config, and the large one's output layer gives
-the end token (and every byte that could be half of a UTF-8 character) a zero row, which
-a greedy decoder over 128k random logits never picks.
+Generation never ends early, so every request decodes exactly `max_tokens`: the tokenizer
+names no end token (`</s>` is only a special token of its vocabulary) and neither do the
+model's configs, so no engine stops on one (vLLM stops on the tokenizer's end token, which
+a random model writes sooner or later); the large one's output layer also gives every byte
+that could be half of a UTF-8 character a zero row, which a greedy decoder over 128k random
+logits never picks.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def build_llm(
         max_position_embeddings=shape.max_positions,
         rope_theta=shape.rope_theta,  # type: ignore[call-arg]  # read from kwargs
         bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_id=None,
         pad_token_id=tokenizer.pad_token_id,
     )
     dtype = getattr(torch, shape.dtype)
@@ -128,7 +130,7 @@ def _tokenizer(vocab: int, max_length: int) -> Any:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         bos_token="<s>",
-        eos_token="</s>",
+        eos_token=None,  # see the module's docstring
         pad_token="<pad>",
         model_max_length=max_length,
     )

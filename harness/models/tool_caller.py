@@ -13,6 +13,10 @@ prompt, so every answer is the same call, then the end token:
 The call's JSON is one added token, so no token repeats on the chain. The tokenizer is
 byte-level (every text encodes), and the chat template renders tools, assistant turns
 with `tool_calls` and `tool` turns the way Qwen2.5's does.
+
+Its second choice after the generation prompt, half as likely, is `JSON_ANSWER`, one added
+token, then the end: what it answers where an engine's structured output (vLLM's
+`response_format`) rules the call out, so that a JSON answer parses and ends.
 """
 
 from __future__ import annotations
@@ -33,6 +37,14 @@ CALL_JSON = json.dumps({"name": TOOL, "arguments": ARGUMENTS})
 IM_START, IM_END, END = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 CHAIN = ["<tool_call>", CALL_JSON, "</tool_call>", IM_END]
 """What the model writes after the generation prompt's last token (a newline)."""
+JSON_ANSWER = '{"ok": true}'
+"""Its answer where the call is not allowed (a JSON object of the `JSON_SCHEMA`)."""
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
 
 CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n# Tools\n<tools>\n"
@@ -63,7 +75,8 @@ def build_tool_caller(path: Path) -> Path:
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     bpe.decoder = decoders.ByteLevel()
     bpe.add_special_tokens([AddedToken(t, special=True) for t in (IM_START, IM_END, END)])
-    bpe.add_tokens([AddedToken(t, special=False, normalized=False) for t in CHAIN[:3]])
+    plain = [*CHAIN[:3], JSON_ANSWER]
+    bpe.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])
     tokenizer: Any = PreTrainedTokenizerFast(
         tokenizer_object=bpe, eos_token=IM_END, pad_token=END, model_max_length=4096
     )
@@ -102,6 +115,7 @@ def build_tool_caller(path: Path) -> Path:
         for token, then in follows.items():
             head[:, token] = 0.0
             head[then, token] = 1.0
+        head[ids(JSON_ANSWER), newline] = 0.5  # second to the call
         model.lm_head.weight.copy_(head * 100.0)  # sampled at any temperature
     model.generation_config.eos_token_id = end
     model.save_pretrained(path)

@@ -18,7 +18,14 @@ from jobs.settings import Limits, PipelineConfig, Settings
 from jobs.tokens import count_tokens
 
 Feature = Literal[
-    "tools", "tool_choice", "response_format", "logprobs", "n", "presence_penalty", "images"
+    "tools",
+    "tool_choice",
+    "response_format",
+    "logprobs",
+    "n",
+    "presence_penalty",
+    "images",
+    "stop",
 ]
 """What an engine may honour beyond plain text generation. A request that needs one its
 pipeline's engine lacks is refused by name (422) at submit, never sent to an engine that
@@ -32,8 +39,10 @@ ENGINE_FEATURES: dict[str, frozenset[Feature]] = {
     # `presence_penalty` with a log line (`UNUSED_CHAT_COMPLETION_FIELDS`). It reads image
     # parts for a vision-language model, and drops them for another (so does mmq's check:
     # `takes_images`).
+    # It maps `stop` to `stop_strings`, which its continuous batching does not apply: an
+    # answer runs through the stop string to max_tokens.
     "transformers": frozenset({"tools", "images"}),
-    "url": frozenset(),
+    "url": frozenset({"stop"}),
 }
 """What each engine honours, in one place: `LlmOptions.engine_features` overrides it (an
 engine at a URL declares what it is)."""
@@ -46,6 +55,7 @@ FEATURE_NAMES: dict[Feature, str] = {
     "n": "several choices (n > 1)",
     "presence_penalty": "presence_penalty",
     "images": "image parts",
+    "stop": "stop sequences",
 }
 
 
@@ -228,9 +238,10 @@ class LlmOptions(BaseModel):
     default: `vllm` / `transformers` beside this Python, else on PATH."""
     engine_features: list[Feature] | None = None
     """What the engine honours beyond plain text (`tools`, `tool_choice`,
-    `response_format`, `logprobs`, `n`, `presence_penalty`); a request that needs another
-    is refused with a 422 naming the field. Default: the engine's own (`ENGINE_FEATURES`:
-    vLLM all of them, `transformers serve` tools); an engine at a URL declares its own.
+    `response_format`, `logprobs`, `n`, `presence_penalty`, `images`, `stop`); a request
+    that needs another is refused with a 422 naming the field. Default: the engine's own
+    (`ENGINE_FEATURES`: vLLM all of them, `transformers serve` tools and images); an engine
+    at a URL declares its own (default: `stop`).
     """
     takes_tools: bool | None = None
     """Whether the model sees `tools`; unset: its chat template renders them (read where
@@ -245,6 +256,16 @@ class LlmOptions(BaseModel):
     error that the client gets as a 422."""
     served_model_name: str | None = None
     """The model name the engine answers to; default: the pipeline's `model`."""
+    lora_modules: dict[str, str] = Field(default_factory=dict)
+    """LoRA adapters served beside the model, name -> directory (PEFT's
+    `adapter_config.json` and weights): vLLM's `--lora-modules NAME=PATH`, with
+    `--enable-lora`. A request names an adapter as its `model` (vLLM's convention) and is
+    answered by it; `GET /v1/models` lists each with the pipeline's model as its `parent`.
+    vLLM only (an engine at a URL: the names it serves)."""
+    max_lora_rank: int = Field(default=16, ge=1, le=512)
+    """The largest rank of the adapters (vLLM's `--max-lora-rank`)."""
+    max_loras: int | None = Field(default=None, ge=1)
+    """Adapters in one engine step (vLLM's `--max-loras`); default: vLLM's own."""
     max_inflight: int = Field(default=48, ge=1, le=4096)
     """Sequences the worker feeds the engine at once (its admission limit); the rest wait
     in the queue (priorities, 429). The engine is sized for this many (see
@@ -299,9 +320,14 @@ class LlmOptions(BaseModel):
     loopback port). Unset: on for vLLM on a GPU when on demand."""
 
     @model_validator(mode="after")
-    def _sleeps_on_vllm(self) -> LlmOptions:
+    def _vllm_only(self) -> LlmOptions:
         if self.sleep_mode and self.engine != "vllm":
             raise ValueError("sleep_mode is vLLM's: it needs engine = 'vllm'")
+        if self.lora_modules and self.engine == "transformers":
+            raise ValueError(
+                "lora_modules needs engine = 'vllm' (or 'url', an engine that serves them): "
+                "transformers serve takes no adapters"
+            )
         return self
 
 
@@ -368,6 +394,8 @@ class LlmInput(JobInput, ChatFeatures):
             needed["presence_penalty"] = "presence_penalty"
         for field, _ in self.image_urls():
             needed.setdefault(field, "images")
+        if self.stop:
+            needed["stop"] = "stop"
         return needed
 
     def image_urls(self) -> list[tuple[str, str]]:
@@ -387,6 +415,10 @@ class LlmInput(JobInput, ChatFeatures):
         """A field the pipeline's engine would drop is refused by name."""
         options = config.options_as(LlmOptions)
         honoured = engine_features(options)
+        if options.engine == "vllm" and self.n > 1 and self.temperature == 0:
+            raise InputError(
+                "n", "n > 1 needs a temperature above 0 (vLLM samples greedily at 0: one choice)"
+            )
         for field, feature in self.needs().items():
             if feature not in honoured:
                 raise InputError(
@@ -461,6 +493,9 @@ class LlmInput(JobInput, ChatFeatures):
         long = options.long_pipeline
         if long is None or long not in settings.enabled_pipelines or long == pipeline:
             return pipeline
+        adapter = self.model in config.adapters()
+        if adapter and self.model not in settings.pipelines[long].adapters():
+            return pipeline  # only this engine serves the adapter
         if self.prompt_tokens(config) > options.long_prompt_threshold:
             return long
         return pipeline
@@ -472,7 +507,8 @@ class LlmInput(JobInput, ChatFeatures):
         if not self.cache or self.temperature != 0 or ttl <= 0:
             return None
         decided = self.model_dump(mode="json", exclude={"cache", "model", "seed"})
-        decided["model"] = config.model
+        adapter = config.adapters().get(self.model or "")
+        decided["model"] = config.model if adapter is None else [config.model, adapter]
         canonical = json.dumps(decided, sort_keys=True, separators=(",", ":"))
         return CachePolicy(hashlib.sha256(canonical.encode()).hexdigest(), ttl)
 

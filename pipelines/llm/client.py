@@ -129,7 +129,7 @@ class EngineClient:
                 return None  # closing the connection aborted the sequence in the engine
             raise EngineLost(f"the engine stream broke: {exc}") from exc
         if status != 200:
-            _raise_for(status, stream.error.decode(errors="replace"), _prompt_field(path))
+            _raise_for(status, stream.error.decode(errors="replace"), path, body)
         if not stream.reasons:
             raise EngineLost("the engine stream ended without a finish reason")
         return Finish(stream.reasons, stream.usage)
@@ -202,22 +202,27 @@ def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _raise_for(status: int, text: str, field: str) -> None:
-    message = _message(text)
+def _raise_for(status: int, text: str, path: str, body: dict[str, Any]) -> None:
+    message, param = _message(text)
     if status in (400, 413, 422):
-        # vLLM answers 400 for a prompt longer than max_model_len, and for bad parameters.
+        # vLLM answers 400 for a prompt longer than max_model_len, and for bad parameters,
+        # naming the parameter where it can: a field of the request (OpenAI's names, which
+        # are the input's), or else the prompt.
+        field = param if param in body else _prompt_field(path)
         raise InputError(field, f"the engine refused the request: {message}")
     raise EngineRefused(f"the engine answered {status}: {message}")
 
 
-def _message(text: str) -> str:
+def _message(text: str) -> tuple[str, str | None]:
+    """An error answer's message, and the parameter it names, if any."""
     try:
         data = json.loads(text)
     except ValueError:
-        return text[:500]
+        return text[:500], None
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict):
-        return str(error.get("message", error))[:500]
+        param = error.get("param")
+        return str(error.get("message", error))[:500], param if isinstance(param, str) else None
     if isinstance(data, dict) and "message" in data:
-        return str(data["message"])[:500]
-    return text[:500]
+        return str(data["message"])[:500], None
+    return text[:500], None

@@ -101,6 +101,11 @@ def _vllm(spec: EngineSpec, port: int, size: EngineSize | None) -> list[str]:
         argv += ["--quantization", opts.quantization]
     if opts.tool_call_parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", opts.tool_call_parser]
+    if opts.lora_modules:
+        argv += ["--enable-lora", "--max-lora-rank", str(opts.max_lora_rank), "--lora-modules"]
+        argv += [f"{name}={path}" for name, path in opts.lora_modules.items()]
+        if opts.max_loras:
+            argv += ["--max-loras", str(opts.max_loras)]
     if spec.sleeps:
         argv.append("--enable-sleep-mode")
     return argv

@@ -16,14 +16,12 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import httpx
-
 from jobs.schemas.llm import LlmInput, LlmOptions
 from jobs.settings import PipelineConfig, Settings, on_gpu
 from pipelines.base import BackendLost, EngineKnobs, Request, SimplePipeline
 from pipelines.llm.choices import Choices, merge_partials
 from pipelines.llm.client import Delta, EngineClient, EngineLost, request_body
-from pipelines.llm.gauges import engine_readings
+from pipelines.llm.gauges import engine_readings, read_metrics
 from pipelines.llm.images import inline_images
 from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
 from pipelines.llm.sizing import GIB
@@ -119,12 +117,12 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         if server is None or not self._ready.is_set() or self._no_engine_metrics:
             return {}
         try:
-            r = httpx.get(f"{server.base_url}/metrics", timeout=READINGS_TIMEOUT_S)
-        except httpx.HTTPError:
+            status, text = read_metrics(server.base_url, READINGS_TIMEOUT_S)
+        except OSError:
             return {}
-        if r.status_code == 404:
+        if status == 404:
             self._no_engine_metrics = True
-        return engine_readings(r.text) if r.status_code == 200 else {}
+        return engine_readings(text) if status == 200 else {}
 
     def _watch_engine(self) -> None:
         """Restart the engine whenever it dies, from now until `_unwatch_engine`."""
@@ -168,7 +166,9 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         if not self._ready.wait(self.options.startup_timeout_s):
             raise BackendLost("the engine is not back up")
         assert self.client is not None and self.server is not None
-        path, body = request_body(inp, self.server.spec.served_name)
+        served = inp.model if inp.model in self.options.lora_modules else None
+        model = served or self.server.spec.served_name  # an adapter is asked for by name
+        path, body = request_body(inp, model)
         if inp.file_refs():
             limit = self.settings.limits.llm_max_image_bytes
             inline_images(body["messages"], request.files.open_input, limit)
@@ -200,9 +200,7 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         for name, ms in clock.timings(completion).items():
             request.record_timing(name, ms)
         output = choices.output(finish)
-        request.succeed(
-            {**output, "usage": usage, "model": self.server.spec.served_name, "cached": False}
-        )
+        request.succeed({**output, "usage": usage, "model": model, "cached": False})
 
     def _engine_lost(self, restarts_seen: int) -> None:
         """After a broken stream: if the engine died, hold every request until the monitor

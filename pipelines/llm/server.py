@@ -105,6 +105,12 @@ class EngineServer:
         env = {**os.environ, "VLLM_CACHE_ROOT": cache, "HF_HUB_CACHE": hub_cache}
         if self.spec.sleeps:  # vLLM serves /sleep and /wake_up in its development mode
             env["VLLM_SERVER_DEV_MODE"] = "1"
+        if self.spec.options.engine == "vllm" and not self.spec.on_gpu:
+            # vLLM's CPU build binds its model worker's threads to cores and keeps one for
+            # its server, as if it had the machine to itself; beside mmq's API, workers
+            # and Redis on a 2-core host that stalled every process for 30 s at a time
+            # (leases lost). A core list of the user's own (this variable) is kept.
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         return env
 
     def alive(self) -> bool:

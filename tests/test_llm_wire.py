@@ -1,0 +1,190 @@
+"""mmq's relay of vLLM's wire format, against an engine process that records what it
+receives and writes vLLM's shapes (`bench.synthetic_engine`): what only it can show next to
+the real vLLM (tests/test_llm_features.py), because it answers with values made up to be
+checked, not with a model's:
+
+- every field a client sends that the engine honours (`tools`, `tool_choice`,
+  `parallel_tool_calls`, `response_format`, `logprobs`, `n`, `presence_penalty`) reaches
+  the engine exactly as sent;
+- several choices and log probabilities, streamed and whole, relayed token for token;
+- the response cache keys on `response_format`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from common.procs import free_port
+from harness.client import Api, new_owner
+from harness.deploy import Deployment, flush, serving, wait_until
+from harness.kinds import llm_toml
+from harness.models.tool_caller import TOOL
+
+VLLM_FEATURES = [
+    "tools",
+    "tool_choice",
+    "response_format",
+    "logprobs",
+    "n",
+    "presence_penalty",
+    "stop",
+]
+WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": TOOL,
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+class Engines:
+    def __init__(self, dep: Deployment, wire_url: str) -> None:
+        self.dep = dep
+        self.wire_url = wire_url
+
+    def received(self, marker: str) -> list[dict[str, Any]]:
+        """The bodies the synthetic engine received whose messages or prompt hold
+        `marker`."""
+        got = httpx.get(f"{self.wire_url}/requests", timeout=5).json()
+        return [r["body"] for r in got if marker in json.dumps(r["body"])]
+
+
+@pytest.fixture(scope="module")
+def engines(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    flush(redis_url)
+    port = free_port()
+    env = {"HF_HUB_OFFLINE": "1", "MMQ_LEASE__TTL_S": "3", "MMQ_LEASE__HEARTBEAT_S": "0.5"}
+    dep = Deployment(redis_url, tmp_path_factory.mktemp("wire"), env_overrides=env)
+    wire = {"engine": "url", "engine_url": f"http://127.0.0.1:{port}", "max_inflight": 8}
+    extra = llm_toml("wire", "synthetic", wire | {"engine_features": VLLM_FEATURES})
+    dep.config_path.write_text(dep.config_path.read_text() + extra)
+    with serving(dep):
+        engine = dep.launch(
+            "engine",
+            [sys.executable, "-m", "bench.synthetic_engine", "--port", str(port),
+             "--step-ms", "5"],
+        )  # fmt: skip
+        wire_url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _answers(f"{wire_url}/health"), engine, timeout_s=30)
+        dep.start_api()
+        dep.start_reaper()
+        worker = dep.spawn("worker-wire", "worker", "--pipeline", "wire")
+        wait_until(lambda: "ready." in worker.log(), worker, timeout_s=60)
+        yield Engines(dep, wire_url)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture
+def api(engines: Engines) -> Api:
+    return new_owner(engines.dep.redis_url, engines.dep.base_url, f"wire{time.monotonic_ns()}")
+
+
+@pytest.fixture
+def oai(engines: Engines, api: Api) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{engines.dep.base_url}/v1", api_key=api.key, max_retries=0)
+
+
+def test_what_the_engine_can_honour_reaches_it_as_sent(
+    oai: openai.OpenAI, engines: Engines
+) -> None:
+    marker = f"carried-{time.monotonic_ns()}"
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    response_format: Any = {
+        "type": "json_schema",
+        "json_schema": {"name": "place", "schema": schema, "strict": True},
+    }
+    tool_choice: Any = {"type": "function", "function": {"name": TOOL}}
+    oai.chat.completions.create(
+        model="wire", messages=[{"role": "user", "content": marker}], max_tokens=3,
+        tools=[WEATHER], tool_choice=tool_choice, parallel_tool_calls=False,
+        response_format=response_format, logprobs=True, top_logprobs=2, n=2,
+        presence_penalty=0.5,
+    )  # fmt: skip
+    [body] = engines.received(marker)
+    assert body["tools"] == [WEATHER]
+    assert body["tool_choice"] == tool_choice
+    assert body["parallel_tool_calls"] is False
+    assert body["response_format"] == response_format
+    assert body["logprobs"] is True and body["top_logprobs"] == 2
+    assert body["n"] == 2 and body["presence_penalty"] == 0.5
+
+    prompt = f"completion-{marker}"
+    oai.completions.create(model="wire", prompt=prompt, max_tokens=2, logprobs=3)
+    [body] = engines.received(prompt)
+    assert body["logprobs"] == 3  # the completions API's top-token count
+
+
+def test_several_choices_and_log_probabilities_stream_and_answer_whole(
+    oai: openai.OpenAI,
+) -> None:
+    kw: Any = {"model": "wire", "messages": [{"role": "user", "content": "Count."}]}
+    whole = oai.chat.completions.create(**kw, max_tokens=4, n=2, logprobs=True, top_logprobs=1)
+    assert [c.index for c in whole.choices] == [0, 1]
+    for choice in whole.choices:
+        assert choice.message.content == " tok" * 4 and choice.finish_reason == "length"
+        assert choice.logprobs is not None and choice.logprobs.content is not None
+        assert [e.token for e in choice.logprobs.content] == [" tok"] * 4
+        assert all(len(e.top_logprobs) == 1 for e in choice.logprobs.content)
+    assert whole.usage is not None and whole.usage.completion_tokens == 8
+
+    stream = oai.chat.completions.create(
+        **kw, max_tokens=4, n=2, logprobs=True, stream=True, extra_body={"cache": False}
+    )
+    texts: dict[int, str] = {0: "", 1: ""}
+    tokens: dict[int, int] = {0: 0, 1: 0}
+    roles: list[int] = []
+    finish: dict[int, str | None] = {}
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.delta.role:
+                roles.append(choice.index)
+            if choice.logprobs is not None and choice.logprobs.content:
+                tokens[choice.index] += len(choice.logprobs.content)
+            if choice.finish_reason:
+                finish[choice.index] = choice.finish_reason
+    assert texts == {0: " tok" * 4, 1: " tok" * 4}
+    assert tokens == {0: 4, 1: 4} and sorted(roles) == [0, 1]
+    assert finish == {0: "length", 1: "length"}
+
+    done = oai.completions.create(model="wire", prompt="Count.", max_tokens=3, logprobs=1)
+    logprobs = done.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens == [" tok"] * 3
+    assert logprobs.token_logprobs is not None and len(logprobs.token_logprobs) == 3
+
+
+def test_the_response_cache_keys_on_response_format(
+    oai: openai.OpenAI, engines: Engines, api: Api
+) -> None:
+    marker = f"cache-{time.monotonic_ns()}"
+    kw: Any = {
+        "model": "wire", "messages": [{"role": "user", "content": marker}],
+        "max_tokens": 2, "temperature": 0,
+    }  # fmt: skip
+    as_json: Any = {"type": "json_object"}
+    first = oai.chat.completions.with_raw_response.create(**kw, response_format=as_json)
+    plain = oai.chat.completions.with_raw_response.create(**kw)
+    again = oai.chat.completions.with_raw_response.create(**kw, response_format=as_json)
+    outputs = [api.get(r.headers["x-job-id"])["output"] for r in (first, plain, again)]
+    assert [o["cached"] for o in outputs] == [False, False, True]
+    assert len(engines.received(marker)) == 2
