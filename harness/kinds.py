@@ -54,6 +54,14 @@ model = {sd}
 """Each built-in kind's pipeline on its tiny model (`pipeline_toml`)."""
 KIND_NAMES = ("llm", "image", "asr", "tts")
 
+VLLM_TEST_OPTIONS: dict[str, Any] = {"engine": "vllm", "extra_args": ["--enforce-eager"]}
+"""The real vLLM (its CPU build) as the tests run it: `--enforce-eager` skips the
+torch.compile warm-up, most of a start on two cores."""
+VLLM_TEST_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+"""With it vLLM runs its model worker inside its engine core process instead of a third
+process: 25 s to a first answer here instead of 36 (one interpreter and its imports
+fewer), for the dozen engine starts of the suite. Its server and engine core stay apart."""
+
 
 def llm_toml(name: str, model: str, options: dict[str, Any], **pipeline: Any) -> str:
     """A `[pipelines.NAME]` table of the `llm` kind on `model`, with `pipeline`'s keys and

@@ -23,7 +23,7 @@ import pytest
 from common.sse import parse_lines
 from harness.client import Api, new_owner
 from harness.deploy import Deployment, Proc, flush, live_in_group, serving, wait_until
-from harness.kinds import llm_toml
+from harness.kinds import VLLM_TEST_ENV, VLLM_TEST_OPTIONS, llm_toml
 from harness.metrics import JOB_HISTOGRAMS, check_job_counted, scrape, value
 from harness.models.llm import cached_tiny_llm, tiny_llm_claiming
 from jobs.schemas.llm import LlmOptions
@@ -38,8 +38,7 @@ ON_DEMAND = {"residency": "on_demand", "idle_unload_s": 3, "min_loaded_s": 0, "m
 """`llm-od`: its engine starts for a job and stops once idle."""
 ENGINES: dict[str, dict[str, Any]] = {
     "transformers": {"engine": "transformers"},
-    # --enforce-eager: no torch.compile warm-up, which is most of a start on two cores.
-    "vllm": {"engine": "vllm", "extra_args": ["--enforce-eager"]},
+    "vllm": VLLM_TEST_OPTIONS,
 }
 
 
@@ -61,6 +60,7 @@ def llm_dep(
     # has held up every other process for seconds at a time.
     env = {"HF_HUB_OFFLINE": "1", "MMQ_LEASE__TTL_S": "10", "MMQ_LEASE__HEARTBEAT_S": "1"}
     env |= {"MMQ_QUEUE__MAX_QUEUED": str(MAX_QUEUED), "MMQ_LIMITS__LLM_MAX_TOKENS": str(LONG)}
+    env |= VLLM_TEST_ENV
     dep = Deployment(redis_url, tmp_path_factory.mktemp(f"llm-{engine}"), env_overrides=env)
     common = ENGINES[engine] | {"startup_timeout_s": 240}
     short = common | {

@@ -16,7 +16,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import openai
@@ -26,29 +26,12 @@ from common.procs import free_port
 from harness.client import Api, new_owner
 from harness.deploy import Deployment, flush, serving, wait_until
 from harness.kinds import llm_toml
-from harness.models.tool_caller import TOOL
+from harness.models.tool_caller import TOOL, WEATHER_TOOL
+from jobs.schemas.llm import Feature
 
-VLLM_FEATURES = [
-    "tools",
-    "tool_choice",
-    "response_format",
-    "logprobs",
-    "n",
-    "presence_penalty",
-    "stop",
-]
-WEATHER: Any = {
-    "type": "function",
-    "function": {
-        "name": TOOL,
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+VLLM_FEATURES = [f for f in get_args(Feature) if f != "images"]
+"""What vLLM honours but images (this engine takes none)."""
+WEATHER: Any = WEATHER_TOOL
 
 
 class Engines:

@@ -17,6 +17,7 @@ import redis
 
 from harness.client import Api
 from harness.deploy import REPO, Deployment
+from harness.kinds import VLLM_TEST_ENV
 from harness.models.llm import cached_tiny_llm
 from harness.slo import Slo, SloError, check_kind, parse_slo
 from host.launcher import mmq_command
@@ -148,8 +149,10 @@ def test_the_config_change_keeps_comments_and_other_tables() -> None:
     assert tomllib.loads(changed)["pipelines"]["batchcost"]["max_wait_ms"] == 200
 
 
-def _tune(tmp_path: Path, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MMQ_")}
+def _tune(
+    tmp_path: Path, *args: str, timeout_s: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MMQ_")} | (env or {})
     env["PYTHONPATH"] = str(REPO)
     return subprocess.run(
         [*mmq_command("tune"), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -308,7 +311,7 @@ model = {model}
 [pipelines.llm.options]
 engine = "vllm"
 max_inflight = 8
-max_num_seqs = 2              # the knobs to tune
+max_num_seqs = 2              # the knob to tune
 max_num_batched_tokens = 256
 extra_args = ["--enforce-eager"]
 """
@@ -317,37 +320,33 @@ extra_args = ["--enforce-eager"]
 def test_a_vllm_tune_restarts_the_engine_for_each_point_and_picks_from_its_table(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """max_num_seqs x max_num_batched_tokens on the real vLLM, as teams tune it: each point a
-    fresh engine, waited for until it answers (never a fixed timeout), measured under the
-    SLO; the winner, if one is called, is the table's best, and it is what is written."""
+    """A short version of tuning vLLM as teams do (the README's worked example searches
+    max_num_seqs x max_num_batched_tokens): each point a fresh engine with its knobs,
+    waited for until it answers (never a fixed timeout), measured under the SLO; the
+    winner, if one is called, is the table's best, and it is what is written."""
     model = cached_tiny_llm(tmp_path_factory)
     config = tmp_path / "mmq.toml"
     config.write_text(VLLM_TUNE.format(model=json.dumps(str(model))))
     before = config.read_text()
     done = _tune(
         tmp_path, "llm", "--config", "mmq.toml", "--slo", "p95=30s",
-        "--knob", "options.max_num_seqs=2,8", "--knob", "options.max_num_batched_tokens=256,1024",
+        "--knob", "options.max_num_seqs=2,8", "--fix", "options.max_num_batched_tokens=256",
         "--fix", "options.max_inflight=8", "--concurrency", "8", "--requests", "16",
         "--warmup", "1", "--repeats", "1", "--out", "out", "--write", timeout_s=900,
+        env=VLLM_TEST_ENV,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads((tmp_path / "out" / "tune.json").read_text())
-    points = sorted(
-        (c["knobs"]["options.max_num_seqs"], c["knobs"]["options.max_num_batched_tokens"])
-        for c in result["candidates"]
-    )
-    assert points == [(2, 256), (2, 1024), (8, 256), (8, 1024)]
+    points = sorted(c["knobs"]["options.max_num_seqs"] for c in result["candidates"])
+    assert points == [2, 8]
     assert all(c["failed"] is None for c in result["candidates"]), result["candidates"]
     logs = (tmp_path / "out" / "logs").glob("*.log")  # the tune keeps its processes' logs
     starts = [
         line for log in logs for line in log.read_text().splitlines()
         if "engine llm: starting" in line and "vllm.entrypoints.openai.api_server" in line
     ]  # fmt: skip
-    engine_args = sorted(
-        (int(line.split("--max-num-seqs ")[1].split()[0]),
-         int(line.split("--max-num-batched-tokens ")[1].split()[0])) for line in starts
-    )  # fmt: skip
-    assert engine_args == points  # one engine started for each point, with its knobs
+    engine_args = sorted(int(line.split("--max-num-seqs ")[1].split()[0]) for line in starts)
+    assert engine_args == points  # one engine started for each point, with its knob
     by_knobs = {json.dumps(c["knobs"], sort_keys=True): c for c in result["candidates"]}
     top = max(c["goodput_median"] for c in result["candidates"])
     best = by_knobs[json.dumps(result["best"], sort_keys=True)]
@@ -358,9 +357,7 @@ def test_a_vllm_tune_restarts_the_engine_for_each_point_and_picks_from_its_table
     else:
         assert result["winner"] == result["best"], result["verdict"]
         options = load_settings(config).pipelines["llm"].options
-        knobs = result["winner"]
-        assert options["max_num_seqs"] == knobs["options.max_num_seqs"]
-        assert options["max_num_batched_tokens"] == knobs["options.max_num_batched_tokens"]
+        assert options["max_num_seqs"] == result["winner"]["options.max_num_seqs"]
 
 
 def test_record_writes_accepted_jobs_as_a_workload_that_replays(
@@ -434,9 +431,11 @@ def test_an_option_knob_takes_its_type_and_bounds_from_the_options_model() -> No
         build_space("asr", asr, {"options.cpu_threads": [1.5]}, {})
     with pytest.raises(KnobError, match=r"unknown knob 'options\.beam_size'.*options\.cpu_threads"):
         build_space("asr", asr, {"options.beam_size": [1, 5]}, {})  # a request's, not a knob
-    vllm = PipelineConfig(kind="llm", impl="x:y", options={"engine": "vllm"})
+    on_cpu = PipelineConfig(kind="llm", impl="x:y", options={"engine": "vllm"})
+    assert "options.gpu_memory_utilization" not in build_space("llm", on_cpu, {}, {}).knobs
+    vllm = PipelineConfig(kind="llm", impl="x:y", device="gpu:0", options={"engine": "vllm"})
     space = build_space("llm", vllm, {}, {})
-    assert "options.max_num_seqs" in space.knobs
+    assert {"options.max_num_seqs", "options.gpu_memory_utilization"} <= space.knobs.keys()
     own = apply(vllm, space.base, follow=False)
     assert "max_num_seqs" not in own.options and own.options["gpu_memory_utilization"] == 0.9
     LlmOptions.model_validate(own.options)

@@ -33,6 +33,19 @@ if TYPE_CHECKING:
 
 TOOL = "get_weather"
 ARGUMENTS = {"city": "Paris"}
+WEATHER_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": TOOL,
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+"""The tool it calls, as a request declares it."""
 CALL_JSON = json.dumps({"name": TOOL, "arguments": ARGUMENTS})
 IM_START, IM_END, END = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 CHAIN = ["<tool_call>", CALL_JSON, "</tool_call>", IM_END]
