@@ -46,7 +46,7 @@ def write_readings(
 ) -> None:
     """Store one backend's readings; they expire after `ttl_s` (a gone worker's drop out)."""
     readings: dict[FieldT, EncodableT] = {name: repr(v) for name, v in values.items()}
-    pipe = client.pipeline(transaction=False)
+    pipe = client.pipeline()  # one transaction: a scrape never sees the hash half written
     pipe.delete(keys.backend(backend.worker))
     pipe.hset(
         keys.backend(backend.worker),
