@@ -123,10 +123,13 @@ def _knobs_reach_the_workers(owner: Api) -> None:
 
 def _a_killed_worker_comes_back(client: redis.Redis, launcher: Proc, before: set[int]) -> None:
     victim = min(before)
+    ready = launcher.log().count(" ready.")  # Celery's line, once a worker consumes
     os.kill(victim, signal.SIGKILL)
     wait_until(lambda: len(pids_of(client, "sleep") - before) == 1, launcher, timeout_s=30)
     assert len(pids_of(client, "sleep")) == 3
     assert "on cpu exited with -9; restarting in 1.0s" in launcher.log()
+    # A worker is listed from its first heartbeat, a moment before it takes jobs.
+    wait_until(lambda: launcher.log().count(" ready.") == ready + 1, launcher, timeout_s=30)
 
 
 def _alive(pid: int) -> bool:
