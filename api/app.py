@@ -14,9 +14,11 @@ from api.batches import BatchService
 from api.cache import ResponseCache
 from api.deps import AppState
 from api.files import FileService
+from api.follows import FollowLimit
 from api.health import Health
 from api.hub import EventHub
-from api.limits import BodySizeLimit
+from api.jsonguard import RefuseUnstorableJson
+from api.limits import BodyLimits
 from api.metrics import MetricsReader
 from api.openai import audio as openai_audio
 from api.openai import batches as openai_batches
@@ -33,6 +35,7 @@ from common import redis_client
 from common.heap import freeze_startup_heap
 from jobs.settings import Settings, load_settings
 from jobstore.store import AsyncJobStore
+from security import redact
 from storage.factory import make_storage
 
 UPLOAD_PATHS = ("/v1/audio/transcriptions", "/v1/audio/translations")
@@ -50,6 +53,7 @@ def app_from_environment() -> FastAPI:
 def create_app(settings: Settings) -> FastAPI:
     if not settings.redis_url:
         raise ValueError("redis_url is not set")
+    redact.install(redact.known_secrets(settings))  # uvicorn's lines too (`?token=`)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -77,6 +81,7 @@ def create_app(settings: Settings) -> FastAPI:
             metrics=MetricsReader(client, settings),
             overview=OverviewReader(client, settings),
             batches=BatchService(settings, client, files, service),
+            follows=FollowLimit(settings.api.max_streams_per_key),
         )
         freeze_startup_heap()
         try:
@@ -115,6 +120,12 @@ def create_app(settings: Settings) -> FastAPI:
             return settings.limits.audio_max_bytes + MULTIPART_SLACK_BYTES
         return settings.api.max_body_bytes
 
-    app.add_middleware(BodySizeLimit, limit_for=limit_for)
+    def timeout_for(path: str) -> float:
+        if path.startswith((FILES_PATH, *UPLOAD_PATHS)):
+            return settings.api.upload_timeout_s
+        return settings.api.body_timeout_s
+
+    app.add_middleware(RefuseUnstorableJson)  # inside the size limit: reads a bounded body
+    app.add_middleware(BodyLimits, limit_for=limit_for, timeout_for=timeout_for)
     app.add_middleware(RateLimitHeaders)
     return app

@@ -12,6 +12,7 @@ from starlette.requests import HTTPConnection
 from api.apikeys import ApiKeys
 from api.batches import BatchService
 from api.files import FileService
+from api.follows import FollowLimit
 from api.health import Health
 from api.metrics import MetricsReader
 from api.overview import OverviewReader
@@ -29,6 +30,8 @@ class AppState:
     metrics: MetricsReader
     overview: OverviewReader
     batches: BatchService
+    follows: FollowLimit
+    """Job event streams open per key (`api.max_streams_per_key`)."""
 
 
 def get_state(conn: HTTPConnection) -> AppState:
@@ -64,6 +67,10 @@ async def get_metrics(conn: HTTPConnection) -> MetricsReader:
     return get_state(conn).metrics
 
 
+async def get_follows(conn: HTTPConnection) -> FollowLimit:
+    return get_state(conn).follows
+
+
 async def get_overview(conn: HTTPConnection) -> OverviewReader:
     return get_state(conn).overview
 
@@ -72,3 +79,4 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 Service = Annotated[JobService, Depends(get_service)]
 Files = Annotated[FileService, Depends(get_files)]
 Batches = Annotated[BatchService, Depends(get_batches)]
+Follows = Annotated[FollowLimit, Depends(get_follows)]

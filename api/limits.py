@@ -1,24 +1,35 @@
-"""A pure ASGI middleware that answers 413 to a body over its path's size limit."""
+"""A pure ASGI middleware that bounds a request's body: 413 past its path's size limit,
+408 when it has not all arrived within its path's time (`api.body_timeout_s`, uploads'
+`api.upload_timeout_s`): a client that sends a byte a second holds its connection no
+longer."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import error_body
 
 
-class BodyTooLarge(Exception):
+class BodyRefused(Exception):
     pass
 
 
-class BodySizeLimit:
-    def __init__(self, app: ASGIApp, limit_for: Callable[[str], int]) -> None:
+class BodyLimits:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit_for: Callable[[str], int],
+        timeout_for: Callable[[str], float],
+    ) -> None:
         self.app = app
         self.limit_for = limit_for
+        self.timeout_for = timeout_for
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -27,42 +38,59 @@ class BodySizeLimit:
         limit = self.limit_for(scope["path"])
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            await _too_large(send, limit)
+            await _refuse(
+                send, 413, "too_large", f"request body is over the limit of {limit} bytes"
+            )
             return
+        timeout_s = self.timeout_for(scope["path"])
+        ends_at = time.monotonic() + timeout_s
         seen = 0
+        complete = False
         refused = False
 
-        async def counted() -> Message:
-            nonlocal seen, refused
-            message = await receive()
+        async def bounded() -> Message:
+            nonlocal seen, complete, refused
+            if complete:  # the body is in; what is left to read is the disconnect
+                return await receive()
+            with anyio.move_on_after(ends_at - time.monotonic()) as scope_:
+                message = await receive()
+            if scope_.cancelled_caught:
+                refused = True
+                reason = f"request body did not arrive within {timeout_s:g} s"
+                await _refuse(send, 408, "timeout", reason)
+                raise BodyRefused
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > limit and not refused:
+                complete = not message.get("more_body", False)
+                if seen > limit:
                     refused = True
-                    await _too_large(send, limit)
-                    raise BodyTooLarge
+                    await _refuse(send, 413, "too_large", _over(limit))
+                    raise BodyRefused
             return message
 
         async def guarded_send(message: Message) -> None:
-            # Once the 413 is out, whatever the app answers to the aborted read is dropped.
+            # Once the refusal is out, whatever the app answers to the aborted read is dropped.
             if not refused:
                 await send(message)
 
-        with contextlib.suppress(BodyTooLarge):
-            await self.app(scope, counted, guarded_send)
+        with contextlib.suppress(BodyRefused):
+            await self.app(scope, bounded, guarded_send)
 
 
-async def _too_large(send: Send, limit: int) -> None:
-    body = json.dumps(
-        error_body("too_large", f"request body is over the limit of {limit} bytes", "body")
-    ).encode()
+def _over(limit: int) -> str:
+    return f"request body is over the limit of {limit} bytes"
+
+
+async def _refuse(send: Send, status: int, etype: str, message: str) -> None:
+    body = json.dumps(error_body(etype, message, "body")).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 413,
+            "status": status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
             ],
         }
     )

@@ -8,6 +8,7 @@ import hashlib
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,6 +19,7 @@ from common.procs import free_port
 from harness.deploy import Deployment
 
 MIB = 1024 * 1024
+SILENT_S = 30.0
 BUCKET = "mmq-test-bucket"
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -102,7 +104,9 @@ def raw_request(base_url: str, method: str, target: str, headers: dict[str, str]
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """GET /bytes/N (Content-Length), /chunked/N (no length), /redirect?to=URL, else 404."""
+    """GET /bytes/N (Content-Length), /chunked/N (no length), /redirect?to=URL,
+    /drip/N?every=S (N bytes, one every S seconds), /silent (answers nothing for up to
+    `SILENT_S`), else 404."""
 
     protocol_version = "HTTP/1.1"
 
@@ -112,6 +116,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(int(path.rsplit("/", 1)[1]), chunked=False)
         elif path.startswith("/chunked/"):
             self._send(int(path.rsplit("/", 1)[1]), chunked=True)
+        elif path.startswith("/drip/"):
+            self._drip(int(path.rsplit("/", 1)[1]), float(query.removeprefix("every=")))
+        elif path == "/silent":
+            time.sleep(SILENT_S)
         elif path == "/redirect":
             self.send_response(302)
             self.send_header("Location", query.removeprefix("to="))
@@ -135,6 +143,18 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(chunk)
         if chunked:
             self.wfile.write(b"0\r\n\r\n")
+
+    def _drip(self, size: int, every_s: float) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        for _ in range(size):
+            try:
+                self.wfile.write(b"x")
+                self.wfile.flush()
+            except OSError:  # the client went away
+                return
+            time.sleep(every_s)
 
     def log_message(self, format: str, *args: object) -> None:
         pass

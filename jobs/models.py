@@ -130,6 +130,10 @@ class WebhookSpec(BaseModel):
         return events
 
 
+MetadataKey = Annotated[str, Field(min_length=1, max_length=64)]
+MetadataValue = Annotated[str, Field(max_length=512)]
+
+
 class JobCreate(BaseModel):
     """Body of `POST /v1/jobs`. The API validates `input` with the input model of `kind`
     (`jobs.schemas`), and the OpenAPI document shows one body per kind (`api.openapi`)."""
@@ -139,7 +143,9 @@ class JobCreate(BaseModel):
     kind: str = Field(min_length=1, max_length=64)
     input: dict[str, Any]
     priority: Priority = "normal"
-    metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+    metadata: dict[MetadataKey, MetadataValue] = Field(default_factory=dict, max_length=32)
+    """Up to 32 pairs of your own, kept with the job: keys up to 64 characters, values up
+    to 512 (OpenAI's limits on its own metadata; the list of jobs carries them)."""
     webhook: WebhookSpec | None = None
     deadline: AwareDatetime | None = None
     """When the answer is no longer wanted (RFC 3339 with a zone, or unix seconds), in

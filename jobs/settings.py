@@ -44,6 +44,20 @@ class ApiSettings(BaseModel):
     """Retry-After sent with 429 when a queue is full."""
     keepalive_s: float = 15.0
     """An idle event stream gets a keep-alive comment at least this often (seconds)."""
+    max_streams_per_key: int = Field(default=256, ge=0, le=1_000_000)
+    """Job event streams (SSE and websocket follows of `/v1/jobs/{id}`) one key holds
+    open at once in one API process; more get 429 (0: no cap). A streamed completion is
+    a job, counted by the queue and the key's quotas instead."""
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    """The longest a request's body may take to arrive, as a whole (408 after): a client
+    that sends a byte a second holds a connection no longer."""
+    upload_timeout_s: float = Field(default=900.0, gt=0)
+    """The same for an upload (`/v1/files`, audio to transcribe): 256 MiB in 15 minutes
+    is about 300 KB/s."""
+    metrics_without_key: Literal["all", "anonymous", "none"] = "anonymous"
+    """What `/metrics` shows to a scrape that sends no API key: `all`; `anonymous`, all
+    but the per-key series (they name the keys' owners); `none`, 401. An admin key's
+    scrape gets all."""
     workers: int = Field(default=1, ge=1, le=64)
     """API processes sharing the port (uvicorn's workers), each with its own event loop,
     pub/sub connection and Redis pool: one process carries a few thousand streamed
@@ -273,7 +287,10 @@ class NetSettings(BaseModel):
     allowed_networks: list[str] = Field(default_factory=list)
     """CIDRs reachable even while private addresses are refused, e.g. `["10.1.2.0/24"]`."""
     fetch_timeout_s: float = Field(default=30.0, gt=0)
-    """Connect and read timeout of an input URL fetch."""
+    """Connect timeout of an input URL fetch, and the longest wait for its next bytes."""
+    fetch_deadline_s: float = Field(default=120.0, gt=0)
+    """The longest an input URL fetch may take as a whole (a server that sends a byte at
+    a time cannot hold a worker longer); past it the job fails, naming this setting."""
     fetch_max_redirects: int = Field(default=5, ge=0, le=20)
     """Redirects an input URL fetch follows (each hop is checked)."""
 

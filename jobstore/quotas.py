@@ -19,7 +19,7 @@ ends.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 import redis
 from pydantic import BaseModel, Field, field_validator
@@ -28,14 +28,18 @@ from jobs import keys
 from jobs.settings import COST_UNITS, QuotaSettings, check_costs
 from jobstore.codec import dumps
 
+LIMIT_MAX = 2**53 - 1
+"""The largest limit a key may be given: the scripts compare limits as Lua numbers
+(doubles), exact up to this; a larger one is refused (422), never stored."""
+
 
 class KeyLimits(BaseModel):
     """A key's own limits (None: the deployment's default)."""
 
-    max_queued: int | None = Field(default=None, ge=0)
-    requests: int | None = Field(default=None, ge=0)
-    max_running: int | None = Field(default=None, ge=0)
-    costs: dict[str, int] | None = None
+    max_queued: int | None = Field(default=None, ge=0, le=LIMIT_MAX)
+    requests: int | None = Field(default=None, ge=0, le=LIMIT_MAX)
+    max_running: int | None = Field(default=None, ge=0, le=LIMIT_MAX)
+    costs: dict[str, Annotated[int, Field(ge=0, le=LIMIT_MAX)]] | None = None
     """Per kind (`COST_UNITS`), cost per window; a kind named here replaces the
     deployment's default for it (0: no limit)."""
     weight: float | None = Field(default=None, gt=0, le=1000)

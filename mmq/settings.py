@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from jobs.settings import Settings, load_settings
+from security import redact
 
 
 def command_settings(
@@ -24,6 +25,7 @@ def command_settings(
         level=settings.log_level,
         format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
     )
+    redact.install(redact.known_secrets(settings))  # before any line that could hold one
     return settings
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -132,8 +132,11 @@ def check_url(url: str, field: str, policy: NetPolicy) -> None:
 class _GuardedBackend(httpcore.SyncBackend):
     """Connects only to addresses the policy allows, and only to those it checked."""
 
-    def __init__(self, policy: NetPolicy) -> None:
+    def __init__(
+        self, policy: NetPolicy, on_connect: Callable[[socket.socket], None] | None = None
+    ) -> None:
         self.policy = policy
+        self.on_connect = on_connect
 
     def connect_tcp(
         self,
@@ -146,11 +149,15 @@ class _GuardedBackend(httpcore.SyncBackend):
         last_error: Exception | None = None
         for address in checked_addresses(host, port, self.policy):
             try:
-                return super().connect_tcp(
+                stream = super().connect_tcp(
                     str(address), port, timeout, local_address, socket_options
                 )
             except httpcore.ConnectError as exc:
                 last_error = exc
+                continue
+            if self.on_connect is not None:
+                self.on_connect(stream.get_extra_info("socket"))
+            return stream
         raise last_error or httpcore.ConnectError(f"no address for {host}")
 
 
@@ -161,11 +168,19 @@ class GuardedTransport(httpx.HTTPTransport):
     would be the proxy's, not the one that was checked.
     """
 
-    def __init__(self, policy: NetPolicy, *, verify: bool = True) -> None:
+    def __init__(
+        self,
+        policy: NetPolicy,
+        *,
+        verify: bool = True,
+        on_connect: Callable[[socket.socket], None] | None = None,
+    ) -> None:
+        """`on_connect` is given each connection's socket as it opens (to stop it from
+        another thread: `storage.fetch`'s deadline and cancel)."""
         super().__init__(verify=verify, trust_env=False)
         # httpx offers no public way to give its transport a network backend, so the
         # connection pool is built again here with one.
         self._pool = httpcore.ConnectionPool(
             ssl_context=httpx.create_ssl_context(verify=verify, trust_env=False),
-            network_backend=_GuardedBackend(policy),
+            network_backend=_GuardedBackend(policy, on_connect),
         )

@@ -77,6 +77,96 @@ async def test_malformed_json_is_422(api: httpx.AsyncClient) -> None:
     assert "JSON" in _error(r)["message"]
 
 
+BIG = "1" + "0" * 30
+"""10**30: past every integer the store can encode (64 bits)."""
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "param"),
+    [
+        ("/v1/jobs", r'{"kind": "echo", "input": {"text": "x"}, "metadata": {"k": "\udfff"}}',
+         "metadata.k"),
+        ("/v1/jobs", r'{"kind": "echo", "input": {"text": "x"}, "metadata": {"\udfff": "v"}}',
+         "metadata"),
+        ("/v1/jobs", r'{"kind": "echo", "input": {"text": "a\ud800b"}}', "input.text"),
+        ("/v1/jobs", r'{"kind": "tts", "input": {"text": "\uDC00"}}', "input.text"),
+        ("/v1/audio/speech", r'{"model": "tts-1", "voice": "v", "input": "\udfff"}', "input"),
+        ("/v1/embeddings", r'{"model": "m", "input": ["fine", "\udfff"]}', "input.1"),
+        ("/v1/chat/completions",
+         r'{"model": "m", "messages": [{"role": "user", "content": "\udbff"}]}',
+         "messages.0.content"),
+        ("/v1/jobs", f'{{"kind": "echo", "input": {{"text": "x", "n": {BIG}}}}}', "input.n"),
+        ("/v1/chat/completions",
+         f'{{"model": "m", "messages": [{{"role": "user", "content": "hi"}}], '
+         f'"response_format": {{"type": "json_schema", "json_schema": {{"name": "n", '
+         f'"schema": {{"maximum": {BIG}}}}}}}}}',
+         "response_format.json_schema.schema.maximum"),
+        ("/v1/chat/completions",
+         f'{{"model": "m", "messages": [{{"role": "user", "content": "hi"}}], "seed": -{BIG}}}',
+         "seed"),
+    ],
+)  # fmt: skip
+async def test_what_cannot_be_stored_is_422_naming_where_it_is(
+    inprocess: InProcess, api: httpx.AsyncClient, path: str, raw: str, param: str
+) -> None:
+    """A lone UTF-16 surrogate (JSON can spell one; UTF-8 cannot hold it), in a value or
+    a key, and an integer past 64 bits, wherever a body holds them: 422, never a 500."""
+    r = await api.post(path, content=raw.encode(), headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert _error(r)["param"] == param, r.text
+    await _nothing_queued(inprocess, api)
+
+
+async def test_a_surrogate_pair_is_text_and_a_64_bit_seed_a_number(
+    api: httpx.AsyncClient,
+) -> None:
+    """The escapes of a character outside the BMP (a pair) are text; an integer in 64 bits
+    passes the guard (the field's own bounds judge it)."""
+    raw = r'{"kind": "echo", "input": {"text": "\ud83d\ude00"}, "metadata": {"k": "\ud83d\ude00"}}'
+    r = await api.post("/v1/jobs", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 202, r.text
+    job = (await api.get(f"/v1/jobs/{r.json()['id']}")).json()
+    assert job["input"]["text"] == "\U0001f600" and job["metadata"] == {"k": "\U0001f600"}
+    seed = {"kind": "image", "input": {"prompt": "a cat", "seed": 2**63}}
+    r = await api.post("/v1/jobs", json=seed)
+    assert r.status_code == 422 and _error(r)["param"] == "input.seed", r.text
+
+
+async def test_metadata_is_bounded(api: httpx.AsyncClient) -> None:
+    """Keys up to 64 characters, values up to 512, 32 pairs (a listing of 200 jobs stays
+    small)."""
+    echo = {"kind": "echo", "input": {"text": "x"}}
+    for metadata, param in [
+        ({"k": "v" * 513}, "metadata.k"),
+        ({"k" * 65: "v"}, "metadata"),
+        ({"": "v"}, "metadata"),
+        ({f"k{i}": "v" for i in range(33)}, "metadata"),
+    ]:
+        r = await api.post("/v1/jobs", json={**echo, "metadata": metadata})
+        assert r.status_code == 422, r.text
+        assert _error(r)["param"].startswith(param), r.text
+    fits = {f"k{i:02d}" + "k" * 61: "v" * 512 for i in range(32)}
+    assert (await api.post("/v1/jobs", json={**echo, "metadata": fits})).status_code == 202
+
+
+async def test_admin_limits_are_bounded(inprocess: InProcess) -> None:
+    from security.apikeys import create_key
+
+    async with inprocess.client(create_key(inprocess.redis, "boss", admin=True)) as admin:
+        for body, param in [
+            ({"max_queued": 10**30}, "max_queued"),
+            ({"max_queued": 2**63}, "max_queued"),
+            ({"requests": 2**53}, "requests"),
+            ({"costs": {"llm": 10**30}}, "costs"),
+            ({"costs": {"llm": -1}}, "costs"),
+        ]:
+            r = await admin.put("/v1/admin/limits/bob", json=body)
+            assert r.status_code == 422, (body, r.text)
+            assert _error(r)["param"].startswith(param), r.text
+        r = await admin.put("/v1/admin/limits/bob", json={"max_queued": 2**53 - 1})
+        assert r.status_code == 200 and r.json()["max_queued"] == 2**53 - 1
+
+
 async def test_bad_query_parameters_are_422_naming_them(api: httpx.AsyncClient) -> None:
     bad = await api.get("/v1/jobs", params={"cursor": "not-a-cursor"})
     assert bad.status_code == 422 and _error(bad)["param"] == "cursor"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -79,3 +81,32 @@ def test_urls_to_private_addresses_are_refused_at_connect_time(tmp_path: Path) -
         hop = f"{base}/redirect?to={base}/redirect?to={base}/bytes/1"
         with pytest.raises(InputError, match="redirects too many times"):
             few_hops.open(hop, owner="a", field="f")
+
+
+def test_a_download_has_a_deadline_as_a_whole(tmp_path: Path) -> None:
+    """A server that drips a byte every 0.2 s never trips the 5 s read timeout; the 1.5 s
+    deadline stops it, as it stops one that sends no headers at all."""
+    fetcher = _fetcher(tmp_path, allowed_networks=["127.0.0.1/32"], fetch_deadline_s=1.5)
+    with http_server() as base:
+        for path in ("/drip/1000?every=0.2", "/silent"):
+            started = time.monotonic()
+            with pytest.raises(InputError, match=r"within 1\.5 s \(net\.fetch_deadline_s\)"):
+                fetcher.open(f"{base}{path}", owner="a", field="input.audio")
+            assert time.monotonic() - started < 4.5, path  # not the 5 s read timeout
+        assert _sha(fetcher, f"{base}/drip/3?every=0.1") == hashlib.sha256(b"xxx").hexdigest()
+
+
+def test_a_cancel_stops_a_download_that_waits_for_bytes(tmp_path: Path) -> None:
+    """A read that waits (the server sends nothing for 30 s) ends at once on cancel."""
+    fetcher = _fetcher(tmp_path, allowed_networks=["127.0.0.1/32"], fetch_deadline_s=60)
+    cancel = threading.Event()
+    with http_server() as base:
+        for path in ("/drip/100?every=30", "/silent"):
+            cancel.clear()
+            timer = threading.Timer(0.5, cancel.set)
+            timer.start()
+            started = time.monotonic()
+            with pytest.raises(InputError, match="the job was canceled") as caught:
+                fetcher.open(f"{base}{path}", owner="a", field="input.audio", cancel=cancel)
+            assert caught.value.field == "input.audio"
+            assert time.monotonic() - started < 3, path  # not the 5 s read timeout

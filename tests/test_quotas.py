@@ -318,9 +318,14 @@ def test_metrics_and_the_overview_show_each_keys_usage(dep: Deployment, r: redis
     gina = _owner(dep, r, max_queued=7)
     name = gina.http.get("/v1/whoami").json()["owner"]
     assert _sleep(gina).status_code == 202
-    metrics = httpx.get(f"{dep.base_url}/metrics").text
+    admin = Api(dep.base_url, create_key(r, f"adm{time.monotonic_ns()}", admin=True))
+    metrics = admin.http.get("/metrics").text
     assert f'mmq_key_jobs_queued{{owner="{name}"}} 1.0' in metrics
     assert f'mmq_key_limit{{owner="{name}",quota="max_queued"}} 7.0' in metrics
-    admin = Api(dep.base_url, create_key(r, f"adm{time.monotonic_ns()}", admin=True))
+    # Without a key (api.metrics_without_key = "anonymous"), or with one that is not an
+    # admin's, no series names an owner; the rest is there.
+    for anonymous in (httpx.get(f"{dep.base_url}/metrics").text, gina.http.get("/metrics").text):
+        assert "mmq_key_" not in anonymous and f'"{name}"' not in anonymous
+        assert "mmq_jobs_queued" in anonymous
     shown = {k["owner"]: k for k in admin.http.get("/v1/admin/overview").json()["keys"]}
     assert shown[name]["queued"] == 1 and shown[name]["max_queued"] == 7

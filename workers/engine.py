@@ -106,7 +106,8 @@ class WorkItem:
         self._finish(Outcome("succeeded", output=output))
 
     def fail(self, error: BaseException) -> None:
-        self._finish(Outcome("failed", error=error))
+        """Failed; or canceled, where its cancel came first (a download it stopped)."""
+        self._finish(Outcome("canceled" if self.canceled else "failed", error=error))
 
     def drop_canceled(self) -> None:
         self._finish(Outcome("canceled"))

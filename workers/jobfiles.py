@@ -13,6 +13,7 @@ Outputs land under `OWNER/jobs/JOB_ID/` and go when the job's record expires.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -33,6 +34,7 @@ class JobFiles:
         owner: str,
         job_id: str,
         fetcher: InputFetcher | None = None,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.settings = settings
         self.storage = storage
@@ -40,16 +42,19 @@ class JobFiles:
         self.owner = owner
         self.job_id = job_id
         self.fetcher = fetcher or InputFetcher(settings, storage)
+        self.cancel = cancel
+        """The job's cancel: a download of its input stops when it is set."""
 
     @contextlib.contextmanager
     def input_path(self, ref: str, field: str) -> Iterator[Path]:
         """A local path of the file that input field `field` references, while the block runs."""
-        with self.fetcher.local_path(ref, owner=self.owner, field=field) as path:
+        fetcher = self.fetcher
+        with fetcher.local_path(ref, owner=self.owner, field=field, cancel=self.cancel) as path:
             yield path
 
     def open_input(self, ref: str, field: str) -> BinaryIO:
         """A stream of the file that input field `field` references. Close it."""
-        return self.fetcher.open(ref, owner=self.owner, field=field)
+        return self.fetcher.open(ref, owner=self.owner, field=field, cancel=self.cancel)
 
     def put_output(self, name: str, data: Data, content_type: str) -> dict[str, Any]:
         """Store output `name` of the job; returns what its output should show of it."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -43,7 +44,7 @@ class JobRunner:
         events: EventWriter,
         schema: type[JobInput],
         worker_name: str,
-        files_for: Callable[[Job], Files] | None = None,
+        files_for: Callable[[Job, threading.Event], Files] | None = None,
         residency: Residency | None = None,
         message_for: Callable[[Job], TaskMessage] | None = None,
     ) -> None:
@@ -102,7 +103,7 @@ class JobRunner:
             event = NewEvent(job_id, etype, data, output, job.webhook, lease_token=token)
             self.events.emit(event)
 
-        files = self.files_for(job) if self.files_for else None
+        files = self.files_for(job, held.cancel) if self.files_for else None
         load_ms = 0.0
         try:
             if self.residency is not None:

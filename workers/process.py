@@ -274,8 +274,8 @@ def run_worker(settings: Settings, pipelines: Sequence[str], instance: int = 0) 
     storage = make_storage(settings)
     index = RetentionIndex(store.r)
 
-    def files_for(job: Job) -> JobFiles:
-        return JobFiles(settings, storage, index, owner=job.owner, job_id=job.id)
+    def files_for(job: Job, cancel: threading.Event) -> JobFiles:
+        return JobFiles(settings, storage, index, owner=job.owner, job_id=job.id, cancel=cancel)
 
     hosted = [
         host(settings, app, store, p, names[p.name], instance, files_for, exits) for p in built
@@ -314,7 +314,7 @@ def host(
     pipeline: Pipeline[Any, Any],
     name: str,
     instance: int,
-    files_for: Callable[[Job], JobFiles],
+    files_for: Callable[[Job, threading.Event], JobFiles],
     exit_process: Callable[[], None] | None,
 ) -> Hosted:
     """The parts that serve one pipeline in this process, as worker `name`."""

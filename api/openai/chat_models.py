@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.openai.common import CLOSED, refuse_fields
 from jobs.errors import InputError
+from jobs.schemas.base import COUNT_MAX, SEED_MAX, SEED_MIN
 from jobs.schemas.llm import MAX_CHOICES, ChatFeatures, ImageUrl, ToolCall
 
 NOT_YET = "mmq does not carry it to its LLM engines yet"
@@ -122,13 +123,13 @@ class Sampling(BaseModel):
     model_config = ConfigDict(extra="allow", json_schema_extra=CLOSED)
 
     model: str = Field(min_length=1, max_length=256)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=COUNT_MAX)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -163,7 +164,7 @@ class Sampling(BaseModel):
 
 class ChatRequest(Sampling, ChatFeatures):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=COUNT_MAX)
 
     def refuse_what_is_not_carried(self) -> None:
         super().refuse_what_is_not_carried()

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema
 
 from api.openai.common import CLOSED, refuse_fields
 from jobs.errors import InputError
+from jobs.schemas.base import COUNT_MAX
 from jobs.schemas.embed import OneOrMoreTexts
 
 PARAMS: dict[str, str] = {}
@@ -34,7 +35,7 @@ class EmbeddingRequest(BaseModel):
     """An embed pipeline, its model or one of its aliases (`text-embedding-3-small`...):
     the deployment's configuration says which (`GET /v1/models` lists them)."""
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(default=None, ge=1)
+    dimensions: int | None = Field(default=None, ge=1, le=COUNT_MAX)
     """Fewer dimensions per vector, where the pipeline's model allows it (its
     `options.truncate_dimensions`, a deployment setting)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator, Coroutine
 from typing import Annotated, Any
 
@@ -12,8 +13,9 @@ from fastapi import APIRouter, Header, Query, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.auth import JobOwner, Keys
-from api.deps import Service
+from api.deps import Follows, Service
 from api.errors import error_body
+from api.follows import TooManyStreams
 from api.service import JobService
 from api.streaming import stream_job
 from jobs.errors import MmqError, NotFound, Unauthorized
@@ -25,6 +27,8 @@ EVENT_ID = r"^[0-9]{1,19}-[0-9]{1,19}$"
 """A Redis stream id: two numbers that fit 64 bits (Redis refuses larger ones, which
 broke the stream), in ASCII digits (`\\d` would take any Unicode digit, and so would a
 client that generates values from the published pattern)."""
+EVENT_ID_RULE = "must be an event id, two numbers of up to 19 digits (1732700000000-0)"
+WS_POLICY_VIOLATION = 1008
 SSE_KEEPALIVE = ": keep-alive\n\n"
 
 
@@ -45,20 +49,24 @@ async def job_events(
     owner: JobOwner,
     job_id: str,
     service: Service,
+    follows: Follows,
     after: Annotated[str | None, Query(pattern=EVENT_ID)] = None,
     last_event_id: Annotated[str | None, Header(pattern=EVENT_ID)] = None,
 ) -> StreamingResponse:
     """The job's events as SSE: replay from the start (or after `Last-Event-ID` / `after`),
     then live until the terminal status event; a keep-alive comment at least every
     `api.keepalive_s` seconds (15 by default) while it is quiet."""
-    frames = await stream_job(
-        service,
+    frames = await follows.follow(
         owner,
-        job_id,
-        _sse,
-        after=last_event_id or after,
-        keepalive=SSE_KEEPALIVE,
-        join="".join,
+        lambda: stream_job(
+            service,
+            owner,
+            job_id,
+            _sse,
+            after=last_event_id or after,
+            keepalive=SSE_KEEPALIVE,
+            join="".join,
+        ),
     )
     return StreamingResponse(
         frames,
@@ -68,19 +76,26 @@ async def job_events(
 
 
 @router.websocket("/{job_id}/ws")
-async def job_ws(websocket: WebSocket, job_id: str, service: Service, api_keys: Keys) -> None:
+async def job_ws(
+    websocket: WebSocket, job_id: str, service: Service, api_keys: Keys, follows: Follows
+) -> None:
     """The same events as JSON messages; `?after=ID` resumes; send `{"type": "cancel"}`
     to cancel. The key goes in `Authorization` or `?token=`."""
     token = websocket.query_params.get("token")
     authorization = websocket.headers.get("authorization") or (f"Bearer {token}" if token else None)
     after = websocket.query_params.get("after")
+    if after is not None and not re.match(EVENT_ID, after):
+        # As SSE refuses it (422), in the terms a browser's WebSocket can read.
+        await websocket.accept()
+        await websocket.close(code=WS_POLICY_VIOLATION, reason=f"after: {EVENT_ID_RULE}")
+        return
     try:
         owner = await api_keys.owner_of(authorization)
-        frames = await stream_job(service, owner, job_id, _json, after=after)
-    except (Unauthorized, NotFound) as exc:
-        status = 401 if isinstance(exc, Unauthorized) else 404
-        denial = JSONResponse(error_body(exc.code, exc.message), status)
-        await websocket.send_denial_response(denial)
+        frames = await follows.follow(
+            owner, lambda: stream_job(service, owner, job_id, _json, after=after)
+        )
+    except (Unauthorized, NotFound, TooManyStreams) as exc:
+        await websocket.send_denial_response(denial(exc))
         return
     await websocket.accept()
     reader = _read_commands(websocket, service, owner, job_id)
@@ -89,6 +104,15 @@ async def job_ws(websocket: WebSocket, job_id: str, service: Service, api_keys: 
             async for frame in frames:
                 await websocket.send_text(frame)
             await websocket.close(code=1000)
+
+
+def denial(exc: Unauthorized | NotFound | TooManyStreams) -> JSONResponse:
+    """The HTTP answer to a websocket's handshake that is refused, as a route's."""
+    if isinstance(exc, TooManyStreams):
+        headers = {"Retry-After": str(exc.retry_after_s)}
+        return JSONResponse(error_body(exc.code, exc.message), 429, headers=headers)
+    status = 401 if isinstance(exc, Unauthorized) else 404
+    return JSONResponse(error_body(exc.code, exc.message), status)
 
 
 async def _read_commands(

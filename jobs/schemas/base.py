@@ -10,6 +10,13 @@ from pydantic import BaseModel, ConfigDict
 from jobs.errors import InputError
 from jobs.settings import Limits, PipelineConfig, Settings
 
+COUNT_MAX = 2**31 - 1
+"""The largest count a request may name (tokens, steps, images, dimensions): what an
+engine's 32-bit field holds. The deployment's `limits` refuse far smaller ones; this bound
+keeps a 10**30 from reaching code that cannot hold it (a 422, not a 500)."""
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+"""A seed is a signed 64-bit number."""
+
 
 @dataclass(frozen=True)
 class CachePolicy:

@@ -8,7 +8,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from pydantic_core import PydanticCustomError
 
 from jobs.errors import InputError
-from jobs.schemas.base import JobInput, over_limit
+from jobs.schemas.base import COUNT_MAX, JobInput, over_limit
 from jobs.settings import Limits, PipelineConfig
 from jobs.tokens import count_tokens
 
@@ -50,7 +50,7 @@ class EmbedInput(JobInput):
     """The texts to embed (a single string is one text); a vector for each, in order. At
     most `limits.embed_max_inputs` texts of `limits.embed_max_chars` characters each (the
     deployment's settings)."""
-    dimensions: int | None = Field(default=None, ge=1)
+    dimensions: int | None = Field(default=None, ge=1, le=COUNT_MAX)
     """Fewer dimensions per vector, where the pipeline's model allows it
     (`options.truncate_dimensions`)."""
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from jobs.errors import InputError
-from jobs.schemas.base import JobInput, over_limit
+from jobs.schemas.base import COUNT_MAX, JobInput, over_limit
 from jobs.settings import Limits, PipelineConfig
 
 
@@ -49,7 +49,7 @@ def _known_scheduler(value: str) -> str:
 # the job input does.
 Prompt = Annotated[str, Field(min_length=1, max_length=4000)]
 NegativePrompt = Annotated[str, Field(max_length=4000)]
-Side = Annotated[int, Field(ge=64, multiple_of=8)]
+Side = Annotated[int, Field(ge=64, le=99_992, multiple_of=8)]
 
 
 def _side_pattern() -> str:
@@ -68,10 +68,10 @@ def _side_pattern() -> str:
 
 SIDE_PATTERN = _side_pattern()
 """`Side` as a numeral: how OpenAI's `size` (`WIDTHxHEIGHT`) publishes it."""
-Steps = Annotated[int, Field(ge=1)]
+Steps = Annotated[int, Field(ge=1, le=COUNT_MAX)]
 GuidanceScale = Annotated[float, Field(ge=0.0, le=30.0)]
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
-Count = Annotated[int, Field(ge=1)]
+Count = Annotated[int, Field(ge=1, le=COUNT_MAX)]
 Scheduler = Annotated[
     str,
     Field(max_length=64, json_schema_extra={"enum": sorted(SCHEDULERS)}),

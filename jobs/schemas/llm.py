@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from jobs.errors import InputError, TooLarge
-from jobs.schemas.base import CachePolicy, JobInput, over_limit
+from jobs.schemas.base import COUNT_MAX, SEED_MAX, SEED_MIN, CachePolicy, JobInput, over_limit
 from jobs.settings import Limits, PipelineConfig, Settings
 from jobs.tokens import count_tokens
 
@@ -343,13 +343,13 @@ class LlmInput(JobInput, ChatFeatures):
     """Chat messages; exactly one of `messages` and `prompt`."""
     prompt: str | None = Field(default=None, max_length=1_000_000)
     """Plain completion prompt."""
-    max_tokens: int = Field(default=256, ge=1)
+    max_tokens: int = Field(default=256, ge=1, le=COUNT_MAX)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     stop: list[str] | None = Field(default=None, max_length=4)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     """Choices to generate for the prompt, in one job."""
     cache: bool = True

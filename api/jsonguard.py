@@ -1,0 +1,139 @@
+"""A pure ASGI middleware that refuses, with a 422 naming where it is, JSON that parses
+but cannot be stored: text no UTF-8 can hold, and integers past 64 bits.
+
+JSON may spell a lone UTF-16 surrogate (`"\\udfff"`), and any integer; Python's parser
+takes both, and the value then fails wherever it is encoded (the store's orjson, a
+model's tokenizer) as a 500. Such text can only arrive as a `\\uD800`-`\\uDFFF` escape,
+and such a number as a run of 19 digits or more, so a body with neither passes
+untouched. Otherwise it is parsed, and the first value (or key) that cannot be stored is
+named: `metadata.k`, `messages.0.content`, or the object that holds such a key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.errors import error_body
+
+_SUSPECT = re.compile(rb"\\u[dD][89a-fA-F]|[0-9]{19}")
+"""A surrogate's escape (a pair's too: the parse tells them apart), or a long number."""
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+"""The integers the store encodes (orjson: signed and unsigned 64-bit)."""
+
+
+class Refused(Exception):
+    pass
+
+
+class RefuseUnstorableJson:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not _is_json(scope):
+            await self.app(scope, receive, send)
+            return
+        first = True
+        refused = False
+
+        async def checked() -> Message:
+            """The whole body as one message, once checked (JSON bodies are read whole
+            anyway, and `api.limits` has bounded its size and time)."""
+            nonlocal first, refused
+            if not first:
+                return await receive()
+            first = False
+            parts = []
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return message
+                parts.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    break
+            body = b"".join(parts)
+            if _SUSPECT.search(body) and (where := _unstorable(body)) is not None:
+                refused = True
+                await _refuse(send, where)
+                raise Refused
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def guarded_send(message: Message) -> None:
+            # Once the 422 is out, whatever the app answers to the aborted read is dropped.
+            if not refused:
+                await send(message)
+
+        with contextlib.suppress(Refused):
+            await self.app(scope, checked, guarded_send)
+
+
+def _is_json(scope: Scope) -> bool:
+    """A body FastAPI reads as JSON: a JSON content type, or none."""
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return b"json" in value.lower()
+    return True
+
+
+def _unstorable(body: bytes) -> tuple[str, str] | None:
+    """(where, what is wrong) of the first value the store cannot encode, or None."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None  # not JSON: the route refuses it as it always has
+    return _find(parsed, [])
+
+
+LONE_SURROGATE = "holds a lone UTF-16 surrogate, which is not Unicode text"
+
+
+def _find(value: Any, path: list[str]) -> tuple[str, str] | None:
+    if isinstance(value, str):
+        return None if _encodes(value) else (".".join(path), f"this text {LONE_SURROGATE}")
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        if INT_MIN <= value <= INT_MAX:
+            return None
+        return ".".join(path), "this integer is out of range (64 bits at most)"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not _encodes(key):
+                return ".".join(path), f"a key of this object {LONE_SURROGATE}"
+            if (found := _find(item, [*path, key])) is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if (found := _find(item, [*path, str(index)])) is not None:
+                return found
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+async def _refuse(send: Send, where: tuple[str, str]) -> None:
+    path, what = where
+    param = path or "body"
+    body = json.dumps(error_body("invalid_input", f"{param}: {what}", param)).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 422,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
