@@ -41,11 +41,12 @@ async def current_admin(caller: Annotated[Caller, Depends(current_caller)]) -> C
     return caller
 
 
-async def job_owner(request: Request, job_id: str) -> str:
+async def job_owner(
+    request: Request, job_id: str, caller: Annotated[Caller, Depends(current_caller)]
+) -> str:
     """FastAPI dependency of the routes of one job (`{job_id}` in the path): the owner
     the job is looked up as. The caller's own; for an admin, the job's (an admin may
     follow, cancel and retry any owner's job, as the console does)."""
-    caller = await current_caller(request)
     if caller.admin:
         owner = await get_state(request).service.owner_of(job_id)
         if owner is not None:
@@ -56,4 +57,6 @@ async def job_owner(request: Request, job_id: str) -> str:
 Keys = Annotated[ApiKeys, Depends(get_api_keys)]
 Owner = Annotated[str, Depends(current_owner)]
 Admin = Annotated[Caller, Depends(current_admin)]
+CurrentCaller = Annotated[Caller, Depends(current_caller)]
+"""Who sent the request (solved once per request, whichever dependencies ask)."""
 JobOwner = Annotated[str, Depends(job_owner)]

@@ -159,8 +159,13 @@ class _Watch:
 
     def track(self, sock: socket.socket) -> None:
         with self._lock:
-            if not self._done.is_set():
-                self._sockets.append(sock.dup())
+            if self._done.is_set():
+                return
+            own = sock.dup()
+            self._sockets.append(own)
+            if self.stopped is not None:  # stopped before this connection opened
+                with contextlib.suppress(OSError):
+                    own.shutdown(socket.SHUT_RDWR)
 
     def check(self, field: str) -> None:
         """Raise the stop's own error once it was stopped (or is past its deadline)."""

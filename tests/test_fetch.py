@@ -110,3 +110,9 @@ def test_a_cancel_stops_a_download_that_waits_for_bytes(tmp_path: Path) -> None:
                 fetcher.open(f"{base}{path}", owner="a", field="input.audio", cancel=cancel)
             assert caught.value.field == "input.audio"
             assert time.monotonic() - started < 3, path  # not the 5 s read timeout
+        # Canceled before its connection opened: that connection is stopped as it opens.
+        cancel.set()
+        started = time.monotonic()
+        with pytest.raises(InputError, match="the job was canceled"):
+            fetcher.open(f"{base}/silent", owner="a", field="input.audio", cancel=cancel)
+        assert time.monotonic() - started < 3

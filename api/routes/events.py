@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from api.auth import JobOwner, Keys
+from api.auth import CurrentCaller, JobOwner, Keys
 from api.deps import Follows, Service
 from api.errors import error_body
 from api.follows import TooManyStreams
@@ -46,6 +46,7 @@ def _json(event: Event) -> tuple[str]:
     responses={200: {"content": {"text/event-stream": {}}}},
 )
 async def job_events(
+    caller: CurrentCaller,
     owner: JobOwner,
     job_id: str,
     service: Service,
@@ -57,7 +58,7 @@ async def job_events(
     then live until the terminal status event; a keep-alive comment at least every
     `api.keepalive_s` seconds (15 by default) while it is quiet."""
     frames = await follows.follow(
-        owner,
+        caller.owner,  # the key's own count, whoever's job it follows (an admin)
         lambda: stream_job(
             service,
             owner,
