@@ -8,6 +8,7 @@ same Idempotency-Key, a submit that did land is not made twice).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError as BrokerError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Send
 
 from common.redis_client import FAILOVER_ERRORS
 from jobs.errors import (
@@ -51,6 +53,26 @@ STATUS: list[tuple[type[MmqError], int]] = [
 
 def error_body(etype: str, message: str, param: str | None = None) -> dict[str, Any]:
     return {"error": {"type": etype, "message": message, "param": param}}
+
+
+async def send_error(
+    send: Send, status: int, etype: str, message: str, param: str | None = None
+) -> None:
+    """An error answer sent from a pure ASGI middleware (before any route ran); the
+    connection closes after it (the request's body may be left unread)."""
+    body = json.dumps(error_body(etype, message, param)).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def status_of(exc: MmqError) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import error_body
+from api.errors import send_error
 
 _SUSPECT = re.compile(rb"\\u[dD][89a-fA-F]|[0-9]{19}")
 """A surrogate's escape (a pair's too: the parse tells them apart), or a long number."""
@@ -125,15 +125,4 @@ def _encodes(text: str) -> bool:
 async def _refuse(send: Send, where: tuple[str, str]) -> None:
     path, what = where
     param = path or "body"
-    body = json.dumps(error_body("invalid_input", f"{param}: {what}", param)).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 422,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await send_error(send, 422, "invalid_input", f"{param}: {what}", param)

@@ -6,14 +6,13 @@ longer."""
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import error_body
+from api.errors import send_error
 
 
 class BodyRefused(Exception):
@@ -38,9 +37,7 @@ class BodyLimits:
         limit = self.limit_for(scope["path"])
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            await _refuse(
-                send, 413, "too_large", f"request body is over the limit of {limit} bytes"
-            )
+            await send_error(send, 413, "too_large", _over(limit), "body")
             return
         timeout_s = self.timeout_for(scope["path"])
         ends_at = time.monotonic() + timeout_s
@@ -57,14 +54,14 @@ class BodyLimits:
             if scope_.cancelled_caught:
                 refused = True
                 reason = f"request body did not arrive within {timeout_s:g} s"
-                await _refuse(send, 408, "timeout", reason)
+                await send_error(send, 408, "timeout", reason, "body")
                 raise BodyRefused
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 complete = not message.get("more_body", False)
                 if seen > limit:
                     refused = True
-                    await _refuse(send, 413, "too_large", _over(limit))
+                    await send_error(send, 413, "too_large", _over(limit), "body")
                     raise BodyRefused
             return message
 
@@ -79,19 +76,3 @@ class BodyLimits:
 
 def _over(limit: int) -> str:
     return f"request body is over the limit of {limit} bytes"
-
-
-async def _refuse(send: Send, status: int, etype: str, message: str) -> None:
-    body = json.dumps(error_body(etype, message, "body")).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
