@@ -15,7 +15,7 @@ import redis.asyncio as aredis
 from jobs import keys
 from jobs.errors import Unauthorized
 from jobs.settings import Settings
-from security.apikeys import hash_key
+from security.apikeys import KEY_PREFIX, hash_key
 
 ANONYMOUS_OWNER = "local"
 
@@ -37,8 +37,10 @@ class ApiKeys:
 
     async def caller_of(self, authorization: str | None) -> Caller:
         """The caller that `Authorization` names; the anonymous admin `local` when auth is
-        off and the key is missing or unknown (a known key still scopes jobs to its
-        owner, and is an admin only if it was made one)."""
+        off and no key is sent, or a token that is no mmq key (`EMPTY`, `sk-...`: what
+        clients that always send one send). An mmq key (`mmq_...`) that is not known is
+        refused whatever the setting: a mistyped key never files jobs as someone else. A
+        known key still scopes jobs to its owner, and is an admin only if made one."""
         anonymous = Caller(ANONYMOUS_OWNER, admin=True)
         if not authorization:
             if self._required:
@@ -49,7 +51,7 @@ class ApiKeys:
             raise Unauthorized("Authorization must be 'Bearer <key>'")
         record = await self._r.hget(keys.API_KEYS, hash_key(token.strip()))
         if record is None:
-            if self._required:
+            if self._required or token.strip().startswith(KEY_PREFIX):
                 raise Unauthorized("unknown API key")
             # Auth off (loopback only): clients that always send some key (the openai
             # client does) act as the anonymous owner, as vLLM without --api-key does.

@@ -106,6 +106,11 @@ async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    if first.get("type") == "json_invalid":  # its loc is ("body", offset): name the body
+        message = f"body: {first['msg']} (at character {_loc(first.get('loc', ()))})"
+        body = error_body("invalid_input", message, "body")
+        body["error"]["details"] = [{"param": "body", "message": message}]
+        return JSONResponse(body, status_code=422)
     param = _loc(first.get("loc", ())) or None
     message = f"{param}: {first['msg']}" if param else str(first["msg"])
     body = error_body("invalid_input", message, param)

@@ -404,6 +404,13 @@ class PipelineConfig(BaseModel):
         adapters = self.options.get("lora_modules")
         return {str(k): str(v) for k, v in adapters.items()} if isinstance(adapters, dict) else {}
 
+    def public_model(self) -> str | None:
+        """Its model as clients may see it: a hub id (`org/name`), never a path on a host
+        (`/srv/models/x`, `./models/x`, `~/x`); None for a path."""
+        if not self.model or self.model.startswith(("/", ".", "~", "\\")) or ":\\" in self.model:
+            return None
+        return self.model
+
     def options_as(self, model: type[OptionsT]) -> OptionsT:
         """`options` validated as `model` (the pipeline's own options class)."""
         return model.model_validate(self.options)

@@ -100,7 +100,8 @@ async def test_with_auth_off_unknown_keys_act_as_the_anonymous_owner(
     redis_url: str, tmp_path: Path
 ) -> None:
     """Auth off (loopback only): clients that always send a key (the openai client) work,
-    and their jobs are the anonymous owner's; a real key still scopes its own jobs."""
+    and their jobs are the anonymous owner's; a real key still scopes its own jobs; an mmq
+    key that is not known (a typo) gets 401, never the anonymous admin."""
     flush(redis_url)
     settings = inprocess_settings(redis_url, tmp_path, auth=False)
     async with (
@@ -114,6 +115,10 @@ async def test_with_auth_off_unknown_keys_act_as_the_anonymous_owner(
         assert (await keyed.get(f"/v1/jobs/{job['id']}")).status_code == 404
         basic = await made_up.get("/v1/jobs", headers={"Authorization": "Basic eA=="})
         assert basic.status_code == 401
+        typo = {"Authorization": "Bearer mmq_wrong"}
+        for method, path in [("GET", "/v1/whoami"), ("POST", "/v1/jobs")]:
+            r = await none.request(method, path, headers=typo, json={"kind": "echo", "input": {}})
+            assert r.status_code == 401 and r.json()["error"]["message"] == "unknown API key"
 
 
 async def test_another_owners_job_is_404_everywhere(

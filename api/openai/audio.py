@@ -5,8 +5,9 @@ that names its key goes through the JobService: the same queues, batching, limit
 auth as `/v1/jobs`. The route then follows the job's events: without `stream` it answers
 once the job has ended (json, text, srt, vtt or verbose_json); with `stream=true` each
 decoded segment is a `transcript.text.delta` SSE event, then `transcript.text.done`.
-`model` names an ASR pipeline (or alias); `whisper-1` means the default one. A client
-that goes away before the end cancels its job.
+`model` names an ASR pipeline (or alias); `whisper-1`, `gpt-4o-transcribe` and
+`gpt-4o-mini-transcribe` mean the default one. A client that goes away before the end
+cancels its job.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ from jobs.settings import Limits
 
 router = APIRouter(prefix="/v1/audio", tags=["openai"])
 
-DEFAULT_MODELS = frozenset({"whisper-1"})
-"""OpenAI model names that mean "the default ASR pipeline"."""
+DEFAULT_MODELS = frozenset({"whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe"})
+"""OpenAI's transcription model names: each means "the default ASR pipeline"."""
 PARAMS = {
     "audio": "file",
     "initial_prompt": "prompt",
@@ -81,7 +82,7 @@ class TranscriptionForm(BaseModel):
 
     model: str = Field(min_length=1, max_length=256)
     """An ASR pipeline, its model or one of its aliases: the deployment's configuration
-    says which (`GET /v1/models` lists them); `whisper-1`: the default one."""
+    says which (`GET /v1/models` lists them); OpenAI's names (`whisper-1`...): the default one."""
     language: asr.Language | None = None
     """ISO 639-1 code of the audio's language; unset (or blank): detected."""
     prompt: asr.Prompt | None = None

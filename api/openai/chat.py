@@ -59,11 +59,13 @@ async def create_completion(
 
 @router.get("/models")
 async def list_models(owner: Owner, settings: SettingsDep) -> dict[str, Any]:
-    """Every model the deployment serves, all kinds: pipeline names, models, aliases,
-    LoRA adapters."""
+    """Every model the deployment serves, all kinds: pipeline names, models (by hub id;
+    a model loaded from a path is listed by its pipeline's name), aliases, LoRA
+    adapters."""
     seen: dict[str, dict[str, Any]] = {}
     for name, config in settings.enabled_pipelines.items():
-        for model_id in (name, config.model, *config.aliases, *config.adapters()):
+        model = config.public_model()
+        for model_id in (name, model, *config.aliases, *config.adapters()):
             if model_id and model_id not in seen:
                 seen[model_id] = {
                     "id": model_id,
@@ -74,7 +76,7 @@ async def list_models(owner: Owner, settings: SettingsDep) -> dict[str, Any]:
                     "pipeline": name,
                 }
                 if model_id in config.adapters():  # a LoRA adapter, as vLLM lists one
-                    seen[model_id]["parent"] = config.model
+                    seen[model_id]["parent"] = model or name
     return {"object": "list", "data": list(seen.values())}
 
 
