@@ -65,6 +65,7 @@ class RedisServer:
         self.started_at = 0.0
         self.restarts = 0
         self.next_start: float | None = None
+        self.wrote_url = False
 
     @property
     def url(self) -> str:
@@ -98,13 +99,18 @@ class RedisServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{args[0]} exited with {self.process.returncode}")
             try:
-                client.ping()
+                answering = int(client.info("server")["process_id"])
             except redis.AuthenticationError:
-                pass  # it answers: `extra_args` gave it a password
+                answering = self.process.pid  # it answers: `extra_args` gave it a password
             except redis.ConnectionError:
                 time.sleep(0.05)
                 continue
+            if answering != self.process.pid:  # another server has the port: not ours
+                self.process.kill()
+                self.process.wait()
+                raise RuntimeError(f"port {self.port} is taken by another server (pid {answering})")
             (self.data_dir / URL_FILE).write_text(self.url)
+            self.wrote_url = True
             self.started_at = time.monotonic()
             return self
         self.stop()
@@ -112,8 +118,10 @@ class RedisServer:
 
     def stop(self) -> None:
         url_file = self.data_dir / URL_FILE
-        if self.process is not None and url_file.exists() and url_file.read_text() == self.url:
+        # Only the file this server wrote: never another's that names the same port.
+        if self.wrote_url and url_file.exists() and url_file.read_text() == self.url:
             url_file.unlink()
+        self.wrote_url = False
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:

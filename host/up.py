@@ -18,6 +18,7 @@ import typer
 from redis.exceptions import RedisError
 
 from common import redis_client
+from host.datadir import DataDirInUse, DataDirLock
 from host.devices import Device, Topology, discover
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.placement import Assignment, PlacementError, Plan, load_placement, plan_placement
@@ -175,6 +176,24 @@ def embedded_durability(settings: Settings) -> str:
 
 
 def run_up(settings: Settings, config: Path | None, plan: Plan, services: bool = True) -> None:
+    """Run the plan's workers (and, with `services`, Redis unless one is named, the API
+    and the reaper) until Ctrl-C; one `mmq up` per data dir (`host.datadir`)."""
+    if not services:
+        _run(settings, config, plan, services, None)
+        return
+    lock = DataDirLock(settings.data_dir)
+    try:
+        lock.acquire(api=settings.public_url, redis=settings.redis_url)
+    except DataDirInUse as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    with lock:
+        _run(settings, config, plan, services, lock)
+
+
+def _run(
+    settings: Settings, config: Path | None, plan: Plan, services: bool, lock: DataDirLock | None
+) -> None:
     server: RedisServer | None = None
     env: dict[str, str] = {}
     if services and not settings.redis_url:
@@ -185,6 +204,8 @@ def run_up(settings: Settings, config: Path | None, plan: Plan, services: bool =
             fsync_always=durability == "fsync",
         )
         server.start()
+        if lock is not None:
+            lock.note(redis=server.url)
         env["MMQ_REDIS_URL"] = server.url
         env["MMQ_REDIS__DURABILITY"] = durability
         typer.echo(

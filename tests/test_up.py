@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from common.procs import free_port
 from harness.deploy import REPO, cmdline, wait_until
+from host.redis_server import RedisServer, running_url
 
 
 def _children(pid: int) -> set[int]:
@@ -73,6 +75,15 @@ def test_mmq_up_serves_jobs_and_ctrl_c_leaves_no_orphan(tmp_path: Path) -> None:
         )
         assert r.status_code == 200, r.text
         assert r.json()["output"] == {"payload": "hi"}
+        # A second `mmq up` on the same data dir is refused at once, naming the first, and
+        # leaves it as it was (its Redis URL file too: `mmq keys` below finds it).
+        second = subprocess.run(
+            [sys.executable, "-m", "mmq.cli", "up", "--config", str(REPO / "mmq.toml")],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert f"is in use by another `mmq up` (pid {up.pid}, Redis redis://" in second.stderr
+        assert f"API {base}" in second.stderr
         # Other commands with the same data dir find the embedded server by themselves.
         keys = [sys.executable, "-m", "mmq.cli", "keys"]
         made = subprocess.run(
@@ -114,3 +125,21 @@ def test_mmq_up_serves_jobs_and_ctrl_c_leaves_no_orphan(tmp_path: Path) -> None:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGKILL)
             up.wait()
+
+
+def test_a_server_that_finds_its_port_taken_says_so_and_leaves_the_first_alone(
+    tmp_path: Path,
+) -> None:
+    """Two embedded servers on one data dir and port: the second sees that the server that
+    answers is not its own, and its stop leaves the first's URL file."""
+    port = free_port()
+    first = RedisServer(tmp_path, port=port, persist=False).start()
+    try:
+        second = RedisServer(tmp_path, port=port, persist=False)
+        with pytest.raises(RuntimeError, match=f"port {port} is taken by another server"):
+            second.start()
+        second.stop()
+        assert running_url(tmp_path) == first.url
+    finally:
+        first.stop()
+    assert running_url(tmp_path) is None
