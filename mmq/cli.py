@@ -22,6 +22,26 @@ if TYPE_CHECKING:
     from mmq.client import Client
 
 app = typer.Typer(help="mmq: multimodal inference jobs on Redis and Celery workers.")
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        from importlib.metadata import version
+
+        typer.echo(f"mmq {version('mmq')}")
+        raise typer.Exit
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version"),
+    ] = False,
+) -> None:
+    """mmq: multimodal inference jobs on Redis and Celery workers."""
+
+
 keys_app = typer.Typer(help="API keys.")
 app.add_typer(keys_app, name="keys")
 
@@ -299,14 +319,18 @@ def submit(
 ) -> None:
     """Submit a job; with --follow or --output, wait for it and exit non-zero unless it
     succeeds (1: failed or canceled; 2: the API refused a request)."""
+    import httpx
     from rich.console import Console
 
     from mmq.client import Client, MmqAPIError
 
     console = Console(stderr=as_json)  # with --json, stdout carries JSON alone
     payload = _parse_input(input, set_ or [])
-    with Client(url or load_settings(config).public_url, key) as client:
+    base_url = url or load_settings(config).public_url
+    with Client(base_url, key) as client:
         try:
+            for name, path in _local_files(payload).items():  # `--set audio=./a.wav`
+                payload[name] = client.upload(path)["key"]
             job = client.submit(kind, payload, priority=priority)
             waits = follow or output is not None
             _show_submitted(job, console, as_json, waits)
@@ -318,7 +342,23 @@ def submit(
         except MmqAPIError as exc:
             console.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from None
+        except httpx.TransportError as exc:
+            console.print(f"[red]cannot reach the API at {base_url}: {exc}[/]")
+            console.print("is `mmq up` running there? (--url, or api.public_url, names it)")
+            raise typer.Exit(2) from None
     _exit_for(job, console, shown=follow and not as_json)
+
+
+def _local_files(payload: dict[str, object]) -> dict[str, Path]:
+    """The input fields whose value is a file on this machine (uploaded, then named by
+    their stored key): an absolute path, or one that starts with `./`, `../` or `~`."""
+    found = {}
+    for name, value in payload.items():
+        if isinstance(value, str) and value.startswith(("/", "./", "../", "~")):
+            path = Path(value).expanduser()
+            if path.is_file():
+                found[name] = path
+    return found
 
 
 def _show_submitted(job: dict[str, Any], console: Console, as_json: bool, waits: bool) -> None:
@@ -419,14 +459,46 @@ def keys_create(
 
 
 @keys_app.command("revoke")
-def keys_revoke(name: str, config: ConfigOpt = None) -> None:
-    """Delete every API key of owner NAME."""
+def keys_revoke(
+    name: Annotated[str | None, typer.Argument(help="Revoke every key of this owner")] = None,
+    key_id: Annotated[
+        str | None,
+        typer.Option("--id", help="Revoke this one key (its id from `mmq keys list`)"),
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Delete every API key of owner NAME, or the one key `--id ID`."""
     from common import redis_client
-    from security.apikeys import revoke_owner
+    from security.apikeys import revoke_key, revoke_owner
+
+    if (name is None) == (key_id is None):
+        raise typer.BadParameter("give an owner NAME or --id ID (one of them)")
+    settings = command_settings(config)
+    client = redis_client.connect(str(with_redis(settings).redis_url))
+    if name is not None:
+        typer.echo(f"revoked {revoke_owner(client, name)} key(s)")
+        return
+    gone = revoke_key(client, str(key_id))
+    if gone is None:
+        typer.echo(f"no one key has the id {key_id!r} (see `mmq keys list`)", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"revoked key {gone.id} of {gone.owner}")
+
+
+@keys_app.command("list")
+def keys_list(config: ConfigOpt = None) -> None:
+    """Every API key: its id (never the key), owner, whether it is an admin's, when made."""
+    import datetime
+
+    from common import redis_client
+    from security.apikeys import list_keys
 
     settings = command_settings(config)
     client = redis_client.connect(str(with_redis(settings).redis_url))
-    typer.echo(f"revoked {revoke_owner(client, name)} key(s)")
+    for key in list_keys(client):
+        made = datetime.datetime.fromtimestamp(key.created_at, datetime.UTC)
+        role = "admin" if key.admin else "-"
+        typer.echo(f"{key.id}  {key.owner:<24} {role:<5}  {made:%Y-%m-%d %H:%M} UTC")
 
 
 @keys_app.command("limits")

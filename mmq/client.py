@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import mimetypes
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any, TypedDict, Unpack
 from urllib.parse import quote
 
@@ -153,6 +155,13 @@ class Client:
     def download(self, key: str) -> bytes:
         """A stored file's bytes (an output's `key`), through the API with this client's key."""
         return _content(self.http.get(_file_path(key)))
+
+    def upload(self, path: str | Path) -> dict[str, Any]:
+        """Upload a local file (`POST /v1/files`); its `key` names it in a job's input."""
+        path = Path(path)
+        ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        with path.open("rb") as stream:
+            return _check(self.http.post("/v1/files", files={"file": (path.name, stream, ctype)}))
 
     def events(
         self, job_id: str, after: str | None = None, *, retries: int = 5

@@ -9,10 +9,12 @@ import hashlib
 import json
 import secrets
 import time
+from dataclasses import dataclass
 
 import redis
 
 from jobs import keys
+from jobstore.codec import text_map
 
 KEY_PREFIX = "mmq_"
 
@@ -44,3 +46,46 @@ def revoke_owner(client: redis.Redis, owner: str) -> int:
     if gone:
         client.hdel(keys.API_KEYS, *gone)
     return len(gone)
+
+
+KEY_ID_CHARS = 12
+"""A key's id: the start of its hash (never the key), as `mmq keys list` shows it."""
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    id: str
+    owner: str
+    admin: bool
+    created_at: float
+
+
+def list_keys(client: redis.Redis) -> list[KeyInfo]:
+    """Every key, by owner then age: its id, never the key."""
+    stored = text_map(client.hgetall(keys.API_KEYS))
+    found = [_info(hashed, json.loads(record)) for hashed, record in stored.items()]
+    return sorted(found, key=lambda k: (k.owner, k.created_at))
+
+
+def revoke_key(client: redis.Redis, key_id: str) -> KeyInfo | None:
+    """Delete the one key whose id (or the start of it, at least 6 characters) is
+    `key_id`; None when no key, or more than one, has it."""
+    if len(key_id) < 6:
+        return None
+    stored = text_map(client.hgetall(keys.API_KEYS))
+    matches = [hashed for hashed in stored if hashed.startswith(key_id)]
+    if len(matches) != 1:
+        return None
+    (hashed,) = matches
+    client.hdel(keys.API_KEYS, hashed)
+    return _info(hashed, json.loads(stored[hashed]))
+
+
+def _info(hashed: str, record: dict[str, object]) -> KeyInfo:
+    created = record.get("created_at", 0)
+    return KeyInfo(
+        hashed[:KEY_ID_CHARS],
+        str(record.get("owner", "")),
+        bool(record.get("admin")),
+        float(created) if isinstance(created, int | float) else 0.0,
+    )

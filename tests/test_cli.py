@@ -20,13 +20,14 @@ from PIL import Image
 from rich.console import Console
 from rich.control import strip_control_codes
 
+from common.procs import free_port
 from harness.audio import spoken
 from harness.deploy import REPO, Deployment, wait_until
 from harness.models.sd import TINY_SIZE
 from jobs import keys
 from mmq.follow import RENDERERS
 from mmq.results import result_bytes
-from security.apikeys import create_key
+from security.apikeys import create_key, hash_key
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +80,39 @@ def test_keys_create_prints_a_key_that_is_stored_only_as_a_hash(
 
     bad = _mmq("keys", "create", "no spaces allowed", redis_url=deployment.redis_url)
     assert bad.returncode != 0
+
+
+def test_keys_list_shows_ids_never_keys_and_revoke_takes_one_by_its_id(
+    deployment: Deployment,
+) -> None:
+    made = [_mmq("keys", "create", "dana", redis_url=deployment.redis_url) for _ in range(2)]
+    first, second = (m.stdout.strip().splitlines()[-1] for m in made)
+    listed = _mmq("keys", "list", redis_url=deployment.redis_url)
+    assert listed.returncode == 0, listed.stderr
+    danas = [line for line in listed.stdout.splitlines() if " dana " in line]
+    assert len(danas) == 2 and first not in listed.stdout and second not in listed.stdout
+    first_id = next(
+        line.split()[0] for line in danas if hash_key(first).startswith(line.split()[0])
+    )
+    gone = _mmq("keys", "revoke", "--id", first_id, redis_url=deployment.redis_url)
+    assert gone.returncode == 0 and f"revoked key {first_id} of dana" in gone.stdout
+    whoami = f"{deployment.base_url}/v1/whoami"
+    assert httpx.get(whoami, headers={"Authorization": f"Bearer {first}"}).status_code == 401
+    assert httpx.get(whoami, headers={"Authorization": f"Bearer {second}"}).status_code == 200
+    nothing = _mmq("keys", "revoke", "--id", first_id, redis_url=deployment.redis_url)
+    assert nothing.returncode == 2 and "no one key has the id" in nothing.stderr
+    version = _mmq("--version", redis_url=deployment.redis_url)
+    assert re.fullmatch(r"mmq \d+\.\d+\.\d+\n", version.stdout), version.stdout
+
+
+def test_submit_to_an_api_that_does_not_answer_says_so_in_two_lines(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    done = _mmq("submit", "noop", "--url", url, redis_url=deployment.redis_url)
+    assert done.returncode == 2
+    assert f"cannot reach the API at {url}" in done.stdout and "Traceback" not in done.stdout
+    assert len(done.stdout.strip().splitlines()) <= 3, done.stdout
 
 
 def test_keys_limits_sets_a_keys_limits_that_the_api_applies(deployment: Deployment) -> None:
@@ -224,12 +258,14 @@ def test_follow_reads_tts_sentences_with_their_length_and_output_writes_the_wav(
 def test_follow_reads_asr_segments_with_their_times_and_output_writes_the_text(
     deployment: Deployment, key: str, tmp_path: Path
 ) -> None:
-    auth = {"Authorization": f"Bearer {key}"}
-    files = {"file": ("speech.wav", spoken(), "audio/wav")}
-    audio = httpx.post(f"{deployment.base_url}/v1/files", files=files, headers=auth).json()["key"]
+    local = tmp_path / "speech.wav"  # a file here: `--set` uploads it, the job names its key
+    local.write_bytes(spoken())
     out = tmp_path / "transcript.txt"
-    done = _submit(deployment, key, "asr", "--set", f"audio={audio}", "--follow", "-o", str(out))
-    output = _job(deployment, key, done.stdout)["output"]
+    done = _submit(deployment, key, "asr", "--set", f"audio={local}", "--follow", "-o", str(out))
+    job = _job(deployment, key, done.stdout)
+    audio = str(job["input"]["audio"])
+    assert "/uploads/" in audio and audio.endswith("/speech.wav") and not audio.startswith("/")
+    output = job["output"]
     assert isinstance(output, dict) and "quick brown fox" in output["text"].lower()
     for segment in output["segments"]:
         times = f"[{segment['start']:7.2f} → {segment['end']:7.2f}] {segment['text'].strip()}"
