@@ -10,7 +10,9 @@ during its start failed (what it recorded in Redis); Ctrl-C stops them all.
 
 from __future__ import annotations
 
+import shutil
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -148,8 +150,16 @@ def _describe(plan: Plan) -> str:
     )
 
 
+def _mmq() -> str:
+    """How to call this installation's `mmq` from a shell: `mmq` when that is it on the
+    PATH, else its path (`make run` does not put `.venv/bin` on the PATH)."""
+    here = Path(sys.executable).parent / "mmq"
+    found = shutil.which("mmq")
+    return "mmq" if found and Path(found).resolve() == here.resolve() else str(here)
+
+
 def _keys_line(settings: Settings) -> str:
-    make = "`mmq keys create NAME` (same config and data dir; stored hashed in Redis)"
+    make = f"`{_mmq()} keys create NAME` (same config and data dir; stored hashed in Redis)"
     if settings.auth.required:
         return f"required: make one with {make}"
     return f"not required on loopback; owners of their own jobs get one with {make}"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,6 +103,10 @@ def test_mmq_up_serves_jobs_and_ctrl_c_leaves_no_orphan(tmp_path: Path) -> None:
         printed = (tmp_path / "up.log").read_text()
         for line in ("keys   ", f"data   {tmp_path / 'data'}", "logs   here", "durability fsync"):
             assert line in printed, printed
+        # The keys line names an `mmq` that runs from a shell as it is (PATH or a path).
+        shown = re.search(r"`(\S+) keys create NAME`", printed)
+        assert shown is not None, printed
+        assert shutil.which(shown[1], path=env.get("PATH")) or Path(shown[1]).is_file()
         # The embedded server dies: mmq up starts it again on its data dir, and every
         # process reconnects by itself.
         (server,) = [p for p in _children(up.pid) if b"-server" in cmdline(p)]
