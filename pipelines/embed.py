@@ -63,12 +63,15 @@ class EmbedPipeline(Pipeline[EmbedInput, Texts]):
         self.options = self.config.options_as(EmbedOptions)
         source = self.config.model or str(default_model_dir())
         device = "cuda" if on_gpu(self.config.device) else "cpu"
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # its load bars: noise in a worker's log
         self.model = SentenceTransformer(source, device=device)
         self.window = int(self.model.max_seq_length or 512)
         self.dimensions = int(self.model.get_embedding_dimension() or 0)
 
     def warmup(self) -> None:
-        self.model.encode(["warm up"], convert_to_numpy=True)
+        self.model.encode(["warm up"], convert_to_numpy=True, show_progress_bar=False)
 
     def batch_key(self, request: EmbedInput) -> Hashable | None:
         return "embed"  # any requests batch: the encode call takes their texts together
@@ -94,6 +97,7 @@ class EmbedPipeline(Pipeline[EmbedInput, Texts]):
             batch_size=self.options.encode_batch,
             convert_to_numpy=True,
             normalize_embeddings=self.options.normalize,
+            show_progress_bar=False,  # a bar a batch (at log level INFO) is noise in a log
         )
         start = 0
         for item in batch:

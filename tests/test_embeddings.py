@@ -155,3 +155,12 @@ def test_an_embed_job_on_the_jobs_api_holds_base64_vectors(api: Api) -> None:
     assert output["dimensions"] == DIMENSIONS and len(output["embeddings"]) == 2
     first = np.frombuffer(base64.b64decode(output["embeddings"][0]), dtype="<f4")
     assert np.allclose(first, _vectors(_post(api, input=CAT))[0], atol=1e-5)
+
+
+def test_a_workers_log_carries_no_progress_bars(embed_dep: Deployment, api: Api) -> None:
+    """sentence-transformers draws a bar for each batch (and transformers one for each
+    load) at log level INFO; a worker's log is for events, so it draws none."""
+    _post(api, input=[CAT, KITTEN, MARKETS])
+    worker = next(p for p in embed_dep.procs if p.name.startswith("worker-embed-"))
+    bars = [line for line in worker.log().splitlines() if "it/s]" in line or "Batches:" in line]
+    assert bars == []
