@@ -136,7 +136,8 @@ def run_webhook_worker(settings: Settings) -> None:
 
     app.worker_main(
         [
-            "worker", "--pool=threads", f"--concurrency={settings.webhooks.concurrency}",
+            "--quiet", "worker", "--pool=threads",
+            f"--concurrency={settings.webhooks.concurrency}",
             f"--queues={WEBHOOK_QUEUE}", "--hostname=webhooks@%h",
             f"--loglevel={settings.log_level}", "--without-gossip", "--without-mingle",
             "--without-heartbeat",

@@ -125,6 +125,11 @@ class Supervisor:
     def stop(self) -> None:
         self._stop.set()
 
+    @property
+    def stopping(self) -> threading.Event:
+        """Set once `stop()` is called."""
+        return self._stop
+
     def terminate(self, timeout_s: float = 10.0) -> None:
         stop_groups([c.process for c in self.children if c.process is not None], timeout_s)
         for child in self.children:

@@ -13,6 +13,9 @@ from __future__ import annotations
 import shutil
 import signal
 import sys
+import threading
+import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -150,6 +153,31 @@ def _describe(plan: Plan) -> str:
     )
 
 
+READY_POLL_S = 0.5
+READY_WAIT_S = 3600.0
+
+
+def announce_ready(base_url: str, stopping: threading.Event) -> None:
+    """Print one `ready` line when the API's `/readyz` first answers 200 (Redis up, a
+    live worker for every enabled kind), from a thread of its own."""
+
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no env proxies
+
+    def watch() -> None:
+        started = time.monotonic()
+        while not stopping.wait(READY_POLL_S) and time.monotonic() - started < READY_WAIT_S:
+            try:  # urllib: httpx would log each poll at INFO
+                with direct.open(f"{base_url}/readyz", timeout=2):
+                    pass
+            except OSError:  # 503 (an HTTPError) until ready, or no answer yet
+                continue
+            took = time.monotonic() - started
+            typer.echo(f"ready  {base_url}  (a worker for every enabled kind; {took:.0f} s)")
+            return
+
+    threading.Thread(target=watch, name="announce-ready", daemon=True).start()
+
+
 def _mmq() -> str:
     """How to call this installation's `mmq` from a shell: `mmq` when that is it on the
     PATH, else its path (`make run` does not put `.venv/bin` on the PATH)."""
@@ -236,6 +264,8 @@ def _run(
     typer.echo(f"workers {_describe(plan)}   (Ctrl-C stops all)")
     for warning in plan.warnings:
         typer.echo(f"warning: {warning}", err=True)
+    if services:
+        announce_ready(settings.public_url, supervisor.stopping)
     try:
         supervisor.run(on_pass=server.revive if server is not None else None)
     finally:

@@ -101,8 +101,12 @@ def test_mmq_up_serves_jobs_and_ctrl_c_leaves_no_orphan(tmp_path: Path) -> None:
         )  # fmt: skip
         assert gone.stdout.strip() == "revoked 1 key(s)", gone.stderr
         printed = (tmp_path / "up.log").read_text()
+        wait_until(lambda: f"ready  {base}" in (tmp_path / "up.log").read_text(), timeout_s=10)
+        printed = (tmp_path / "up.log").read_text()
         for line in ("keys   ", f"data   {tmp_path / 'data'}", "logs   here", "durability fsync"):
             assert line in printed, printed
+        assert "celery@" not in printed and "[tasks]" not in printed  # no Celery banners
+        assert "/readyz" not in printed  # the wait for ready is not logged poll by poll
         # The keys line names an `mmq` that runs from a shell as it is (PATH or a path).
         shown = re.search(r"`(\S+) keys create NAME`", printed)
         assert shown is not None, printed

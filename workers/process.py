@@ -289,6 +289,7 @@ def run_worker(settings: Settings, pipelines: Sequence[str], instance: int = 0) 
     try:
         app.worker_main(
             [
+                "--quiet",  # Celery's option, before the command: no banner
                 "worker",
                 "--pool=threads",
                 f"--concurrency={sum(h.concurrency for h in hosted)}",
