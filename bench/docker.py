@@ -120,6 +120,11 @@ class Options:
     compose_env: dict[str, str]
 
 
+def image_id(opts: Options) -> str:
+    """The id of the image `opts.tag` names now."""
+    return run([opts.docker, "image", "inspect", "-f", "{{.Id}}", opts.tag]).stdout.strip()
+
+
 def build(opts: Options, context: Path, log: Path, no_cache: bool) -> tuple[float, str]:
     """Build the CPU image from `context`: (seconds, "N of M steps cached")."""
     argv = [opts.docker, "build", "--progress=plain", "-f", "docker/Dockerfile.cpu"]
@@ -388,9 +393,12 @@ def prove(args: argparse.Namespace, report: Report) -> None:
         changed.write_text(original + CHANGE)
         seconds, ran = build(opts, context, log, no_cache=False)
         report.add("rebuild after a one-line code change", seconds, f"{CHANGED_FILE}: {ran}")
+        one_line = image_id(opts)
         changed.write_text(original)
         seconds, ran = build(opts, context, log, no_cache=False)
         report.add("build again, unchanged", seconds, ran)
+        if image_id(opts) != one_line:  # the tag moved back: the changed build is left untagged
+            run([opts.docker, "image", "rm", one_line])
     size = int(run([opts.docker, "image", "inspect", "-f", "{{.Size}}", opts.tag]).stdout)
     report.meta["image_bytes"] = size
     report.add("image size", None, f"{size / 1e9:.2f} GB ({size:,} bytes)")
