@@ -264,3 +264,32 @@ def test_the_batches_page_shows_a_batch_its_counts_and_its_lines_jobs(
         page.get_by_role("button", name="output file").click()
     saved = Path(download.value.path()).read_text().splitlines()
     assert sorted(json.loads(x)["custom_id"] for x in saved) == ["p0", "p1", "p2"]
+
+
+def test_only_the_kinds_served_here_have_a_playground_and_the_lists_read_well(
+    page: Page, console_dep: Deployment, keys: dict[str, str], tmp_path: Path
+) -> None:
+    """An API of the same deployment whose config serves echo and sleep only: no
+    playground tab, and a playground asked for by its address says what to enable. On the
+    full one: the jobs page filters by every kind, and the empty batches page reads as a
+    sentence."""
+    few = Deployment(console_dep.redis_url, tmp_path)  # the tests' echo and sleep alone
+    try:
+        few.start_api()
+        page.goto(f"{few.base_url}/ui#/jobs")
+        page.get_by_label("API key").fill(keys["bob"])
+        page.get_by_role("button", name="Open").click()
+        page.get_by_text("forget key").wait_for()
+        page.get_by_role("heading", name="Jobs").wait_for()
+        nav = page.get_by_role("navigation", name="Pages")
+        for tab in ("Transcribe", "Speak", "Draw", "Chat"):
+            assert nav.get_by_role("link", name=tab).count() == 0, tab
+        page.goto(f"{few.base_url}/ui#/play/llm")
+        page.get_by_text("No pipeline serves kind llm here").wait_for()
+    finally:
+        few.stop()
+    _sign_in(page, keys["bob"], "#/jobs")
+    options = page.get_by_label("Kind").locator("option").all_inner_texts()
+    assert {"asr", "tts", "image", "llm", "embed", "noop"} <= set(options), options
+    page.goto("/ui#/batches")
+    page.get_by_text("No batches yet: create one with client.batches.create").wait_for()

@@ -53,7 +53,23 @@ function KeyForm({ error, onKey }) {
   </main>`;
 }
 
-function Nav({ route, me, onSignOut }) {
+// The kinds some pipeline serves here (GET /v1/models): the playgrounds shown.
+function useServedKinds(me) {
+  const [kinds, setKinds] = useState(null);
+  useEffect(() => {
+    if (!me) return undefined;
+    let live = true;
+    api("/v1/models")
+      .then((models) => live && setKinds(new Set(models.data.map((m) => m.kind))))
+      .catch(() => live && setKinds(new Set()));
+    return () => {
+      live = false;
+    };
+  }, [me]);
+  return kinds;
+}
+
+function Nav({ route, me, served, onSignOut }) {
   const here = route[0] || "overview";
   const link = (href, label, name) =>
     html`<a href=${href} aria-current=${here === name ? "page" : null}>${label}</a>`;
@@ -63,7 +79,7 @@ function Nav({ route, me, onSignOut }) {
       ${me.admin && link("#/overview", "Overview", "overview")}
       ${link("#/jobs", "Jobs", "jobs")}
       ${link("#/batches", "Batches", "batches")}
-      ${KINDS.map((k) => html`<a href=${`#/play/${k.kind}`}
+      ${KINDS.filter((k) => served && served.has(k.kind)).map((k) => html`<a href=${`#/play/${k.kind}`}
         aria-current=${here === "play" && route[1] === k.kind ? "page" : null}>${k.title}</a>`)}
     </nav>
     <span class="who">${me.owner}${me.admin ? " (admin)" : ""}
@@ -75,6 +91,7 @@ function App() {
   const route = useRoute();
   const [attempt, setAttempt] = useState(0);
   const { loading, me, error } = useIdentity(attempt);
+  const served = useServedKinds(me);
   useEffect(() => {
     const on = () => setAttempt((n) => n + 1);
     addEventListener("mmq-unauthorized", on);
@@ -96,10 +113,10 @@ function App() {
   else if (name === "jobs" || (!name && !me.admin)) page = html`<${JobList} me=${me} />`;
   else if (name === "batches" && arg) page = html`<${BatchPage} me=${me} batchId=${decodeURIComponent(arg)} />`;
   else if (name === "batches") page = html`<${BatchList} />`;
-  else if (name === "play") page = html`<${Playground} kind=${arg || "tts"} />`;
+  else if (name === "play") page = html`<${Playground} kind=${arg || "tts"} served=${served} />`;
   else if (me.admin) page = html`<${Overview} />`;
   else page = html`<${JobList} me=${me} />`;
-  return html`<${Nav} route=${route} me=${me} onSignOut=${signOut} /><main>${page}</main>`;
+  return html`<${Nav} route=${route} me=${me} served=${served} onSignOut=${signOut} /><main>${page}</main>`;
 }
 
 render(html`<${App} />`, document.getElementById("app"));

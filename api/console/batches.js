@@ -49,8 +49,7 @@ export function BatchList() {
           <td>${new Date(b.created_at * 1000).toLocaleString()}</td></tr>`)}
       </tbody>
     </table>
-    ${data && !data.data.length && html`<p class="muted">No batches yet: create one with
-      <code>client.batches.create</code> (see the README).</p>`}
+    ${data && !data.data.length && html`<p class="muted">No batches yet: create one with <code>client.batches.create</code> (see the README).</p>`}
   </section>`;
 }
 

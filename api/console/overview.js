@@ -1,7 +1,7 @@
 // The overview, live: the API pushes a snapshot every 2 s (GET /v1/admin/overview/stream);
 // the page keeps the last 5 minutes of them for the small charts.
-import { html, useRef, useState } from "./vendor/preact-htm.mjs";
-import { ago, ms, useStream } from "./lib.js";
+import { html, useEffect, useRef, useState } from "./vendor/preact-htm.mjs";
+import { ago, api, ms, useStream } from "./lib.js";
 
 const HISTORY = 150; // snapshots: 5 minutes at one every 2 s
 
@@ -90,6 +90,13 @@ function Keys({ keys }) {
 export function Overview() {
   const [now, setNow] = useState(null);
   const history = useRef([]);
+  useEffect(() => {  // a snapshot at once; the stream's frames follow every 2 s
+    let live = true;
+    api("/v1/admin/overview").then((first) => live && setNow((n) => n || first)).catch(() => {});
+    return () => {
+      live = false;
+    };
+  }, []);
   const error = useStream("/v1/admin/overview/stream", (message) => {
     if (message.event !== "overview") return;
     history.current = [...history.current.slice(-(HISTORY - 1)), message.data];

@@ -11,6 +11,12 @@ export const KINDS = [
   { kind: "llm", title: "Chat" },
 ];
 
+// An error as the API words it: its message names the field already, else the field first.
+function named(error) {
+  const { param, message } = error;
+  return param && !message.startsWith(`${param}: `) ? `${param}: ${message}` : message;
+}
+
 // Submit a job and follow its events: {job, events, status, error, run(kind, input)}.
 function useJobRun() {
   const [state, setState] = useState({ job: null, events: [], status: null, output: null, error: null });
@@ -50,7 +56,7 @@ function RunView({ kind, state, autoplay }) {
   return html`<div class="run">
     <p role="status">${state.job ? html`<a href=${`#/jobs/${state.job.id}`}>${state.job.id}</a> ` : ""}
       <${StatusBadge} status=${state.status} /></p>
-    ${state.error && html`<p class="error" role="alert">${state.error.param ? `${state.error.param}: ` : ""}${state.error.message}</p>`}
+    ${state.error && html`<p class="error" role="alert">${named(state.error)}</p>`}
     <${Output} kind=${kind} output=${state.output} events=${state.events} autoplay=${autoplay} />
   </div>`;
 }
@@ -157,10 +163,13 @@ function Chat() {
 
 const PAGES = { asr: Asr, tts: Tts, image: Image, llm: Chat };
 
-export function Playground({ kind }) {
+export function Playground({ kind, served }) {
   const Page = PAGES[kind];
   const title = KINDS.find((k) => k.kind === kind);
   if (!Page) return html`<p class="error" role="alert">No playground for ${kind}.</p>`;
+  if (served && !served.has(kind)) {
+    return html`<p class="error" role="alert">No pipeline serves kind ${kind} here: enable one in the config (see the README).</p>`;
+  }
   return html`<section aria-labelledby="play-title" class="play">
     <h1 id="play-title">${title.title} (${kind})</h1><${Page} /></section>`;
 }
