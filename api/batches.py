@@ -159,18 +159,22 @@ class BatchService:
         )
         if index:
             pipe.zadd(keys.owner_batches(batch.owner), {batch.id: batch.created_at})
+            pipe.zadd(keys.BATCHES, {batch.id: batch.created_at})
         await pipe.execute()
 
-    async def get(self, owner: str, batch_id: str) -> Batch:
+    async def get(self, owner: str | None, batch_id: str) -> Batch:
+        """The batch, if it is `owner`'s (None: anyone's, for an admin)."""
         fields = text_map(await self.r.hgetall(keys.batch(batch_id)))
-        if not fields or fields.get("owner") != owner:
+        if not fields or (owner is not None and fields.get("owner") != owner):
             raise NotFound(f"no batch {batch_id!r}")
         return Batch.from_fields(fields)
 
-    async def page(self, owner: str, limit: int, after: str | None) -> tuple[list[Batch], bool]:
-        """`owner`'s batches, newest first, after the one named `after`; and whether there
-        are more."""
-        index = keys.owner_batches(owner)
+    async def page(
+        self, owner: str | None, limit: int, after: str | None
+    ) -> tuple[list[Batch], bool]:
+        """`owner`'s batches (None: every owner's, for an admin), newest first, after the
+        one named `after`; and whether there are more."""
+        index = keys.owner_batches(owner) if owner is not None else keys.BATCHES
         start = 0
         if after is not None:
             rank = await self.r.zrevrank(index, after)
@@ -182,7 +186,7 @@ class BatchService:
         found = [Batch.from_fields(f) for f in map(text_map, await pipe.execute()) if f]
         return found, len(ids) > limit
 
-    async def cancel(self, owner: str, batch_id: str) -> Batch:
+    async def cancel(self, owner: str | None, batch_id: str) -> Batch:
         """Stop releasing its lines; the release stage lets the running ones end, writes
         what finished and ends it `cancelled`."""
         batch = await self.get(owner, batch_id)

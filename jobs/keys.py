@@ -111,6 +111,11 @@ def owner_batches(owner: str) -> str:
     return f"{PREFIX}:owner:{owner}:batches"
 
 
+BATCHES = f"{PREFIX}:batches:all"
+"""Sorted set: every owner's batch ids scored by creation time (an admin's list). Like an
+owner's index, it may name a batch whose record has expired: readers skip those."""
+
+
 def file_object(file_id: str) -> str:
     """Hash: an OpenAI file object (`file-…`): its storage key, owner, purpose, name,
     size and creation time."""

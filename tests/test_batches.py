@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import redis
@@ -34,6 +35,7 @@ from harness.deploy import (
 )
 from host.redis_server import RedisServer
 from jobs import keys
+from security.apikeys import create_key
 
 ENV = {
     "MMQ_BATCHES__RELEASE_INTERVAL_S": "0.1",
@@ -141,6 +143,28 @@ def test_a_batch_runs_every_line_once_and_names_bad_lines(dep: Deployment) -> No
 
     assert client.files.retrieve(batch.output_file_id).purpose == "batch_output"
     assert batch.id in [b.id for b in client.batches.list()]
+    # An admin's key sees every owner's batches (with their owner), or one owner's; another
+    # key sees only its own, and may not ask for another's.
+    owner = str(client.api_key)
+    r = redis.Redis.from_url(dep.redis_url, decode_responses=True)
+    admin = openai.OpenAI(base_url=f"{dep.base_url}/v1", api_key=create_key(r, "ops", admin=True))
+    listed = {b.id: b for b in admin.batches.list()}
+    whose = _whoami(dep, owner)
+    assert batch.id in listed and listed[batch.id].model_extra == {"owner": whose}
+    assert batch.id in [b.id for b in admin.batches.list(extra_query={"owner": whose})]
+    assert [b.id for b in admin.batches.list(extra_query={"owner": "nobody"})] == []
+    assert admin.batches.retrieve(batch.id).id == batch.id
+    other = _client(dep)
+    assert batch.id not in [b.id for b in other.batches.list()]
+    with pytest.raises(openai.PermissionDeniedError):
+        other.batches.list(extra_query={"owner": whose})
+    with pytest.raises(openai.NotFoundError):
+        other.batches.retrieve(batch.id)
+
+
+def _whoami(dep: Deployment, key: str) -> str:
+    me = httpx.get(f"{dep.base_url}/v1/whoami", headers={"Authorization": f"Bearer {key}"})
+    return str(me.json()["owner"])
 
 
 def test_lines_wait_behind_interactive_jobs_and_never_count_against_429(

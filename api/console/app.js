@@ -112,7 +112,7 @@ function App() {
   if (name === "jobs" && arg) page = html`<${JobPage} jobId=${decodeURIComponent(arg)} />`;
   else if (name === "jobs" || (!name && !me.admin)) page = html`<${JobList} me=${me} />`;
   else if (name === "batches" && arg) page = html`<${BatchPage} me=${me} batchId=${decodeURIComponent(arg)} />`;
-  else if (name === "batches") page = html`<${BatchList} />`;
+  else if (name === "batches") page = html`<${BatchList} me=${me} />`;
   else if (name === "play") page = html`<${Playground} kind=${arg || "tts"} served=${served} />`;
   else if (me.admin) page = html`<${Overview} />`;
   else page = html`<${JobList} me=${me} />`;

@@ -32,17 +32,18 @@ function usePolled(path, everyMs) {
   return state;
 }
 
-export function BatchList() {
+export function BatchList({ me }) {
   const { data, error } = usePolled("/v1/batches?limit=100", 3000);
+  const owners = me && me.admin; // an admin's list holds every owner's batches
   return html`<section aria-labelledby="batches-title">
     <h1 id="batches-title">Batches</h1>
     ${error && html`<p class="error" role="alert">${error.message}</p>`}
     <table class="jobs">
-      <thead><tr><th>Batch</th><th>Endpoint</th><th>Status</th><th>Lines</th>
+      <thead><tr><th>Batch</th>${owners && html`<th>Owner</th>`}<th>Endpoint</th><th>Status</th><th>Lines</th>
         <th>Completed</th><th>Failed</th><th>Progress</th><th>Created</th></tr></thead>
       <tbody>
         ${(data?.data || []).map((b) => html`<tr>
-          <td><a href=${`#/batches/${b.id}`}>${b.id}</a></td><td>${b.endpoint}</td>
+          <td><a href=${`#/batches/${b.id}`}>${b.id}</a></td>${owners && html`<td>${b.owner}</td>`}<td>${b.endpoint}</td>
           <td><span class=${`badge ${b.status}`}>${b.status}</span></td>
           <td>${b.request_counts.total}</td><td>${b.request_counts.completed}</td>
           <td>${b.request_counts.failed}</td><td><${Progress} counts=${b.request_counts} /></td>

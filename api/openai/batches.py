@@ -14,9 +14,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.auth import Owner
+from api.apikeys import Caller
+from api.auth import CurrentCaller, Owner
 from api.deps import Batches
 from api.openai import answers
+from jobs.errors import Forbidden
 from jobs.models import WebhookSpec
 from jobstore.batches import ENDPOINTS, WINDOW
 
@@ -57,26 +59,39 @@ async def create_batch(owner: Owner, body: BatchCreate, batches: Batches) -> dic
     return batch.openai()
 
 
-@router.get("", responses={401: {}})
+@router.get("", responses={401: {}, 403: {}})
 async def list_batches(
-    owner: Owner,
+    caller: CurrentCaller,
     batches: Batches,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: Annotated[str | None, Query(max_length=64)] = None,
+    owner: Annotated[str | None, Query(max_length=64)] = None,
 ) -> dict[str, Any]:
-    """Your batches, newest first (OpenAI's batches.list)."""
-    found, more = await batches.page(owner, limit, after)
+    """Your batches, newest first (OpenAI's batches.list). An admin key sees every
+    owner's (each with its `owner`), or one owner's with `?owner=`."""
+    if caller.admin:
+        found, more = await batches.page(owner, limit, after)
+        return answers.page([batch.openai() | {"owner": batch.owner} for batch in found], more)
+    if owner is not None and owner != caller.owner:
+        raise Forbidden("only an admin key lists another owner's batches")
+    found, more = await batches.page(caller.owner, limit, after)
     return answers.page([batch.openai() for batch in found], more)
 
 
 @router.get("/{batch_id}", responses={404: {}})
-async def retrieve_batch(owner: Owner, batch_id: str, batches: Batches) -> dict[str, Any]:
-    """One batch, with its `request_counts` (OpenAI's batches.retrieve)."""
-    return (await batches.get(owner, batch_id)).openai()
+async def retrieve_batch(caller: CurrentCaller, batch_id: str, batches: Batches) -> dict[str, Any]:
+    """One batch, with its `request_counts` (OpenAI's batches.retrieve); an admin's key
+    may name any owner's."""
+    return (await batches.get(_whose(caller), batch_id)).openai()
 
 
 @router.post("/{batch_id}/cancel", responses={404: {}, 409: {}})
-async def cancel_batch(owner: Owner, batch_id: str, batches: Batches) -> dict[str, Any]:
+async def cancel_batch(caller: CurrentCaller, batch_id: str, batches: Batches) -> dict[str, Any]:
     """Stop releasing its lines: the running ones end, what finished is written out, and
-    it ends `cancelled` (OpenAI's batches.cancel)."""
-    return (await batches.cancel(owner, batch_id)).openai()
+    it ends `cancelled` (OpenAI's batches.cancel); an admin's key may name any owner's."""
+    return (await batches.cancel(_whose(caller), batch_id)).openai()
+
+
+def _whose(caller: Caller) -> str | None:
+    """Whose batches the caller may name: its own, or (an admin) anyone's."""
+    return None if caller.admin else caller.owner
