@@ -326,6 +326,11 @@ class BatchSettings(BaseModel):
     audio); a short job's wait for the next free slot is shorter than its step."""
 
 
+KINDS_WITHOUT_A_PACKAGED_MODEL = frozenset({"image", "llm"})
+"""Built-in kinds whose pipelines have no model unless one is named (ASR, TTS and
+embeddings load the models that packages ship)."""
+
+
 class PipelineConfig(BaseModel):
     """One pipeline: a model behind a kind, with its batching knobs and workers."""
 
@@ -337,8 +342,9 @@ class PipelineConfig(BaseModel):
     """Model id or local path, passed to the pipeline."""
     aliases: list[str] = Field(default_factory=list)
     """Other names a request's `model` may use for this pipeline."""
-    enabled: bool = True
-    """Disabled pipelines get no queue, no worker, no route."""
+    enabled: bool | None = None
+    """Disabled pipelines get no queue, no worker, no route. Unset: on, except an image
+    or LLM pipeline with no `model` (no package ships one): naming a model turns it on."""
     max_batch: int = 1
     """Largest batch the engine forms."""
     max_wait_ms: float = 0.0
@@ -390,6 +396,19 @@ class PipelineConfig(BaseModel):
     def _shares_on_demand(self) -> PipelineConfig:
         if self.share_process and self.residency != "on_demand":
             raise ValueError('share_process needs residency = "on_demand"')
+        return self
+
+    @model_validator(mode="after")
+    def _on_once_a_model_is_named(self) -> PipelineConfig:
+        needs_model = self.kind in KINDS_WITHOUT_A_PACKAGED_MODEL
+        if self.enabled is None:
+            self.enabled = bool(self.model) or not needs_model
+        elif self.enabled and needs_model and not self.model:
+            raise ValueError(
+                f"enabled, but a pipeline of kind {self.kind} needs a model (none ships): "
+                'set model = "org/name" (a hub id in the local cache) or a directory, '
+                "e.g. MMQ_PIPELINES__NAME__MODEL in the environment"
+            )
         return self
 
     max_queue_s: float | None = Field(default=None, gt=0, le=MAX_QUEUE_S)
