@@ -28,7 +28,7 @@ class EchoInput(JobInput):
     """Fail this request alone as bad input (InputError)."""
     crash: bool = False
     """Kill the worker process in the middle of the batch."""
-    tpot_ms: float | None = Field(default=None, ge=0)
+    tpot_ms: float | None = Field(default=None, ge=0, le=60_000)
     """Report this time per output token (as an LLM pipeline does) in the job's timings."""
     attachment: FileRef | None = None
     """A file (checked by the API at submit as any file input is; echo does not read it)."""

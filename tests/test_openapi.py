@@ -402,3 +402,49 @@ def test_choices_checked_by_a_validator_are_published() -> None:
     assert set(events) == EVENT_CHOICES
     endpoint = BatchCreate.model_json_schema()["properties"]["endpoint"]
     assert tuple(endpoint["enum"]) == ENDPOINTS
+
+
+def unbounded_numbers(
+    node: Any, where: str, schemas: dict[str, Any], seen: frozenset[str]
+) -> set[str]:
+    """Where an integer or number under `node` has no maximum (components followed once)."""
+    found: set[str] = set()
+    if isinstance(node, list):
+        for value in node:
+            found |= unbounded_numbers(value, where, schemas, seen)
+        return found
+    if not isinstance(node, dict):
+        return found
+    if "$ref" in node:
+        name = node["$ref"].rsplit("/", 1)[1]
+        return (
+            set()
+            if name in seen
+            else unbounded_numbers(schemas[name], name, schemas, seen | {name})
+        )
+    bounded = "maximum" in node or "exclusiveMaximum" in node or "enum" in node
+    if node.get("type") in ("integer", "number") and not bounded:
+        found.add(where)
+    for key, value in node.items():
+        found |= unbounded_numbers(value, f"{where}.{key}", schemas, seen)
+    return found
+
+
+@pytest.mark.anyio
+async def test_every_number_a_request_may_send_has_bounds(document: dict[str, Any]) -> None:
+    """Every integer and number in every request body and parameter the document
+    publishes has a maximum (and the server checks it): 10**30 is a 422 naming its field,
+    never a value that reaches code that cannot hold it."""
+    schemas = document["components"]["schemas"]
+    inputs = [
+        (f"{method} {path} {where}", schema)
+        for path, operations in document["paths"].items()
+        for method, operation in operations.items()
+        for where, schema in [
+            *((p["name"], p.get("schema", {})) for p in operation.get("parameters", [])),
+            *(("body", m.get("schema", {}))
+              for m in operation.get("requestBody", {}).get("content", {}).values()),
+        ]
+    ]  # fmt: skip
+    unbounded = set().union(*(unbounded_numbers(s, w, schemas, frozenset()) for w, s in inputs))
+    assert sorted(unbounded) == []
