@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import MutableMapping, Sequence
+from typing import Any, NoReturn
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -73,6 +73,29 @@ async def send_error(
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+class Refused(Exception):
+    """Raised into the app by a middleware's `receive` once `Refusal.refuse` answered."""
+
+
+class Refusal:
+    """A pure ASGI middleware's answer in place of the app's, for a request it refuses
+    while the app reads its body: `refuse` sends it (and raises `Refused` into the app's
+    read); `send` is the app's send, which drops whatever the app answers after it."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.sent = False
+
+    async def refuse(self, status: int, etype: str, message: str, param: str) -> NoReturn:
+        self.sent = True
+        await send_error(self._send, status, etype, message, param)
+        raise Refused
+
+    async def send(self, message: MutableMapping[str, Any]) -> None:
+        if not self.sent:
+            await self._send(message)
 
 
 def status_of(exc: MmqError) -> int:

@@ -18,16 +18,12 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import send_error
+from api.errors import Refusal, Refused
 
 _SUSPECT = re.compile(rb"\\u[dD][89a-fA-F]|[0-9]{19}")
 """A surrogate's escape (a pair's too: the parse tells them apart), or a long number."""
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 """The integers the store encodes (orjson: signed and unsigned 64-bit)."""
-
-
-class Refused(Exception):
-    pass
 
 
 class RefuseUnstorableJson:
@@ -39,12 +35,12 @@ class RefuseUnstorableJson:
             await self.app(scope, receive, send)
             return
         first = True
-        refused = False
+        refusal = Refusal(send)
 
         async def checked() -> Message:
             """The whole body as one message, once checked (JSON bodies are read whole
             anyway, and `api.limits` has bounded its size and time)."""
-            nonlocal first, refused
+            nonlocal first
             if not first:
                 return await receive()
             first = False
@@ -58,18 +54,13 @@ class RefuseUnstorableJson:
                     break
             body = b"".join(parts)
             if _SUSPECT.search(body) and (where := _unstorable(body)) is not None:
-                refused = True
-                await _refuse(send, where)
-                raise Refused
+                path, what = where
+                param = path or "body"
+                await refusal.refuse(422, "invalid_input", f"{param}: {what}", param)
             return {"type": "http.request", "body": body, "more_body": False}
 
-        async def guarded_send(message: Message) -> None:
-            # Once the 422 is out, whatever the app answers to the aborted read is dropped.
-            if not refused:
-                await send(message)
-
         with contextlib.suppress(Refused):
-            await self.app(scope, checked, guarded_send)
+            await self.app(scope, checked, refusal.send)
 
 
 def _is_json(scope: Scope) -> bool:
@@ -120,9 +111,3 @@ def _encodes(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-async def _refuse(send: Send, where: tuple[str, str]) -> None:
-    path, what = where
-    param = path or "body"
-    await send_error(send, 422, "invalid_input", f"{param}: {what}", param)

@@ -12,11 +12,7 @@ from collections.abc import Callable
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import send_error
-
-
-class BodyRefused(Exception):
-    pass
+from api.errors import Refusal, Refused, send_error
 
 
 class BodyLimits:
@@ -43,35 +39,26 @@ class BodyLimits:
         ends_at = time.monotonic() + timeout_s
         seen = 0
         complete = False
-        refused = False
+        refusal = Refusal(send)
 
         async def bounded() -> Message:
-            nonlocal seen, complete, refused
+            nonlocal seen, complete
             if complete:  # the body is in; what is left to read is the disconnect
                 return await receive()
-            with anyio.move_on_after(ends_at - time.monotonic()) as scope_:
+            with anyio.move_on_after(ends_at - time.monotonic()) as waited:
                 message = await receive()
-            if scope_.cancelled_caught:
-                refused = True
+            if waited.cancelled_caught:
                 reason = f"request body did not arrive within {timeout_s:g} s"
-                await send_error(send, 408, "timeout", reason, "body")
-                raise BodyRefused
+                await refusal.refuse(408, "timeout", reason, "body")
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 complete = not message.get("more_body", False)
                 if seen > limit:
-                    refused = True
-                    await send_error(send, 413, "too_large", _over(limit), "body")
-                    raise BodyRefused
+                    await refusal.refuse(413, "too_large", _over(limit), "body")
             return message
 
-        async def guarded_send(message: Message) -> None:
-            # Once the refusal is out, whatever the app answers to the aborted read is dropped.
-            if not refused:
-                await send(message)
-
-        with contextlib.suppress(BodyRefused):
-            await self.app(scope, bounded, guarded_send)
+        with contextlib.suppress(Refused):
+            await self.app(scope, bounded, refusal.send)
 
 
 def _over(limit: int) -> str:
