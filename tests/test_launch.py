@@ -21,6 +21,9 @@ from harness.deploy import Deployment, Proc, flush, serving, wait_until
 from jobs import keys
 
 HEARTBEAT_S = 0.5
+READY = " ready."
+"""Celery's line in a worker's log (the launcher's, which its children share) once it
+takes jobs."""
 PLACEMENT = """
 [[place]]
 pipeline = "sleep"
@@ -75,6 +78,8 @@ def test_workers_follow_the_placement_and_restart_and_stop(
         env={"MMQ_STORAGE__LOCAL_SHARED": "true"},
     )  # fmt: skip
     wait_until(lambda: len(live_workers(rclient)) == 4, launcher, timeout_s=60)
+    # A worker is listed from its first heartbeat, a moment before it takes jobs.
+    wait_until(lambda: launcher.log().count(READY) == 4, launcher, timeout_s=60)
     assert {w["device"] for w in live_workers(rclient).values()} == {"cpu"}
     sleepers = pids_of(rclient, "sleep")
     assert len(sleepers) == 3
@@ -123,13 +128,12 @@ def _knobs_reach_the_workers(owner: Api) -> None:
 
 def _a_killed_worker_comes_back(client: redis.Redis, launcher: Proc, before: set[int]) -> None:
     victim = min(before)
-    ready = launcher.log().count(" ready.")  # Celery's line, once a worker consumes
+    ready = launcher.log().count(READY)
     os.kill(victim, signal.SIGKILL)
     wait_until(lambda: len(pids_of(client, "sleep") - before) == 1, launcher, timeout_s=30)
     assert len(pids_of(client, "sleep")) == 3
     assert "on cpu exited with -9; restarting in 1.0s" in launcher.log()
-    # A worker is listed from its first heartbeat, a moment before it takes jobs.
-    wait_until(lambda: launcher.log().count(" ready.") == ready + 1, launcher, timeout_s=30)
+    wait_until(lambda: launcher.log().count(READY) == ready + 1, launcher, timeout_s=30)
 
 
 def _alive(pid: int) -> bool:
