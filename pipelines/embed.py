@@ -65,7 +65,8 @@ class EmbedPipeline(Pipeline[EmbedInput, Texts]):
         device = "cuda" if on_gpu(self.config.device) else "cpu"
         from transformers.utils import logging as transformers_logging
 
-        transformers_logging.disable_progress_bar()  # its load bars: noise in a worker's log
+        # Its load bars are noise in a worker's log (the function has no type hints).
+        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         self.model = SentenceTransformer(source, device=device)
         self.window = int(self.model.max_seq_length or 512)
         self.dimensions = int(self.model.get_embedding_dimension() or 0)
