@@ -22,7 +22,7 @@ from host.placement import (
     plan_placement,
 )
 from host.up import deployment_specs, host_plan, worker_groups
-from jobs.settings import PipelineConfig, Settings
+from jobs.settings import KINDS_WITHOUT_A_PACKAGED_MODEL, PipelineConfig, Settings
 from tests.test_devices import topology
 
 CPU_ONLY = Topology([cpu_device()])
@@ -31,9 +31,15 @@ H100_MIG = topology("h100_mig_7x1g10gb.json")
 
 
 def settings(**pipelines: dict[str, Any]) -> Settings:
+    """Pipelines named for their kinds; an image or LLM one names a model (else it is off)."""
     return Settings(
         pipelines={
-            name: PipelineConfig(kind=name, impl="harness.pipelines:EchoPipeline", **cfg)
+            name: PipelineConfig(
+                kind=name,
+                impl="harness.pipelines:EchoPipeline",
+                **({"model": f"org/{name}"} if name in KINDS_WITHOUT_A_PACKAGED_MODEL else {}),
+                **cfg,
+            )
             for name, cfg in pipelines.items()
         }
     )
