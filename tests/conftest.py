@@ -18,6 +18,27 @@ from host.redis_server import RedisServer
 WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"mmq-test-webhook-secret-32-bytes").decode()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "engines(*names, why): the test applies to these values of its module's `engine` "
+        "parameter only; with the others it is not collected (`why` says why)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Drop the runs of an `engines`-marked test with an engine it does not apply to."""
+    kept, dropped = [], []
+    for item in items:
+        mark = item.get_closest_marker("engines")
+        callspec = getattr(item, "callspec", None)
+        engine = callspec.params.get("engine") if callspec is not None else None
+        (dropped if mark and engine is not None and engine not in mark.args else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis"), persist=False)

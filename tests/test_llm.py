@@ -211,13 +211,12 @@ def _engine(dep: Deployment, reading: str) -> float:
     return value(scrape(dep), name[reading], pipeline="llm")
 
 
+@pytest.mark.engines("vllm", why="transformers serve reports nothing of itself (no /metrics)")
 def test_a_cancel_and_a_client_that_goes_away_abort_the_sequence_in_the_engine(
-    llm_dep: Deployment, api: Api, engine: str
+    llm_dep: Deployment, api: Api
 ) -> None:
     """Each sequence would run for LONG tokens; once its job is canceled (or its client has
     gone) the engine runs nothing, having generated far fewer: it was aborted."""
-    if engine != "vllm":
-        pytest.skip("transformers serve reports nothing of itself (no /metrics)")
     wait_until(lambda: _engine(llm_dep, "running") == 0, timeout_s=60)
     generated = _engine(llm_dep, "generated")
     job = api.submit("llm", **_chat("Abort me", max_tokens=LONG, cache=False))
@@ -456,15 +455,15 @@ def test_a_worker_killed_mid_stream_leaves_no_engine_and_its_job_runs_again(
     assert ended["status"] in ("canceled", "succeeded") and ended["attempts"] == 2, ended
 
 
+@pytest.mark.engines(
+    "transformers",
+    why="the start for a job and the stop when idle are mmq's, the same for each engine; "
+    "vLLM's own part, everything its server started going with it, is checked by the dead "
+    "engine and killed worker tests here (two more vLLM starts would cost CI 80 s)",
+)
 def test_an_on_demand_engine_starts_for_a_job_stops_when_idle_and_starts_again(
-    llm_dep: Deployment, api: Api, engine: str
+    llm_dep: Deployment, api: Api
 ) -> None:
-    if engine == "vllm":
-        pytest.skip(
-            "the start for a job and the stop when idle are mmq's, the same for each engine; "
-            "vLLM's own part, everything its server started going with it, is checked by the "
-            "dead engine and killed worker tests here (two more vLLM starts would cost CI 80 s)"
-        )
     worker = next(p for p in llm_dep.procs if p.name == "worker-llm-od")
     wait_until(lambda: _children(worker) == [], worker, timeout_s=60)  # cold: no engine yet
 

@@ -261,15 +261,14 @@ def _prefix_cache(dep: Deployment) -> tuple[float, float]:
     return queries, value(samples, "mmq_engine_prefix_cache_hits_total", pipeline="base")
 
 
+@pytest.mark.engines("vllm", why="transformers serve has no prefix cache to read")
 def test_a_shared_prefix_is_read_from_vllms_prefix_cache(
-    features: Features, oai: openai.OpenAI, engine: str
+    features: Features, oai: openai.OpenAI
 ) -> None:
     """Four prompts of about 2,000 tokens each (of the 4,096 the engine takes): with nothing
     in common the prefix cache holds none of them; sharing all but their last words, the
     three after the first are mostly read from it. Read through mmq's `/metrics`, which
     shows the engine's own counts."""
-    if engine != "vllm":
-        pytest.skip("transformers serve has no prefix cache to read")
 
     def hit_ratio(prompts: list[str]) -> float:
         before = _prefix_cache(features.dep)
@@ -289,11 +288,12 @@ def test_a_shared_prefix_is_read_from_vllms_prefix_cache(
     assert value(scrape(features.dep), "mmq_engine_prefix_cache_hit_ratio", pipeline="base") > 0
 
 
+@pytest.mark.engines(
+    "vllm", why="transformers serve takes no adapters (lora_modules is refused there)"
+)
 def test_a_lora_adapter_answers_the_requests_that_name_it(
-    features: Features, oai: openai.OpenAI, engine: str
+    features: Features, oai: openai.OpenAI
 ) -> None:
-    if engine != "vllm":
-        pytest.skip("transformers serve takes no adapters (lora_modules is refused there)")
     ask: Any = {"messages": [{"role": "user", "content": "Who are you?"}], "max_tokens": 16}
     ask |= {"temperature": 0}
 
@@ -336,11 +336,8 @@ def _look(url: str) -> Any:
     return [{"role": "user", "content": parts}]
 
 
-def test_images_reach_a_vision_model_inline_and_by_file_key(
-    oai: openai.OpenAI, api: Api, engine: str
-) -> None:
-    if engine == "vllm":
-        pytest.skip(NO_VISION_ON_VLLM_CPU)
+@pytest.mark.engines("transformers", why=NO_VISION_ON_VLLM_CPU)
+def test_images_reach_a_vision_model_inline_and_by_file_key(oai: openai.OpenAI, api: Api) -> None:
     text_only = oai.chat.completions.create(
         model="vision", messages=[{"role": "user", "content": "What is it?"}], max_tokens=2
     )
@@ -372,11 +369,8 @@ def test_a_text_model_refuses_image_parts_by_name(oai: openai.OpenAI) -> None:
     assert "takes no images" in text_model.value.body["message"]  # type: ignore[index]
 
 
-def test_images_a_vision_model_cannot_read_are_refused_by_name(
-    oai: openai.OpenAI, engine: str
-) -> None:
-    if engine == "vllm":
-        pytest.skip(NO_VISION_ON_VLLM_CPU)
+@pytest.mark.engines("transformers", why=NO_VISION_ON_VLLM_CPU)
+def test_images_a_vision_model_cannot_read_are_refused_by_name(oai: openai.OpenAI) -> None:
     with pytest.raises(openai.UnprocessableEntityError) as not_png:
         oai.chat.completions.create(model="vision", messages=_look("data:text/plain;base64,aGk="))
     assert "data:image/(png|jpeg|gif|webp)" in not_png.value.body["message"]  # type: ignore[index]

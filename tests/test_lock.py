@@ -108,7 +108,7 @@ def test_vllms_environment_was_installed_from_its_own_lock() -> None:
     assert all(p.hashes and all(h.startswith("sha256:") for h in p.hashes) for p in pins.values())
     python = VLLM_CPU_ENV / "bin" / "python"
     if not python.exists():
-        pytest.skip(f"no vLLM environment in {VLLM_CPU_ENV} (MMQ_VLLM_CPU=0, or not x86_64 Linux)")
+        pytest.skip(reason=f"no vLLM environment in {VLLM_CPU_ENV} (MMQ_VLLM_CPU=0, or not x86_64)")
     listing = (
         "import json, importlib.metadata as m; "
         "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
