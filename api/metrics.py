@@ -73,11 +73,12 @@ class MetricsReader:
         self._r = client
         self._settings = settings
 
-    async def snapshot(self) -> Snapshot:
-        return await read_snapshot(self._r, self._settings)
+    async def snapshot(self, per_key: bool = True) -> Snapshot:
+        """The deployment now; `per_key`: with each key's usage (it names owners)."""
+        return await read_snapshot(self._r, self._settings, per_key)
 
 
-async def read_snapshot(r: aredis.Redis, settings: Settings) -> Snapshot:
+async def read_snapshot(r: aredis.Redis, settings: Settings, per_key: bool = True) -> Snapshot:
     snap = Snapshot()
     pipelines = settings.enabled_pipelines
     lists = [
@@ -130,7 +131,8 @@ async def read_snapshot(r: aredis.Redis, settings: Settings) -> Snapshot:
     live = {name for name, beat in workers if now - beat <= settings.lease.heartbeat_s * 3}
     snap.models = await read_models(r, live)
     await _read_batches(r, snap)
-    await _read_keys(r, snap, settings)
+    if per_key:
+        await _read_keys(r, snap, settings)
     snap.held = {k: int(v) for k, v in text_map(await r.hgetall(keys.HELD)).items()}
     return snap
 

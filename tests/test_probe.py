@@ -225,6 +225,7 @@ def test_a_body_that_never_ends_gets_408(dep: Deployment, owner: Api) -> None:
 def test_metrics_without_a_key_is_a_setting(dep: Deployment, admin: Api, owner: Api) -> None:
     """`api.metrics_without_key = "none"` here: 401 without a key; a key that is not an
     admin's sees no series that names an owner; an admin's sees them."""
+    owner.wait(owner.submit("echo", text="counted")["id"])  # the owner has a usage to show
     assert httpx.get(f"{dep.base_url}/metrics").status_code == 401
     plain = owner.http.get("/metrics")
     assert plain.status_code == 200 and "mmq_jobs_queued" in plain.text

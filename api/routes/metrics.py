@@ -32,7 +32,5 @@ async def metrics(
         raise Unauthorized("/metrics needs an API key here (api.metrics_without_key = none)")
     else:
         per_key = settings.api.metrics_without_key == "all"
-    snapshot = await reader.snapshot()
-    if not per_key:
-        snapshot.keys = []
+    snapshot = await reader.snapshot(per_key)
     return Response(render(snapshot, settings), headers={"Content-Type": CONTENT_TYPE_LATEST})
