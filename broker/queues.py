@@ -32,7 +32,10 @@ def pipeline_for(settings: Settings, kind: str, model: str | None) -> str:
 
 
 def _names(name: str, config: PipelineConfig) -> set[str]:
+    """What a request may call the pipeline: as `GET /v1/models` lists it (its model by
+    hub id, never by a path on the host)."""
     names = {name, *config.aliases, *config.adapters()}
-    if config.model:
-        names.add(config.model)
+    model = config.public_model()
+    if model:
+        names.add(model)
     return names

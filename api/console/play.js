@@ -107,10 +107,19 @@ function Tts() {
   const [state, run] = useJobRun();
   const [text, setText] = useState("Hello from mmq. Each sentence plays as soon as it is ready. This is the third one.");
   const [voice, setVoice] = useState("");
-  const input = () => ({ text, ...(voice ? { voice } : {}) });
+  const [voices, setVoices] = useState([]);
+  useEffect(() => { api("/v1/audio/voices").then((list) => setVoices(list.data)).catch(() => {}); }, []);
+  const input = () => {  // voice: "PIPELINE/NAME", or "" for the first pipeline's default
+    const cut = voice.indexOf("/");
+    return { text, ...(voice ? { model: voice.slice(0, cut), voice: voice.slice(cut + 1) } : {}) };
+  };
+  const named = (v) => (v.aliases.length ? `${v.id} (${v.aliases.join(", ")})` : v.id);
   return html`<form onSubmit=${(e) => { e.preventDefault(); run("tts", input()); }}>
       <label>Text <textarea name="text" rows="4" value=${text} onInput=${(e) => setText(e.target.value)} /></label>
-      <label>Voice <input name="voice" value=${voice} placeholder="the pipeline's default" onInput=${(e) => setVoice(e.target.value)} /></label>
+      <label>Voice <select name="voice" value=${voice} onChange=${(e) => setVoice(e.target.value)}>
+        <option value="">the default${voices.filter((v) => v.default).map((v) => `: ${v.id}`).join("")}</option>
+        ${voices.map((v) => html`<option value=${`${v.pipeline}/${v.id}`}>${named(v)}</option>`)}
+      </select></label>
       <button type="submit">Speak</button>
     </form>
     <${RunView} kind="tts" state=${state} autoplay=${true} />`;

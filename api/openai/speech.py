@@ -109,6 +109,43 @@ async def create_speech(
     return StreamingResponse(prepend(first, frames), media_type=media, headers=headers)
 
 
+class Voice(BaseModel):
+    """A voice a TTS pipeline serves."""
+
+    id: str
+    """Its name: what a request's `voice` says."""
+    object: Literal["voice"] = "voice"
+    pipeline: str
+    """The TTS pipeline that serves it (a request's `model`: it or one of its aliases)."""
+    engine: str
+    """`piper` or `coqui`."""
+    aliases: list[str]
+    """Other names a request may use for it (OpenAI's `alloy`...)."""
+    default: bool
+    """The voice of the pipeline's requests that name none."""
+
+
+class VoiceList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Voice]
+
+
+@router.get("/voices")
+async def list_voices(owner: Owner, settings: SettingsDep) -> VoiceList:
+    """The voices of every TTS pipeline, with their aliases (mmq's own route: OpenAI's API
+    lists no voices)."""
+    voices = []
+    for name, config in settings.enabled_pipelines.items():
+        if config.kind != "tts":
+            continue
+        options = config.options_as(TtsOptions)
+        default = options.resolve(None)
+        for voice, spec in options.voices.items():
+            voices.append(Voice(id=voice, pipeline=name, engine=spec.engine,
+                                aliases=spec.aliases, default=voice == default))  # fmt: skip
+    return VoiceList(data=voices)
+
+
 def _job_input(settings: Settings, body: SpeechRequest) -> dict[str, object]:
     """The `tts` job input of an OpenAI request; 422 for an unknown model or voice."""
     try:

@@ -429,13 +429,13 @@ class LlmInput(JobInput, ChatFeatures):
             if feature == "tools" and not renders_tools(config):
                 raise InputError(
                     field,
-                    f"the {config.kind} pipeline's model ({config.model}) has a chat template "
+                    f"the {config.kind} pipeline's model{_named(config)} has a chat template "
                     "that does not render tools (`takes_tools` in its options says otherwise)",
                 )
             if feature == "images" and not takes_images(config):
                 raise InputError(
                     field,
-                    f"the {config.kind} pipeline's model ({config.model}) takes no images "
+                    f"the {config.kind} pipeline's model{_named(config)} takes no images "
                     "(a vision-language model does; `takes_images` in its options says so)",
                 )
 
@@ -511,6 +511,12 @@ class LlmInput(JobInput, ChatFeatures):
         decided["model"] = config.model if adapter is None else [config.model, adapter]
         canonical = json.dumps(decided, sort_keys=True, separators=(",", ":"))
         return CachePolicy(hashlib.sha256(canonical.encode()).hexdigest(), ttl)
+
+
+def _named(config: PipelineConfig) -> str:
+    """` (its name)` where clients may see it, else nothing (a path on the host)."""
+    model = config.public_model()
+    return f" ({model})" if model else ""
 
 
 def engine_features(options: LlmOptions) -> frozenset[Feature]:

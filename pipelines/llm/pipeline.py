@@ -23,6 +23,7 @@ from pipelines.llm.choices import Choices, merge_partials
 from pipelines.llm.client import Delta, EngineClient, EngineLost, request_body
 from pipelines.llm.gauges import engine_readings, read_metrics
 from pipelines.llm.images import inline_images
+from pipelines.llm.packaged import prepare_if_packaged
 from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
 from pipelines.llm.sizing import GIB
 from pipelines.llm.timing import TokenClock
@@ -87,6 +88,7 @@ class LlmPipeline(SimplePipeline[LlmInput]):
                 return
         if server is not None:  # one that died asleep, or did not wake
             self.unload()
+        prepare_if_packaged(self.config.model)  # converted once (`make install` does it)
         self.server = EngineServer(self.spec)
         self.server.start()
         self.client = EngineClient(
