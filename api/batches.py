@@ -1,5 +1,6 @@
 """The batches service: create (checking every line of the input file), get, list and
-cancel. The release stage (`cluster/release.py`) runs what is created here.
+cancel. The scheduler's batch feed (`scheduler.batch_feed`) runs what is created here;
+both keep batches in Redis through `jobstore.batch_store`.
 
 A line is checked as its endpoint's route would check it (`api.openai.batch_lines`) and
 routed to its pipeline (`JobService.validate`). A bad line becomes a line of the error
@@ -13,27 +14,17 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from typing import Any
 
 import redis.asyncio as aredis
 
 from api.files import FileService
 from api.openai.batch_lines import body_field, custom_id_of, parse_line
 from api.service import JobService
-from jobs import keys
 from jobs.errors import Conflict, InputError, NotFound
 from jobs.models import WebhookSpec
 from jobs.settings import Settings
-from jobstore.batches import (
-    ENDPOINTS,
-    SET_IF,
-    Batch,
-    BatchStatus,
-    Line,
-    invalid_line,
-    window_seconds,
-)
-from jobstore.codec import dumps, flat_pairs, text_list, text_map
+from jobstore.batch_store import AsyncBatchStore
+from jobstore.batches import ENDPOINTS, Batch, BatchStatus, Line, invalid_line, window_seconds
 
 CHECK_EVERY = 200
 """Lines checked between two yields to the event loop (a large file never stalls it)."""
@@ -49,7 +40,7 @@ class BatchService:
         self, settings: Settings, client: aredis.Redis, files: FileService, jobs: JobService
     ) -> None:
         self.settings = settings
-        self.r = client
+        self.store = AsyncBatchStore(client, settings.job_ttl_s)
         self.files = files
         self.jobs = jobs
 
@@ -85,7 +76,7 @@ class BatchService:
             metadata=metadata or {},
             webhook=webhook,
         )
-        await self._save(batch, index=True)
+        await self.store.save(batch, index=True)
         limits = self.settings.batches
         try:
             content = await self.files.read(source.key, self.settings.storage.max_upload_bytes)
@@ -98,12 +89,12 @@ class BatchService:
         except NotFound:
             return await self._fail(batch, "file_not_found", "the input file is gone")
         await self._check_lines(batch, lines)
-        await self.r.hset(keys.batch(batch.id), items=["total", len(lines), "failed", batch.failed])
-        # In progress unless it was canceled meanwhile; either way the release stage
-        # takes it on from here.
+        await self.store.set_counts(batch.id, len(lines), batch.failed)
+        # In progress unless it was canceled meanwhile; either way the scheduler takes it
+        # on from here.
         started = {"status": str(BatchStatus.IN_PROGRESS), "in_progress_at": repr(time.time())}
-        await self._set_if(batch.id, [BatchStatus.VALIDATING], started)
-        await self.r.sadd(keys.BATCHES_ACTIVE, batch.id)
+        await self.store.set_if(batch.id, [BatchStatus.VALIDATING], started)
+        await self.store.activate(batch.id)
         return await self.get(batch.owner, batch.id)
 
     async def _check_lines(self, batch: Batch, lines: list[bytes]) -> None:
@@ -134,60 +125,36 @@ class BatchService:
             if number % CHECK_EVERY == 0:
                 await asyncio.sleep(0)
             if len(good) >= PUSH_EVERY:
-                await self.r.rpush(keys.batch_lines(batch.id), *good)
+                await self.store.add_lines(batch.id, good, [])
                 good.clear()
-        if good:
-            await self.r.rpush(keys.batch_lines(batch.id), *good)
-        if bad:
-            await self.r.rpush(keys.batch_errors(batch.id), *bad)
+        await self.store.add_lines(batch.id, good, bad)
         batch.failed = len(bad)
 
     async def _fail(self, batch: Batch, code: str, message: str) -> Batch:
         batch.status = BatchStatus.FAILED
         batch.failed_at = time.time()
         batch.errors = [{"code": code, "message": message, "param": "input_file_id"}]
-        await self._save(batch)
-        if batch.webhook is not None:  # the release stage calls it and forgets the batch
-            await self.r.sadd(keys.BATCHES_ACTIVE, batch.id)
+        await self.store.save(batch)
+        if batch.webhook is not None:  # the scheduler calls it and forgets the batch
+            await self.store.activate(batch.id)
         return batch
-
-    async def _save(self, batch: Batch, index: bool = False) -> None:
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hset(keys.batch(batch.id), items=flat_pairs(batch.fields()))
-        pipe.expire(
-            keys.batch(batch.id), self.settings.job_ttl_s + int(batch.expires_at - time.time())
-        )
-        if index:
-            pipe.zadd(keys.owner_batches(batch.owner), {batch.id: batch.created_at})
-            pipe.zadd(keys.BATCHES, {batch.id: batch.created_at})
-        await pipe.execute()
 
     async def get(self, owner: str | None, batch_id: str) -> Batch:
         """The batch, if it is `owner`'s (None: anyone's, for an admin)."""
-        fields = text_map(await self.r.hgetall(keys.batch(batch_id)))
-        if not fields or (owner is not None and fields.get("owner") != owner):
+        batch = await self.store.get(batch_id)
+        if batch is None or (owner is not None and batch.owner != owner):
             raise NotFound(f"no batch {batch_id!r}")
-        return Batch.from_fields(fields)
+        return batch
 
     async def page(
         self, owner: str | None, limit: int, after: str | None
     ) -> tuple[list[Batch], bool]:
         """`owner`'s batches (None: every owner's, for an admin), newest first, after the
         one named `after`; and whether there are more."""
-        index = keys.owner_batches(owner) if owner is not None else keys.BATCHES
-        start = 0
-        if after is not None:
-            rank = await self.r.zrevrank(index, after)
-            start = rank + 1 if isinstance(rank, int) else 0
-        ids = text_list(await self.r.zrevrange(index, start, start + limit))
-        pipe = self.r.pipeline(transaction=False)
-        for batch_id in ids[:limit]:
-            pipe.hgetall(keys.batch(batch_id))
-        found = [Batch.from_fields(f) for f in map(text_map, await pipe.execute()) if f]
-        return found, len(ids) > limit
+        return await self.store.page(owner, limit, after)
 
     async def cancel(self, owner: str | None, batch_id: str) -> Batch:
-        """Stop releasing its lines; the release stage lets the running ones end, writes
+        """Stop releasing its lines; the scheduler lets the running ones end, writes
         what finished and ends it `cancelled`."""
         batch = await self.get(owner, batch_id)
         if batch.status in {BatchStatus.CANCELLING, BatchStatus.CANCELLED}:
@@ -195,13 +162,8 @@ class BatchService:
         if batch.status.ended or batch.status is BatchStatus.FINALIZING:
             raise Conflict(f"batch {batch_id} has already ended ({batch.status})")
         cancelling = {"status": str(BatchStatus.CANCELLING), "cancelling_at": repr(time.time())}
-        # Only a batch in progress (or validating) goes to cancelling: the release stage
-        # may be finalizing it this moment.
-        await self._set_if(batch_id, [BatchStatus.IN_PROGRESS, BatchStatus.VALIDATING], cancelling)
+        # Only a batch in progress (or validating) goes to cancelling: the scheduler may be
+        # finalizing it this moment.
+        sources = [BatchStatus.IN_PROGRESS, BatchStatus.VALIDATING]
+        await self.store.set_if(batch_id, sources, cancelling)
         return await self.get(owner, batch_id)
-
-    async def _set_if(
-        self, batch_id: str, sources: list[BatchStatus], fields: dict[str, Any]
-    ) -> bool:
-        change = dumps({"sources": [str(s) for s in sources], "fields": fields})
-        return bool(await self.r.eval(SET_IF, 1, keys.batch(batch_id), change))

@@ -1,4 +1,4 @@
-"""The CPU image built and run as the README says, end to end, from the host.
+"""The CPU image built and run as docs/deployment/docker.md says, end to end, from the host.
 
     python -m bench.docker [--base-image IMAGE] [--torch-index URL | --find-links URL |
                             --torch-wheels DIR] [--pip-index URL] [--trusted-host HOST]
@@ -15,7 +15,7 @@
 3. `docker run -p PORT:8000 -e MMQ_API__PUBLIC_URL=... IMAGE` (`mmq up`, everything in
    one container): /readyz, a key made with `docker exec ... mmq keys create`, a noop job
    and a TTS job through the API, the TTS output downloaded from its URL (a WAV);
-4. `docker/compose.cpu.yaml` (redis, api, reaper, a CPU worker) as project `mmq-bench`:
+4. `docker/compose.cpu.yaml` (redis, api, reaper, scheduler, a CPU worker) as project `mmq-bench`:
    the same checks, with the key made by `compose exec api mmq keys create`, and every
    URL checked to be at the public URL;
 5. takes everything down (`compose down -v`, the container and its volume) whatever
@@ -197,7 +197,7 @@ def check_jobs(report: Report, prefix: str, base: str, key: str) -> None:
         if job["output"] != {"payload": "hello"}:
             raise Failed(f"noop job output {job['output']!r}")
         report.add(f"{prefix}: noop job", seconds, "succeeded, payload echoed")
-        text = "The image runs as the README says. Every URL is at the public address."
+        text = "The image runs as the docs say. Every URL is at the public address."
         seconds, job = submit(client, "tts", {"text": text})
         audio = job["output"]["audio"]
         report.add(
@@ -233,7 +233,7 @@ def container_state(docker: str, name: str) -> str | None:
 
 
 def prove_docker_run(opts: Options, report: Report) -> None:
-    """The README's `docker run`: everything in one container, `mmq up`."""
+    """The docs' `docker run`: everything in one container, `mmq up`."""
     port = free_port()
     base = f"http://localhost:{port}"
     run([opts.docker, "rm", "-f", CONTAINER], check=False)
@@ -267,7 +267,7 @@ def prove_docker_run(opts: Options, report: Report) -> None:
 
 
 def prove_compose(opts: Options, report: Report) -> None:
-    """The README's compose deployment: redis, api, reaper, a CPU worker."""
+    """The docs' compose deployment: redis, api, reaper, scheduler, a CPU worker."""
     port = free_port()
     base = f"http://localhost:{port}"
     env = {**opts.compose_env, "MMQ_PORT": str(port), "MMQ_PUBLIC_URL": base}

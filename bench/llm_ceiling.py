@@ -16,8 +16,8 @@ engine) and then through mmq (the same request to mmq's API, whose LLM pipeline 
 what a second core gives.
 
 Reported per load and target: output tokens/s, TTFT p50/p99, TPOT p50, requests/s; and for
-mmq the CPU time of each of its processes (API, LLM worker, Redis, reaper) over the level,
-per token and per request. Across the loads, CPU = a x tokens + b x requests is fitted by
+mmq the CPU time of each of its processes (API, LLM worker, Redis, reaper, scheduler) over
+the level, per token and per request. Across the loads, CPU = a x tokens + b x requests is fitted by
 least squares: `a` is the CPU per streamed token and `b` per request, summed over every
 mmq process. Goals (issue 31): a <= 40 µs, b <= 2 ms; tokens/s >= 0.97x direct, TTFT p50 <=
 direct + 10 ms and p99 <= direct + 50 ms at 256x128@20 and 100x384@14; TTFT p50 <= direct +
@@ -57,7 +57,7 @@ ENV = {
     "MMQ_AUTH__REQUIRED": "false",
     "MMQ_API__HOST": "127.0.0.1",
     # What is measured is mmq's CPU: no log line per request (WARNING, not the harness's
-    # INFO; readiness is `/readyz`), and the reaper's release stage at its default step.
+    # INFO; readiness is `/readyz`), and the scheduler at its default step.
     "MMQ_LOG_LEVEL": "WARNING",
     "MMQ_BATCHES__RELEASE_INTERVAL_S": "0.2",
 }
@@ -222,7 +222,7 @@ def deploy(
     loads: list[Load], api_workers: int, worker_instances: int, stack: ExitStack
 ) -> tuple[str, dict[int, str], CpuMeter]:
     """The API's URL, each engine step's synthetic engine URL, and the meter of mmq's
-    processes (API, reaper, `worker_instances` relay workers per step, Redis)."""
+    processes (API, reaper, scheduler, `worker_instances` relay workers per step, Redis)."""
     ports = {step: free_port() for step in sorted({load.step_ms for load in loads})}
     engines = {step: f"http://127.0.0.1:{port}" for step, port in ports.items()}
     config = "".join(pipeline_toml(step, url) for step, url in engines.items())
@@ -242,6 +242,7 @@ def deploy(
     dep.wait_ready(timeout_s=120)
     redis_pid = int(redis.Redis.from_url(dep.redis_url).info("server")["process_id"])
     pids = {"api": dep.pids("api")[0], "reaper": dep.pids("reaper")[0]}
+    pids["scheduler"] = dep.pids("scheduler")[0]
     pids |= {name: w.process.pid for name, w in workers.items()} | {"redis": redis_pid}
     return dep.base_url, engines, CpuMeter(pids)
 

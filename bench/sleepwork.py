@@ -1,7 +1,7 @@
 """A private deployment around a pipeline of known cost, for the benches of scheduling
 (`bench.batches`, `bench.fairness`): the tests' `SleepPipeline` as pipeline `work`, each
 job sleeping `service_ms`, with `slots` runners on one worker, the API and the reaper
-(whose release stage they measure)."""
+(whose scheduler they measure)."""
 
 from __future__ import annotations
 

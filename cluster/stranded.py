@@ -94,7 +94,7 @@ def resend_missing(app: Celery, store: JobStore, grace_s: float) -> int:
 
 def _queued_since(store: JobStore, before: float) -> list[str]:
     """Queued job ids (every kind) whose last queueing was before `before`, but those
-    held by fair share (their message waits in a hold list for the release stage)."""
+    held by fair share (their message waits in a hold list for the scheduler)."""
     ids = [
         job_id
         for key in text_list(store.r.scan_iter(match=keys.queued("*"), count=BATCH))

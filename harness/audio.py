@@ -213,6 +213,7 @@ def asr_deployment(redis_url: str, tmp: Path, parallel: bool = False) -> Iterato
     with serving(dep):
         dep.start_api()
         dep.start_reaper()
+        dep.start_scheduler()
         dep.start_worker("asr")
         if parallel:
             dep.start_worker("asr_par")

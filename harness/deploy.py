@@ -128,7 +128,7 @@ class Deployment:
             "HF_HUB_OFFLINE": "1",
             "MMQ_AUTH__REQUIRED": "true",
             "MMQ_LOG_LEVEL": "INFO",
-            # The release stage (fair share, batches, on-demand turns) steps faster than
+            # The scheduler (fair share, batches, on-demand turns) steps faster than
             # the default 0.2 s: a test's burst is not held a step longer than it needs.
             "MMQ_BATCHES__RELEASE_INTERVAL_S": "0.05",
         }
@@ -247,6 +247,10 @@ class Deployment:
     def start_reaper(self) -> Proc:
         return self.spawn("reaper", "reaper")
 
+    def start_scheduler(self) -> Proc:
+        """`mmq scheduler`: fair share's holds, batches, on-demand turns, rooms."""
+        return self.spawn("scheduler", "scheduler")
+
     def stop(self) -> None:
         for proc in reversed(self.procs):
             proc.stop()
@@ -281,8 +285,9 @@ def running(
     reaper: bool = True,
     worker_timeout_s: float = 30.0,
 ) -> Iterator[Deployment]:
-    """A deployment on `redis_url`: the API, the reaper and `workers` (pipeline names; a
-    name given twice starts two instances) started and ready; everything stopped after."""
+    """A deployment on `redis_url`: the API, the reaper, the scheduler and `workers`
+    (pipeline names; a name given twice starts two instances) started and ready;
+    everything stopped after."""
     dep = Deployment(
         redis_url, tmp, env, config_values or {}, config=config, test_pipelines=test_pipelines
     )
@@ -290,6 +295,7 @@ def running(
         dep.start_api()
         if reaper:
             dep.start_reaper()
+            dep.start_scheduler()
         for pipeline in workers:
             dep.start_worker(pipeline, timeout_s=worker_timeout_s)
         yield dep

@@ -169,6 +169,7 @@ def under_load(
     with serving(dep):
         dep.start_api()
         dep.start_reaper()
+        dep.start_scheduler()
         dep.start_worker("echo")
         dep.start_worker("sleep")
         r = redis_client.connect(redis_url)

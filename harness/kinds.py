@@ -106,6 +106,7 @@ def kinds_deployment(
             workers = [dep.spawn(f"worker-{n}", "worker", "--pipeline", n) for n in KIND_NAMES]
             dep.start_api()
             dep.start_reaper()
+            dep.start_scheduler()
             dep.start_worker("echo")
             dep.start_worker("sleep")
             for worker in workers:

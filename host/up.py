@@ -131,13 +131,15 @@ def deployment_specs(
     services: bool = True,
     reasons: StartReasons | None = None,
 ) -> list[ProcSpec]:
-    """The API, the reaper and the webhook worker (with `services`), and the plan's workers."""
+    """The API, the reaper, the scheduler and the webhook worker (with `services`), and the
+    plan's workers."""
     extra = ["--config", str(config)] if config else []
     specs = []
     if services:
         specs += [
             ProcSpec("api", mmq_command("api", *extra)),
             ProcSpec("reaper", mmq_command("reaper", *extra)),
+            ProcSpec("scheduler", mmq_command("scheduler", *extra)),
         ]
         if settings.webhooks.secret:
             specs.append(ProcSpec("webhooks", mmq_command("webhooks", *extra)))

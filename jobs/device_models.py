@@ -1,5 +1,5 @@
 """The models counted on each device (`keys.device_models`): one JSON entry per worker,
-written by the worker (`workers.residency`) and read by the release stage, `/metrics`,
+written by the worker (`workers.residency`) and read by the scheduler, `/metrics`,
 `/readyz` and the console. Its shape lives here once."""
 
 from __future__ import annotations

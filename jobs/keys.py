@@ -71,13 +71,13 @@ def queued(kind: str) -> str:
 
 def queued_batch(kind: str) -> str:
     """Set: the ids of a kind's queued jobs that are lines of a batch (released by the
-    release stage): kept apart from `queued`, so that a batch never counts against the
+    scheduler): kept apart from `queued`, so that a batch never counts against the
     429 bound."""
     return f"{PREFIX}:queued:{kind}:batch"
 
 
 BATCHES_ACTIVE = f"{PREFIX}:batches:active"
-"""Set: ids of the batches that the release stage works on (not yet ended)."""
+"""Set: ids of the batches that the scheduler works on (not yet ended)."""
 
 
 def batch(batch_id: str) -> str:
@@ -166,7 +166,7 @@ def device_evictions(host: str, device: str) -> str:
 
 def device_waiting(host: str, device: str) -> str:
     """Hash: worker -> JSON {pipeline, since} of a worker waiting for room on the device
-    to load its model: the release stage stops feeding the device's other on-demand
+    to load its model: the scheduler stops feeding the device's other on-demand
     models that have had `min_loaded_s`, so that they drain and make room."""
     return f"{PREFIX}:waiting:{host}|{device}"
 
@@ -186,7 +186,7 @@ HOLD_PREFIX = f"{PREFIX}:hold:"
 
 def hold(pipeline: str, priority: str, owner: str) -> str:
     """List: an owner's held jobs of one pipeline and priority, oldest first, each as JSON
-    {job_id, list, envelope}: the task message that the release stage pushes when it is
+    {job_id, list, envelope}: the task message that the scheduler pushes when it is
     the owner's turn (fair share, `fairness.enabled`)."""
     return f"{HOLD_PREFIX}{pipeline}|{priority}|{owner}"
 
@@ -210,8 +210,8 @@ HELD = f"{PREFIX}:held"
 def room(pipeline: str) -> str:
     """Hash: priority (high, normal, low) -> slots of a pipeline that a submit at that
     priority may still fill at once (messages of lower priorities waiting in the queue do
-    not count: a worker takes the higher one first), written by the release stage every
-    step with a short TTL (absent: no release stage runs, and submits push their
+    not count: a worker takes the higher one first), written by the scheduler every
+    step with a short TTL (absent: no scheduler runs, and submits push their
     messages at once)."""
     return f"{PREFIX}:room:{pipeline}"
 

@@ -65,7 +65,7 @@ class ApiSettings(BaseModel):
     workers: int = Field(default=1, ge=1, le=64)
     """API processes sharing the port (uvicorn's workers), each with its own event loop,
     pub/sub connection and Redis pool: one process carries a few thousand streamed
-    tokens a second (see the README's performance section), so a GPU host that streams
+    tokens a second (see docs/performance.md), so a GPU host that streams
     more runs several."""
 
 
@@ -116,7 +116,7 @@ class QueueSettings(BaseModel):
 
 
 class FairnessSettings(BaseModel):
-    """Fair share between keys (`cluster/release.py`'s release stage)."""
+    """Fair share between keys (`scheduler/`)."""
 
     enabled: bool = True
     """Within a priority, keys take turns (weighted: `mmq keys limits NAME --weight`) for a
@@ -153,7 +153,7 @@ class QuotaSettings(BaseModel):
     """Jobs the key may submit per `window_s`."""
     max_running: int = Field(default=0, ge=0)
     """Jobs of the key released to the workers at once (running, or next in a queue);
-    more wait, held, for a slot of its own. Kept by fair share's release stage
+    more wait, held, for a slot of its own. Kept by the scheduler's fair share
     (`fairness.enabled`)."""
     costs: dict[str, int] = Field(default_factory=dict)
     """Per kind, what the key's jobs may cost per `window_s` (`jobstore.quotas.COST_UNITS`:
@@ -314,13 +314,13 @@ MAX_QUEUE_S = 7 * 86400.0
 
 
 class BatchSettings(BaseModel):
-    """The Batch API and its release stage (`cluster/release.py`)."""
+    """The Batch API, and the scheduler that runs it (`scheduler/`)."""
 
     max_lines: int = Field(default=50_000, ge=1)
     """Lines a batch's input file may have (OpenAI's limit)."""
     release_interval_s: float = Field(default=0.2, gt=0)
-    """How often the release stage looks at its batches (collects ended lines, releases
-    more)."""
+    """How often the scheduler steps (`mmq scheduler`): releases held jobs, looks at its
+    batches (collects ended lines, releases more), writes each pipeline's room."""
     reserve_slots: int = Field(default=0, ge=0)
     """Worker slots of each pipeline that batch lines leave free for interactive jobs."""
     preempt: bool = False

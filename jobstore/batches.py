@@ -1,9 +1,9 @@
-"""Batches (OpenAI's Batch API), as the API and the release stage share them: the record,
+"""Batches (OpenAI's Batch API), as the API and the scheduler share them: the record,
 its states, the lines waiting to be released, the OpenAI objects, and the scripts that
 move a line along.
 
 A batch is a file of requests to one endpoint. Its valid lines wait in Redis
-(`keys.batch_lines`) until the release stage (`cluster/release.py`) makes each a job of
+(`keys.batch_lines`) until the scheduler (`scheduler.batch_feed`) makes each a job of
 priority `batch` when its pipeline has room; every line ends as exactly one line of the
 output file (it succeeded) or of the error file (it was invalid, or its job did not
 succeed).

@@ -7,7 +7,7 @@ script that stores a job (`jobstore.lua.SUBMIT`): concurrent submits can never g
 limit. The transition script gives a queued slot back whenever a job leaves `queued`
 (started, canceled, expired), and takes one again when the reaper queues a lost job
 again; it gives a released slot (`max_running`) back when a released job ends. Batch
-lines count apart (the release stage bounds them).
+lines count apart (the scheduler bounds them).
 
 A job's cost is counted when it is admitted where its input tells it (`JobInput.cost`:
 LLM tokens as OpenAI's rate limiter counts them, the prompt's estimate plus

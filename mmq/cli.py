@@ -1,4 +1,5 @@
-"""The `mmq` command line: up, workers, devices, api, worker, reaper, keys, tune, record."""
+"""The `mmq` command line: up, workers, devices, api, worker, reaper, scheduler, keys, tune,
+record."""
 
 from __future__ import annotations
 
@@ -154,30 +155,56 @@ def reaper(config: ConfigOpt = None) -> None:
 
     A second thread runs the retention sweep every `storage.sweep_interval_s`: it deletes
     uploads that no live job used once past `storage.upload_ttl_s`, and the stored outputs
-    of jobs whose records have expired. A third runs the release stage of batches every
-    `batches.release_interval_s`. Several reapers may run at once.
+    of jobs whose records have expired. Several reapers may run at once.
     """
     from broker.celery_app import make_celery, webhook_sender
     from cluster.reaper import Reaper
-    from cluster.release import start_release_stage
     from cluster.retention import start_sweeper
     from jobstore.store import JobStore
 
     settings = with_redis(command_settings(config))
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = _stop_on_signals()
     celery = make_celery(settings)
     store = JobStore.connect(settings, on_event=webhook_sender(celery), metered=True)
     store.tally.start()
     sweeper = start_sweeper(settings, stop)
-    release = start_release_stage(store, settings, celery, stop)
     try:
         Reaper(store, settings, celery).run_forever(stop)
         sweeper.join(timeout=10)
-        release.join(timeout=10)
     finally:
         store.tally.stop()
+
+
+@app.command()
+def scheduler(config: ConfigOpt = None) -> None:
+    """Run the scheduler: every `batches.release_interval_s`, held jobs enter their queues
+    by fair share, batch lines are fed while their pipelines have room (and stopped for
+    waiting interactive work with `batches.preempt`), on-demand models take turns on their
+    device, and each pipeline's room for submits is written. Several may run at once."""
+    from api.batch_answers import RouteAnswers
+    from broker.celery_app import make_celery, webhook_sender
+    from jobstore.store import JobStore
+    from scheduler.loop import Scheduler
+    from storage.factory import make_storage
+
+    settings = with_redis(command_settings(config))
+    stop = _stop_on_signals()
+    celery = make_celery(settings)
+    store = JobStore.connect(settings, on_event=webhook_sender(celery), metered=True)
+    store.tally.start()
+    answers = RouteAnswers(settings.public_url)
+    try:
+        Scheduler(store, settings, celery, make_storage(settings), answers).run_forever(stop)
+    finally:
+        store.tally.stop()
+
+
+def _stop_on_signals() -> threading.Event:
+    """Set on SIGINT or SIGTERM: a daemon's loop ends at its next wait."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
 
 
 @app.command()
@@ -216,7 +243,8 @@ def up(
     redis: RedisOpt = None,
     host_name: HostOpt = None,
 ) -> None:
-    """Start everything: Redis (if MMQ_REDIS_URL is unset), the API, the reaper, workers."""
+    """Start everything: Redis (if MMQ_REDIS_URL is unset), the API, the reaper, the
+    scheduler, workers."""
     from host.up import run_up
 
     settings = command_settings(config, redis, host_name)

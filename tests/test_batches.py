@@ -1,6 +1,6 @@
 """OpenAI's Batch API driven by the official `openai` client against a real deployment (API,
-reaper with its release stage, echo and sleep workers): every line ends in exactly one of
-the two files, also when a worker, the release stage, the API or Redis dies mid-batch;
+reaper, scheduler, echo and sleep workers): every line ends in exactly one of the two
+files, also when a worker, the scheduler, the API or Redis dies mid-batch;
 bad lines are named by number and field without failing the batch; lines wait behind
 interactive jobs and never count against the 429 bound; cancel and the completion window
 end a batch with what finished written out."""
@@ -20,7 +20,6 @@ import openai
 import pytest
 import redis
 
-from cluster.slots import Slots
 from harness.batches import job_line, jsonl
 from harness.client import new_owner
 from harness.deploy import (
@@ -35,6 +34,7 @@ from harness.deploy import (
 )
 from host.redis_server import RedisServer
 from jobs import keys
+from scheduler.slots import Slots
 from security.apikeys import create_key
 
 ENV = {
@@ -207,14 +207,14 @@ def test_lines_wait_behind_interactive_jobs_and_never_count_against_429(
     assert max(started) < last_line["started_at"]
 
 
-def test_every_line_ends_once_when_the_release_stage_is_killed(dep: Deployment) -> None:
+def test_every_line_ends_once_when_the_scheduler_is_killed(dep: Deployment) -> None:
     client = _client(dep)
     lines = [job_line(f"k{i}", "echo", text=f"k{i}", sleep_ms=40) for i in range(80)]
     batch = _run(client, lines)
     wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 8)
-    (reaper,) = [p for p in dep.procs if p.name == "reaper"]
-    _kill(dep, reaper)  # mid-release and mid-collect
-    dep.start_reaper()
+    (scheduler,) = [p for p in dep.procs if p.name == "scheduler"]
+    _kill(dep, scheduler)  # mid-release and mid-collect
+    dep.start_scheduler()
     _completed_once_each(client, batch.id, [f"k{i}" for i in range(80)])
 
 
@@ -272,6 +272,7 @@ def test_preempt_stops_the_line_holding_the_slot_for_an_interactive_job(tmp_path
         with serving(dep):
             dep.start_api()
             dep.start_reaper()
+            dep.start_scheduler()
             dep.start_worker("sleep")  # one slot
             client = _client(dep)
             lines = [job_line(f"p{i}", "sleep", steps=20, step_ms=100) for i in range(2)]
@@ -402,6 +403,7 @@ def test_a_batch_keeps_every_line_across_a_redis_crash(tmp_path: Path) -> None:
         with serving(dep):
             dep.start_api()
             dep.start_reaper()
+            dep.start_scheduler()
             dep.start_worker("echo")
             client = _client(dep)
             lines = [job_line(f"r{i}", "echo", text=f"r{i}", sleep_ms=100) for i in range(60)]

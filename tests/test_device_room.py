@@ -1,4 +1,4 @@
-"""A device's room in Redis as the workers on it read it (`workers.residency.DeviceRoom`),
+"""A device's room in Redis as the workers on it read it (`jobstore.device_room.DeviceRoom`),
 against a real Redis: which sibling a cold worker leaves a job to; and a worker that exits
 once it has unloaded (`exit_after_unload`), with real processes."""
 
@@ -13,7 +13,7 @@ from harness.client import new_owner
 from harness.deploy import flush, running
 from jobs import keys
 from jobs.device_models import split_member
-from workers.residency import DeviceRoom
+from jobstore.device_room import DeviceRoom
 
 
 def test_a_warm_sibling_is_one_loaded_with_a_free_slot(redis_url: str) -> None:

@@ -65,6 +65,7 @@ def test_compose_has_each_part_of_a_gpu_deployment() -> None:
         == "yes"
     )
     assert services["api"]["command"] == ["api"] and services["reaper"]["command"] == ["reaper"]
+    assert services["scheduler"]["command"] == ["scheduler"]
     assert services["api"]["environment"]["MMQ_AUTH__REQUIRED"] == "true"
     workers = {name: s for name, s in services.items() if name.startswith("worker-gpu")}
     assert len(workers) >= 2
@@ -83,11 +84,11 @@ def test_compose_has_each_part_of_a_gpu_deployment() -> None:
     assert build["dockerfile"] == "docker/Dockerfile.cuda"
 
 
-def test_the_cpu_compose_runs_redis_the_api_the_reaper_and_a_cpu_worker() -> None:
+def test_the_cpu_compose_runs_redis_the_api_the_reaper_the_scheduler_and_a_cpu_worker() -> None:
     data = compose("compose.cpu.yaml")
     services = data["services"]
-    assert set(services) == {"redis", "api", "reaper", "worker"}
-    assert set(mmq_services(data)) == {"api", "reaper", "worker"}
+    assert set(services) == {"redis", "api", "reaper", "scheduler", "worker"}
+    assert set(mmq_services(data)) == {"api", "reaper", "scheduler", "worker"}
     assert services["redis"]["image"] == "${MMQ_REDIS_IMAGE:-redis:7.4}"
     command = services["redis"]["command"]
     assert command[command.index("--appendonly") + 1] == "yes"
@@ -119,7 +120,8 @@ def test_every_mmq_process_signs_urls_with_the_public_url(name: str) -> None:
     every mmq service shares, not the API's alone."""
     data = compose(name)
     services = mmq_services(data)
-    assert {"api", "reaper"} <= set(services) and any(n.startswith("worker") for n in services)
+    assert {"api", "reaper", "scheduler"} <= set(services)
+    assert any(n.startswith("worker") for n in services)
     for service_name, service in services.items():
         env = service["environment"]
         assert env["MMQ_API__PUBLIC_URL"] == PUBLIC_URL, service_name
@@ -128,8 +130,8 @@ def test_every_mmq_process_signs_urls_with_the_public_url(name: str) -> None:
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
 def test_compose_files_work_with_compose_v1(name: str) -> None:
-    """Compose v1 (Debian's docker-compose 1.29) refuses a top-level `name`: the README's
-    commands name the project with `-p mmq`."""
+    """Compose v1 (Debian's docker-compose 1.29) refuses a top-level `name`: the commands of
+    docs/deployment/docker.md name the project with `-p mmq`."""
     data = compose(name)
     assert "name" not in data and "version" not in data
     assert set(data) <= {"services", "volumes", "x-mmq", "x-gpu-worker"}

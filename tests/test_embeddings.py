@@ -50,6 +50,7 @@ def embed_dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     with serving(dep):
         dep.start_api()
         dep.start_reaper()
+        dep.start_scheduler()
         dep.start_worker("embed")
         dep.start_worker("embed-short")
         yield dep

@@ -1,7 +1,7 @@
 """Fair share between keys against real processes (`fairness.enabled`, on by default): on
 a busy pipeline, a key's one job goes before another key's burst, weights share the
 slots, priorities keep their meaning, a held job canceled never runs, and without a
-release stage submits go straight to the queue."""
+scheduler submits go straight to the queue."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def _ts(iso: str) -> float:
 
 
 def _held(r: redis.Redis) -> int:
-    """How many normal-priority sleep jobs the release stage holds back now."""
+    """How many normal-priority sleep jobs the scheduler holds back now."""
     return int(r.hget(keys.HELD, "sleep|normal") or 0)
 
 
@@ -128,16 +128,16 @@ def test_priorities_keep_their_meaning_and_a_canceled_held_job_never_runs(
     assert int(r.hget(keys.HELD, "sleep|normal") or 0) == 0
 
 
-def test_without_a_release_stage_submits_go_straight_to_the_queue(
+def test_without_a_scheduler_submits_go_straight_to_the_queue(
     dep: Deployment, r: redis.Redis
 ) -> None:
-    (reaper,) = [p for p in dep.procs if p.name == "reaper"]
-    reaper.stop()
-    dep.procs.remove(reaper)
+    (scheduler,) = [p for p in dep.procs if p.name == "scheduler"]
+    scheduler.stop()
+    dep.procs.remove(scheduler)
     try:
         wait_until(lambda: not r.exists(keys.room("sleep")), timeout_s=10)
         a = _key(dep, r)
         ids = [_sleep(a) for _ in range(5)]
         assert {a.wait(j, timeout_s=30)["status"] for j in ids} == {"succeeded"}
     finally:
-        dep.start_reaper()
+        dep.start_scheduler()

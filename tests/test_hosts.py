@@ -1,6 +1,7 @@
 """A deployment across hosts (network namespaces, harness/netns.py) survives
-partitions: Redis and the reaper on one host, the API on another, a sleep worker on each
-of two more; the tests are the client, in the root namespace, over the hosts' addresses.
+partitions: Redis, the reaper and the scheduler on one host, the API on another, a sleep
+worker on each of two more; the tests are the client, in the root namespace, over the
+hosts' addresses.
 
 - A worker host cut off while it runs a job: its lease runs out, the reaper requeues the
   job and the other worker finishes it; when the link returns, what the cut-off run still
@@ -117,6 +118,7 @@ def _start(
         env={"MMQ_API__HOST": api_host.address, "MMQ_API__PORT": str(API_PORT)},
     )  # fmt: skip
     dep.spawn("reaper", "reaper", wrap=redis_host.wrap())
+    dep.spawn("scheduler", "scheduler", wrap=redis_host.wrap())
     workers = {
         host.name: (host, dep.spawn(f"worker-{host.name}", "worker", "--pipeline", "sleep",
                                     wrap=host.wrap()))

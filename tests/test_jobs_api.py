@@ -82,7 +82,7 @@ def test_cancel_queued_job_never_runs(
     api.http.post(f"/v1/jobs/{blocker['id']}/cancel")
     assert api.wait(blocker["id"])["status"] == "canceled"
     if rclient.hget(keys.job(queued["id"]), "held") == "1":
-        # Held by fair share (no free slot): the release stage drops it, never pushed.
+        # Held by fair share (no free slot): the scheduler drops it, never pushed.
         wait_until(lambda: rclient.hget(keys.HELD, "sleep|normal") in (None, "0"), worker)
     else:
         # The worker took the canceled job's message and dropped it without running it.

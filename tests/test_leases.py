@@ -43,6 +43,7 @@ def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
     with serving(deployment):
         deployment.start_api()
         deployment.start_reaper()
+        deployment.start_scheduler()
         yield deployment
 
 

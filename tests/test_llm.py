@@ -73,6 +73,7 @@ def llm_dep(
     with serving(dep):
         dep.start_api()
         dep.start_reaper()
+        dep.start_scheduler()
         workers = [
             dep.spawn(f"worker-{n}", "worker", "--pipeline", n)
             for n in ("llm", "llm-long", "llm-od")

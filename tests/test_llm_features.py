@@ -108,6 +108,7 @@ def features(
     with serving(dep):
         dep.start_api()
         dep.start_reaper()
+        dep.start_scheduler()
         workers = [dep.spawn(f"worker-{n}", "worker", "--pipeline", n) for n in pipelines]
         for worker in workers:
             wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=300)

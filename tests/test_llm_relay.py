@@ -59,6 +59,7 @@ def relay(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         wait_until(lambda: _answers(f"{engine_url}/health"), engine, timeout_s=30)
         api = dep.start_api()
         dep.start_reaper()
+        dep.start_scheduler()
         workers = [dep.start_worker("relay", instance) for instance in (0, 1)]
         yield Relay(dep, engine_url, api, workers)
 

@@ -65,6 +65,7 @@ def engines(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         wait_until(lambda: _answers(f"{wire_url}/health"), engine, timeout_s=30)
         dep.start_api()
         dep.start_reaper()
+        dep.start_scheduler()
         worker = dep.spawn("worker-wire", "worker", "--pipeline", "wire")
         wait_until(lambda: "ready." in worker.log(), worker, timeout_s=60)
         yield Engines(dep, wire_url)

@@ -1,7 +1,7 @@
-"""The README's first steps, run as written: `mmq up` in a directory laid out like the
-repository's root (its `.venv` and `mmq.toml`) on a fresh data dir, then every command of
-the README's `<!-- quickstart -->` block in one shell, as a newcomer pastes them. Each
-must exit 0 and print what its `# → ` lines say (`…`: anything).
+"""The docs' first steps (docs/getting-started.md), run as written: `mmq up` in a directory
+laid out like the repository's root (its `.venv` and `mmq.toml`) on a fresh data dir, then
+every command of that page's `<!-- quickstart -->` block in one shell, as a newcomer
+pastes them. Each must exit 0 and print what its `# → ` lines say (`…`: anything).
 
 It runs in a network namespace of its own, so that `localhost:8000`, which the commands
 name, is this deployment's and nothing else's. The deployment is the shipped one, the
@@ -25,6 +25,8 @@ import pytest
 from harness.deploy import REPO
 from harness.netns import PREFIX, Network, unavailable
 
+QUICKSTART = REPO / "docs" / "getting-started.md"
+"""The page whose `<!-- quickstart -->` block these tests read and run."""
 MARK = "<!-- quickstart -->"
 EXPECT = "# → "
 READY_TIMEOUT_S = 300.0
@@ -38,10 +40,10 @@ class Step:
     expected: list[str] = field(default_factory=list)
 
 
-def quickstart_steps(readme: str) -> list[Step]:
-    """The commands of the README's quickstart block, each with its `# → ` lines."""
-    start = readme.index(MARK)
-    body = readme[start:].split("```sh\n", 1)[1].split("\n```", 1)[0]
+def quickstart_steps(page: str) -> list[Step]:
+    """The commands of the page's quickstart block, each with its `# → ` lines."""
+    start = page.index(MARK)
+    body = page[start:].split("```sh\n", 1)[1].split("\n```", 1)[0]
     steps: list[Step] = []
     pending = ""
     for line in body.splitlines():
@@ -76,7 +78,7 @@ def pattern(expected: str) -> re.Pattern[str]:
 
 
 def test_the_readme_block_is_read_as_commands_and_their_output() -> None:
-    steps = quickstart_steps((REPO / "README.md").read_text())
+    steps = quickstart_steps(QUICKSTART.read_text())
     commands = [step.command.split()[0] for step in steps]
     assert commands[0] == "source" and {"curl", "mmq"} <= set(commands)
     chat = next(step for step in steps if "/v1/chat/completions" in step.command)
@@ -96,7 +98,7 @@ def host() -> Iterator[Network]:
 
 
 def test_the_readme_first_steps_work_as_written(host: Network, tmp_path: Path) -> None:
-    steps = quickstart_steps((REPO / "README.md").read_text())
+    steps = quickstart_steps(QUICKSTART.read_text())
     root = tmp_path / "repo"  # the repository's root as the commands see it
     root.mkdir()
     (root / ".venv").symlink_to(Path(sys.prefix))
@@ -164,7 +166,7 @@ def _wait_for_ready(up: subprocess.Popen[bytes], log_path: Path) -> None:
 
 
 def _stop(up: subprocess.Popen[bytes]) -> None:
-    """Ctrl-C, as in the README; SIGKILL to the group if it does not stop in time."""
+    """Ctrl-C, as in the quick start; SIGKILL to the group if it does not stop in time."""
     if up.poll() is None:
         os.killpg(up.pid, signal.SIGINT)
         try:

@@ -169,10 +169,13 @@ def test_clients_follow_the_master_across_a_failover(group: SentinelGroup, tmp_p
     dep.config_path.write_text(ECHO_ONLY)
     with serving(dep):
         procs = [dep.start_api(), dep.start_worker("echo"), dep.start_reaper()]
+        procs.append(dep.start_scheduler())
         pids = [p.process.pid for p in procs]
-        # The reaper checks Redis once at start (and exits if it does not answer): let it
-        # start before the kill, as a deployment's long-running reaper would have.
+        # The reaper and the scheduler check Redis once at start (and exit if it does not
+        # answer): let them start before the kill, as a deployment's long-running ones
+        # would have.
         wait_until(lambda: "reaper sweeping every" in procs[2].log(), procs[2], timeout_s=60)
+        wait_until(lambda: "scheduler: a step every" in procs[3].log(), procs[3], timeout_s=60)
         http = _client(dep)
         before = [_submit(http) for _ in range(3)]
         assert all(_wait_succeeded(http, job_id) for job_id in before)

@@ -46,6 +46,7 @@ def tts(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
     with serving(dep):
         dep.start_api()
         dep.start_reaper()
+        dep.start_scheduler()
         start_workers(dep, "tts", 2)
         yield dep
 

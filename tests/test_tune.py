@@ -321,7 +321,7 @@ extra_args = ["--enforce-eager"]
 def test_a_vllm_tune_restarts_the_engine_for_each_point_and_picks_from_its_table(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """A short version of tuning vLLM as teams do (the README's worked example searches
+    """A short version of tuning vLLM as teams do (docs/configuration/tune.md's example searches
     max_num_seqs x max_num_batched_tokens): each point a fresh engine with its knobs,
     waited for until it answers (never a fixed timeout), measured under the SLO; the
     winner, if one is called, is the table's best, and it is what is written."""

@@ -129,7 +129,7 @@ def test_signed_delivery_retried_on_503_until_accepted(owner: Api, receiver: Rec
 def test_a_batch_end_is_delivered_once_signed(
     dep: Deployment, owner: Api, receiver: Receiver
 ) -> None:
-    reaper = dep.start_reaper()  # its release stage runs the batch and calls the webhook
+    scheduler = dep.start_scheduler()  # it runs the batch and calls the webhook
     try:
         lines = [job_line(f"b{i}", "echo", text=f"b{i}") for i in range(3)]
         source = upload(owner.http, jsonl(lines))
@@ -151,8 +151,8 @@ def test_a_batch_end_is_delivered_once_signed(
         assert payload["data"]["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
         assert payload["data"]["output_file_id"].startswith("file-")
     finally:
-        reaper.stop()
-        dep.procs.remove(reaper)
+        scheduler.stop()
+        dep.procs.remove(scheduler)
 
 
 def test_all_events_arrive_in_order(owner: Api, receiver: Receiver) -> None:

@@ -7,16 +7,16 @@ that the models of a device fit its budget (`device_memory_gb`, else a GPU's tot
 memory). An on-demand worker that gets a job while its model is unloaded:
 
 1. says so on the job (a `status` event `{"status": "running", "loading": PIPELINE}`);
-2. claims room on the device (`CLAIM`, one script): it fits, or the least recently idle
-   models that have been loaded for `min_loaded_s` are asked to make room, and it tries
-   again; a worker whose heartbeat stopped holds no room;
+2. claims room on the device (`CLAIM` in `jobstore.device_room`, one script): it fits,
+   or the least recently idle models that have been loaded for `min_loaded_s` are asked
+   to make room, and it tries again; a worker whose heartbeat stopped holds no room;
 3. loads and warms the model up, once: jobs that come meanwhile wait for the same load.
    Each job that waited records `load_ms` in its timings.
 
 A watcher thread unloads the model when it has had no job running and none waiting in
 its queue for `idle_unload_s`, or at once when a claim asks for its room and it is idle.
 A model with a job running, or jobs waiting in its queue, is never unloaded. A claim
-that finds no idle model says that it waits (`keys.device_waiting`), and the release stage
+that finds no idle model says that it waits (`keys.device_waiting`), and the scheduler
 stops feeding the models in its way that have been loaded for `min_loaded_s`: they finish
 what their queue holds, go idle and make room, while their new jobs are held for their
 next turn. So under alternating load the models of a device take turns, each serving a
@@ -29,13 +29,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import json
 import logging
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import redis
@@ -44,9 +42,8 @@ from broker.kombu_redis import PRIORITY_VALUES, priority_list
 from broker.queues import queue_name
 from host.devices import read_usage
 from host.model_memory import estimate
-from jobs import keys
-from jobs.device_models import ModelEntry, device_member, split_member
 from jobs.settings import Settings
+from jobstore.device_room import DeviceRoom
 from pipelines.base import Pipeline
 from telemetry.metrics import MODEL_LOAD_SECONDS, MODEL_LOADS, MODEL_UNLOADS
 from telemetry.tally import MetricsTally
@@ -60,57 +57,6 @@ ROOM_WAIT_S = 600.0
 """How long a job waits for room on its device before it fails."""
 STALE_BEATS = 3
 """A worker whose heartbeat is this many periods old holds no room."""
-
-CLAIM = """
--- KEYS: the device's models hash, the workers' heartbeats, the device's evictions hash,
---   the set of devices
--- ARGV: the worker, its entry (JSON: pipeline, bytes), the budget (bytes, 0: none),
---   seconds after which a heartbeat is stale, min_loaded_s, the device (`host|device`)
--- Takes room for the worker's model if it fits beside the others (a worker whose
--- heartbeat stopped counts for nothing and is dropped). Otherwise asks the idle models
--- loaded for min_loaded_s, least recently used first, to make room: {'wait', asked...},
--- or {'full', asked...} where even they would not make enough.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local mine = cjson.decode(ARGV[2])
-local budget = tonumber(ARGV[3])
-local used, idle = 0, {}
-local flat = redis.call('HGETALL', KEYS[1])
-for i = 1, #flat, 2 do
-  local worker = flat[i]
-  if worker ~= ARGV[1] then
-    local beat = redis.call('ZSCORE', KEYS[2], worker)
-    if not beat or tonumber(beat) < now - tonumber(ARGV[4]) then
-      redis.call('HDEL', KEYS[1], worker)
-      redis.call('HDEL', KEYS[3], worker)
-    else
-      local e = cjson.decode(flat[i + 1])
-      used = used + e.bytes
-      if not e.resident and e.idle_since > 0 and now - e.loaded_at >= tonumber(ARGV[5]) then
-        idle[#idle + 1] = {worker, e.idle_since, e.bytes}
-      end
-    end
-  end
-end
-redis.call('SADD', KEYS[4], ARGV[6])
-if budget == 0 or used + mine.bytes <= budget then
-  mine.loaded_at = now
-  mine.idle_since = 0
-  redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(mine))
-  return {'ok'}
-end
-table.sort(idle, function(x, y) return x[2] < y[2] end)
-local short = used + mine.bytes - budget
-local asked = {'wait'}
-for _, c in ipairs(idle) do
-  if short <= 0 then break end
-  redis.call('HSET', KEYS[3], c[1], ARGV[1])
-  short = short - c[3]
-  asked[#asked + 1] = c[1]
-end
-if short > 0 then asked[1] = 'full' end
-return asked
-"""
 
 
 class NoRoom(RuntimeError):
@@ -133,106 +79,6 @@ class Residency(Protocol):
     def release(self) -> None:
         """After the job ran."""
         ...
-
-
-@dataclass
-class DeviceRoom:
-    """The models of one device of this host, in Redis."""
-
-    r: redis.Redis
-    host: str
-    device: str
-    worker: str
-    stale_s: float
-
-    def __post_init__(self) -> None:
-        self._claim = self.r.register_script(CLAIM)
-        self.member = device_member(self.host, self.device)
-
-    @property
-    def models_key(self) -> str:
-        return keys.device_models(self.host, self.device)
-
-    @property
-    def evictions_key(self) -> str:
-        return keys.device_evictions(self.host, self.device)
-
-    def hold(self, pipeline: str, nbytes: int) -> None:
-        """Count this worker's resident model, loaded at start."""
-        entry = ModelEntry(pipeline=pipeline, bytes=nbytes, resident=True, loaded_at=time.time())
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hset(self.models_key, self.worker, entry.model_dump_json())
-        pipe.sadd(keys.MODEL_DEVICES, self.member)
-        pipe.execute()
-
-    def claim(
-        self, pipeline: str, nbytes: int, budget: int, min_loaded_s: float, slots: int = 1
-    ) -> list[str]:
-        """`CLAIM`'s answer: ['ok'], or ['wait' | 'full', the workers asked for room...]."""
-        entry = ModelEntry(pipeline=pipeline, bytes=nbytes, resident=False, slots=slots)
-        entry_json = entry.model_dump_json()
-        args: list[str | float] = [
-            self.worker, entry_json, budget, self.stale_s, min_loaded_s, self.member
-        ]  # fmt: skip
-        keys_ = [self.models_key, keys.WORKERS, self.evictions_key, keys.MODEL_DEVICES]
-        return [str(v) for v in self._claim(keys=keys_, args=args)]
-
-    def warm_sibling(self, pipeline: str) -> str | None:
-        """Another live worker of `pipeline`, on any device of any host, whose model is
-        loaded and has a free slot (idle, or an engine with room in its batch); None where
-        there is none."""
-        devices = [split_member(str(d)) for d in self.r.smembers(keys.MODEL_DEVICES)]
-        pipe = self.r.pipeline(transaction=False)
-        for host, device in devices:
-            pipe.hgetall(keys.device_models(host, device))
-        candidates = [
-            worker
-            for models in pipe.execute()
-            for worker, raw in models.items()
-            if worker != self.worker
-            and (entry := ModelEntry.model_validate_json(raw)).pipeline == pipeline
-            and entry.takes_more()
-        ]
-        if not candidates:
-            return None
-        (now_s, now_us) = self.r.time()
-        live_since = now_s + now_us / 1e6 - self.stale_s
-        pipe = self.r.pipeline(transaction=False)
-        for worker in candidates:
-            pipe.zscore(keys.WORKERS, worker)
-        beats = pipe.execute()
-        return next(
-            (w for w, beat in zip(candidates, beats, strict=True) if beat and beat >= live_since),
-            None,
-        )
-
-    def mark_use(self, busy: int, idle_since: float) -> None:
-        """Note how many jobs this worker's loaded model runs, and since when it is idle
-        (0: it has work)."""
-        raw = self.r.hget(self.models_key, self.worker)
-        if raw:
-            entry = ModelEntry.model_validate_json(raw)
-            entry.busy, entry.idle_since = busy, idle_since
-            self.r.hset(self.models_key, self.worker, entry.model_dump_json())
-
-    def eviction_asked(self) -> bool:
-        return bool(self.r.hexists(self.evictions_key, self.worker))
-
-    def refuse_eviction(self) -> None:
-        self.r.hdel(self.evictions_key, self.worker)
-
-    def wait_for_room(self, pipeline: str, since: float) -> None:
-        entry = json.dumps({"pipeline": pipeline, "since": since})
-        self.r.hset(keys.device_waiting(self.host, self.device), self.worker, entry)
-
-    def stop_waiting(self) -> None:
-        self.r.hdel(keys.device_waiting(self.host, self.device), self.worker)
-
-    def free(self) -> None:
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hdel(self.models_key, self.worker)
-        pipe.hdel(self.evictions_key, self.worker)
-        pipe.execute()
 
 
 class Resident:
@@ -377,7 +223,7 @@ class OnDemand:
                 if found[0] == "ok":
                     self._noted = None  # a fresh entry: written again once loaded
                     break
-                if not waiting:  # the release stage drains the models in the way
+                if not waiting:  # the scheduler drains the models in the way
                     self.room.wait_for_room(name, time.time())
                     waiting = True
                 if canceled.is_set():
@@ -473,13 +319,10 @@ class OnDemand:
             self.exit_process()
 
     def _waiting(self) -> int:
-        """Jobs waiting in this pipeline's queue. Jobs the release stage holds are not
+        """Jobs waiting in this pipeline's queue. Jobs the scheduler holds are not
         counted: it holds them to let another model of the device have its turn (or
         until a slot frees, which an idle model has)."""
-        pipe = self.room.r.pipeline(transaction=False)
-        for name in self._queues:
-            pipe.llen(name)
-        return sum(int(n) for n in pipe.execute())
+        return self.room.queued(self._queues)
 
 
 def free_memory() -> None:

@@ -50,7 +50,7 @@ export function BatchList({ me }) {
           <td>${new Date(b.created_at * 1000).toLocaleString()}</td></tr>`)}
       </tbody>
     </table>
-    ${data && !data.data.length && html`<p class="muted">No batches yet: create one with <code>client.batches.create</code> (see the README).</p>`}
+    ${data && !data.data.length && html`<p class="muted">No batches yet: create one with <code>client.batches.create</code> (see docs/api/batches.md).</p>`}
   </section>`;
 }
 

@@ -177,7 +177,7 @@ export function Playground({ kind, served }) {
   const title = KINDS.find((k) => k.kind === kind);
   if (!Page) return html`<p class="error" role="alert">No playground for ${kind}.</p>`;
   if (served && !served.has(kind)) {
-    return html`<p class="error" role="alert">No pipeline serves kind ${kind} here: enable one in the config (see the README).</p>`;
+    return html`<p class="error" role="alert">No pipeline serves kind ${kind} here: enable one in the config (see docs/configuration/index.md).</p>`;
   }
   return html`<section aria-labelledby="play-title" class="play">
     <h1 id="play-title">${title.title} (${kind})</h1><${Page} /></section>`;

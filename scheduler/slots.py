@@ -1,23 +1,14 @@
-"""A pipeline's worker slots and what holds them, as the release stage reads them each
-step (`read_slots`): what its live workers run at once, running jobs, messages waiting in
-its queue per priority, jobs held by fair share; and the room each use may still take
-(interactive submits, held jobs, batch lines)."""
+"""A pipeline's worker slots and what holds them, as the scheduler reads them each step:
+what its live workers run at once, running jobs, messages waiting in its queue per
+priority, jobs held by fair share; and the room each use may still take (interactive
+submits, held jobs, batch lines)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import redis
-
-from broker.kombu_redis import PRIORITY_VALUES, priority_list
-from broker.queues import queue_name
-from jobs import keys
 from jobs.settings import Settings
-from jobstore.codec import text_list
-
-PRIORITIES = list(PRIORITY_VALUES)
-"""In order: high, normal, low, batch."""
-INTERACTIVE = PRIORITIES[:-1]
+from jobstore.scheduling import INTERACTIVE, SchedulingStore
 
 
 @dataclass
@@ -37,7 +28,8 @@ class Slots:
     """Jobs held by fair share, per priority (high, normal, low)."""
 
     depth: int = 0
-    """Interactive messages allowed to wait in the queue beyond the slots (`Depth`)."""
+    """Interactive messages allowed to wait in the queue beyond the slots
+    (`fair_share.FairShare`)."""
     lines_running: list[tuple[float, str]] = field(default_factory=list)
     """(started_at, job id) of its running batch lines not yet asked to stop."""
     preempting: int = 0
@@ -97,48 +89,31 @@ class Room:
         return True
 
 
-def read_slots(r: redis.Redis, settings: Settings, live: list[str]) -> dict[str, Slots]:
+def read_slots(store: SchedulingStore, settings: Settings, live: list[str]) -> dict[str, Slots]:
     """Each pipeline with live workers (`live`, named `PIPELINE-N@HOST`): its slots and
-    what holds them now, in two round trips."""
+    what holds them now."""
     workers: dict[str, list[str]] = {}
     for name in live:
         pipeline = name.split("@", 1)[0].rsplit("-", 1)[0]
         if pipeline in settings.pipelines:
             workers.setdefault(pipeline, []).append(name)
-    running_ids = text_list(r.zrange(keys.RUNNING, 0, -1))
-    pipe = r.pipeline(transaction=False)
-    for pipeline, names in workers.items():
-        for name in names:
-            pipe.hget(keys.worker(name), "slots")
-        for priority in PRIORITIES:
-            pipe.llen(priority_list(queue_name(pipeline), PRIORITY_VALUES[priority]))
-        pipe.hmget(keys.HELD, [f"{pipeline}|{p}" for p in INTERACTIVE])
-    for job_id in running_ids:
-        pipe.hmget(keys.job(job_id), "pipeline", "priority", "started_at", "preempt_requested")
-    found = iter(pipe.execute())
     slots: dict[str, Slots] = {}
-    for pipeline, names in workers.items():
+    for pipeline, reading in store.slot_readings(workers).items():
         concurrency = settings.pipelines[pipeline].concurrency
         # What each worker runs at once (an LLM worker: its engine's max_inflight), as it
         # published it; the setting for a worker that has not said yet.
-        total = sum(int(next(found) or concurrency) for _ in names)
-        lengths = [int(next(found)) for _ in PRIORITIES]
-        held = [max(0, int(n or 0)) for n in next(found)]
-        slots[pipeline] = Slots(
-            total=total,
-            ahead=len(names),
-            running=0,
-            queued=lengths[:-1],
-            batch_queued=lengths[-1],
-            held=held,
+        slot = Slots(
+            total=sum(concurrency if n is None else n for n in reading.worker_slots),
+            ahead=len(reading.worker_slots),
+            running=len(reading.running),
+            queued=reading.queued[:-1],
+            batch_queued=reading.queued[-1],
+            held=reading.held,
         )
-    for job_id, (pipeline, priority, started_at, preempt) in zip(running_ids, found, strict=True):
-        slot = slots.get(str(pipeline))
-        if slot is None:
-            continue
-        slot.running += 1
-        if priority == "batch" and preempt == "1":
-            slot.preempting += 1
-        elif priority == "batch":
-            slot.lines_running.append((float(started_at or 0), job_id))
+        for job in reading.running:
+            if job.priority == "batch" and job.preempt_requested:
+                slot.preempting += 1
+            elif job.priority == "batch":
+                slot.lines_running.append((job.started_at, job.job_id))
+        slots[pipeline] = slot
     return slots
