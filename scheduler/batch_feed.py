@@ -30,6 +30,7 @@ from typing import Protocol
 from celery import Celery
 
 from broker.celery_app import enqueue_webhook, job_message
+from jobs.errors import NotDurable
 from jobs.models import Job
 from jobs.settings import Settings
 from jobs.states import JobStatus
@@ -107,7 +108,10 @@ class BatchFeed:
             if not room.take(line.pipeline):
                 return  # in file order: a line waits for its own pipeline's room
             job = self._job(batch, line)
-            self.jobs.submit(job, job_message(self.app, job), NO_LIMIT)
+            try:
+                self.jobs.submit(job, job_message(self.app, job), NO_LIMIT)
+            except NotDurable as exc:  # stored: its line is taken, as for any other
+                log.warning("batch %s: line %d: %s", batch.id, line.line, exc)
             self.batches.take_line(batch.id, raw, job.id)
 
     def _job(self, batch: Batch, line: Line) -> Job:
