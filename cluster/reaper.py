@@ -22,6 +22,7 @@ from broker.celery_app import job_message
 from cluster.stranded import resend_missing, restore_stranded
 from common.redis_client import FAILOVER_ERRORS
 from jobs import keys
+from jobs.errors import NotDurable
 from jobs.models import Job
 from jobs.settings import Settings
 from jobs.states import JobStatus
@@ -54,7 +55,7 @@ class Reaper:
                 continue
             change = self._take_back(job)
             try:
-                if not self.store.apply(change).ok:
+                if not self._apply(change):
                     continue
             except redis.ResponseError:  # this job's script failed: nothing of it changed
                 log.exception("job %s: could not take it back; trying again next sweep", job_id)
@@ -87,7 +88,7 @@ class Reaper:
         for job_id in self.store.past_deadline():
             job = self.store.get(job_id)
             if job is not None and job.status is JobStatus.QUEUED:
-                if self.store.apply(operations.expire(job)).ok:
+                if self._apply(operations.expire(job)):
                     handled += 1
                     log.info("job %s: deadline passed in the queue: expired", job_id)
                 continue  # refused: it started meanwhile; the next sweep sees it running
@@ -98,6 +99,17 @@ class Reaper:
             # Ended, gone, running without a cancel asked for, or asked to stop: done here.
             self.store.r.zrem(keys.DEADLINES, job_id)
         return handled
+
+    def _apply(self, change: Transition) -> bool:
+        """Apply the change; whether it was made. One that ended its job but was not
+        confirmed at `redis.durability` within a lease's time is logged, and counts as made
+        (the store has announced it and handed it on; a failover that loses it leaves the
+        job as it was, for a later sweep)."""
+        try:
+            return self.store.apply(change).ok
+        except NotDurable as exc:
+            log.error("%s", exc.message)
+            return True
 
     def resend(self) -> int:
         """Give a task message back to queued jobs that lack one; returns how many. Looks

@@ -1,6 +1,7 @@
 """The changes the store writes, built without I/O: a job's status change (`Transition`,
 and the named ones of `jobstore.operations`), a submit's script arguments (`submit_args`),
-and the decoding of what the scripts answer. Either store (`jobstore.store`) runs them."""
+and the decoding of what the scripts answer (`decode_submit`, `decode_result`). Either
+store (`jobstore.store`) runs them."""
 
 from __future__ import annotations
 
@@ -283,6 +284,22 @@ def submit_args(
     if hold is not None:
         submit["hold"] = hold
     return key_list, [dumps(submit)]
+
+
+def decode_submit(job_id: str, raw: list[Any]) -> SubmitResult:
+    """The submit script's answer (`lua.SUBMIT`) for job `job_id`."""
+    outcome, value = raw[0], raw[1]
+    if outcome == "dup":
+        dup_id, _, prev_hash = str(value).partition("|")
+        return SubmitResult("dup", dup_id, prev_hash)
+    if outcome == "quota":
+        return SubmitResult("quota", quota=value, limit=int(raw[2]), used=int(raw[3]))
+    if outcome == "ok":
+        return SubmitResult(
+            "ok", job_id, limit=int(raw[2]), used=int(raw[3]),
+            cost_limit=int(raw[4]), cost_used=int(raw[5]),
+        )  # fmt: skip
+    return SubmitResult(outcome)
 
 
 def decode_result(change: Transition, raw: list[Any]) -> TransitionResult:

@@ -47,11 +47,22 @@ class Durability:
             pipe.wait(self.replicas, timeout)
 
     def confirmed(self, reply: Any) -> bool:
+        """Whether `reply` (of the command `queue_wait` added) confirms the writes before it;
+        a server that refused the wait raises `NotDurable`."""
         if isinstance(reply, ResponseError):
             raise NotDurable(f"redis.durability = {self.level}: the server refused: {reply}")
         if self.level == "fsync":
             return int(reply[0]) >= 1
         return int(reply) >= self.replicas
+
+    def unconfirmed(self, reply: Any, what: str) -> NotDurable | None:
+        """None where `reply` confirms the writes of `what`; else the error to raise once
+        the caller has done what the writes imply (`not_confirmed`, or the server's
+        refusal of the wait)."""
+        try:
+            return None if self.confirmed(reply) else self.not_confirmed(what)
+        except NotDurable as refused:
+            return refused
 
     def not_confirmed(self, what: str) -> NotDurable:
         target = (

@@ -109,7 +109,7 @@ end
 if redis.call('SCARD', KEYS[3]) >= a.max_queued then return {'full', ''} end
 -- Fair share: a job that finds no free slot of its pipeline at its priority (the release
 -- stage's `room`), a job of another key waiting at its priority or above, or its key at
--- its `max_running`, is held for the release stage; the owner joins the turn at the last
+-- its `max_running`, is held for the scheduler; the owner joins the turn at the last
 -- release's pass if it was not waiting.
 local hold_job = false
 if a.message ~= '' and a.hold then

@@ -1,7 +1,25 @@
 """The Redis job store: a hash per job, an owner index, leases, events.
 
 `JobStore` (sync: workers, reaper, CLI) and `AsyncJobStore` (the API) share the Lua
-scripts and the changes of `jobstore.changes`, so a transition is written in one place.
+scripts and the changes of `jobstore.changes`, so a transition is written in one place,
+and every step of their operations that is not I/O (`_Shared`): the operations both
+have (`submit`, `apply`, `get`, `events`, `request_cancel`) take the same arguments, give
+the same answers and raise the same errors, one of them awaited. They differ where the
+process does: a sync store hands webhook events to `on_event` in the calling thread and
+adds its metrics to its tally; the async one hands them on in a thread and writes its
+metrics in one round trip.
+
+A write Redis has made but does not confirm at `redis.durability` in time (a submit that
+stored its job, a change that ended one) raises `NotDurable`, in either store, once the
+store has done what the write implies (its held notices published, its metrics counted,
+its webhook events handed on: the job exists, or has ended, on the primary, and nothing
+would do them later). The API answers 503 (never "accepted"); a worker and the reaper log
+it and go on (their end is written; should a failover lose it, the job is running there
+under a lease that expires, and the reaper takes it back). A write the script refused (a
+full queue, a lease not held) made nothing: its answer comes back, with nothing to
+confirm. A change that ends a job waits `end_wait_ms` for its confirmation: a store made
+by `JobStore.connect` (workers, the reaper) as long as a lease lasts, any other
+`redis.durability_timeout_ms`, as a submit does.
 
 A metered store (`metered=True`) also counts every accepted submit (in the script that
 stores the job) and every transition that ends a job, wherever it happens: a worker, the
@@ -23,7 +41,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Self
+from typing import Any, Generic, Self, TypeVar
 
 import redis
 import redis.asyncio as aredis
@@ -32,6 +50,7 @@ from redis.exceptions import NoScriptError
 from broker.kombu_redis import TaskMessage
 from common import redis_client
 from jobs import keys
+from jobs.errors import NotDurable
 from jobs.models import Event, EventType, Job, WebhookSpec
 from jobs.schemas.base import CachePolicy
 from jobs.settings import Settings
@@ -44,6 +63,7 @@ from jobstore.changes import (
     Transition,
     TransitionResult,
     decode_result,
+    decode_submit,
     event_dict,
     submit_args,
     webhook_events,
@@ -101,17 +121,17 @@ def _after(after: str | None) -> str:
     return f"({after}" if after else "-"
 
 
-def _settle(replies: list[Any], attempt: int, durability: Durability) -> tuple[Any, bool] | None:
+def _settle(replies: list[Any], attempt: int) -> tuple[Any, Any] | None:
     """A script's reply and the durability wait's, run in one pipeline: (the script's
-    reply, whether its writes were confirmed in time); None on the first attempt when the
-    server restarted between the pipeline's script check and its run (the script did not
-    run): send it once more, loading it again. A script's error is raised."""
+    reply, the wait's, judged later by `Durability.unconfirmed`); None on the first attempt
+    when the server restarted between the pipeline's script check and its run (the script
+    did not run): send it once more, loading it again. A script's error is raised."""
     raw, wait = replies
     if isinstance(raw, NoScriptError) and attempt == 0:
         return None
     if isinstance(raw, Exception):
         raise raw
-    return raw, durability.confirmed(wait)
+    return raw, wait
 
 
 def _reading_end_fields(change: Transition) -> Transition:
@@ -132,7 +152,134 @@ def _end_counts(
     return samples, recent.end_cells(result.read_back, samples) if samples else []
 
 
-class JobStore:
+def end_wait_for_runs(settings: Settings) -> int:
+    """How long a worker's (or the reaper's) end waits for its confirmation, in ms: as long
+    as a lease would last (its job has ended and the end must not be lost; past that the
+    reaper would act on the job anyway), and at least `redis.durability_timeout_ms`."""
+    return max(settings.redis.durability_timeout_ms, int(settings.lease.ttl_s * 1000))
+
+
+NOT_WAITED = None
+"""The durability wait's reply where none was run (`memory`, or a change that does not
+end its job): nothing to confirm."""
+
+Answer = TypeVar("Answer", SubmitResult, TransitionResult)
+
+
+@dataclass
+class _Done(Generic[Answer]):
+    """What a script's reply means (`_Shared._submitted`, `_Shared._applied`): the answer,
+    what its writes imply for the store to do (whether or not they were confirmed), and
+    the error to raise after that where they were not."""
+
+    answer: Answer
+    held: list[tuple[str, str]] = field(default_factory=list)
+    """Notices the script held back, to publish."""
+    webhooks: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    """(url, event) to hand to `on_event`."""
+    samples: list[Sample] = field(default_factory=list)
+    cells: list[recent.Cell] = field(default_factory=list)
+    unconfirmed: NotDurable | None = None
+
+    def result(self) -> Answer:
+        if self.unconfirmed is not None:
+            raise self.unconfirmed
+        return self.answer
+
+
+class _Shared:
+    """Everything of the two stores but their I/O: the arguments of each script and what
+    its reply means. `JobStore` and `AsyncJobStore` run the same steps in the same order,
+    one with `await`:
+
+    - `submit`: `_submit_call`; `_run` (the script, and the durability wait that the call
+      asks for, in one round trip); `_submitted`; `_follow_up`; `_Done.result`;
+    - `apply`: `_change_call`; `_run`; `_applied`; `_follow_up`; `_Done.result`.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        on_event: EventListener | None,
+        metered: bool,
+        end_wait_ms: int | None,
+    ) -> None:
+        self.settings = settings
+        self.on_event = on_event
+        self.metered = metered
+        self.durability = Durability(settings.redis)
+        self.end_wait_ms = self.durability.timeout_ms if end_wait_ms is None else end_wait_ms
+        """How long a change that ends a job waits for its confirmation (ms)."""
+
+    def _submit_call(
+        self,
+        job: Job,
+        message: TaskMessage | None,
+        max_queued: int,
+        idempotency: tuple[str, str] | None,
+        cost: int,
+    ) -> tuple[list[str], list[str], int | None]:
+        """The submit script's keys and argument, and how long it waits for its
+        confirmation (ms; None: no wait, at `memory`)."""
+        counter = (keys.metric(JOBS_SUBMITTED.name), field_of((job.kind,)))
+        key_list, args = submit_args(
+            job,
+            self.settings,
+            max_queued=max_queued,
+            idempotency=idempotency,
+            message=message,
+            counter=counter if self.metered else None,
+            cost=cost,
+        )
+        wait_ms = self.durability.timeout_ms if self.durability.waits else None
+        return key_list, args, wait_ms
+
+    def _submitted(self, job: Job, raw: list[Any], wait: Any) -> _Done[SubmitResult]:
+        result = decode_submit(job.id, raw)
+        done = _Done(result)
+        if result.outcome == "ok":
+            done.unconfirmed = self._unconfirmed(wait, f"job {job.id}")
+            # raw[1]: the queued event's id ('' where a resent script found the job made).
+            if raw[1] and job.webhook is not None and self.on_event is not None:
+                queued = event_dict(raw[1], job.id, "status", {"status": "queued"}, job.created_at)
+                if wants(job.webhook.events, "status", queued["data"]):
+                    done.webhooks.append((job.webhook.url, queued))
+        elif result.outcome == "full" and self.metered:
+            labels = (job.kind, job.pipeline)
+            done.samples = [(JOBS_REJECTED, labels, 1)]
+            done.cells = [recent.rejected_cell(*labels, now=job.created_at)]
+        return done
+
+    def _change_call(
+        self, change: Transition, now: float
+    ) -> tuple[Transition, list[str], list[str], int | None]:
+        """The change as run (reading back what its metrics need), the transition script's
+        keys and argument, and its wait: a change that ends its job is confirmed at
+        `redis.durability`, waiting up to `end_wait_ms`; None: no wait."""
+        if self.metered:
+            change = _reading_end_fields(change)
+        key_list, args = change.script_args(self.settings, now)
+        waits = change.target.terminal and self.durability.waits
+        return change, key_list, args, self.end_wait_ms if waits else None
+
+    def _applied(
+        self, change: Transition, raw: list[Any], wait: Any, now: float
+    ) -> _Done[TransitionResult]:
+        result = decode_result(change, raw)
+        done = _Done(result, held=result.held)
+        if result.ok:  # a refused change wrote nothing: there is nothing to confirm
+            if self.metered:
+                done.samples, done.cells = _end_counts(change, result)
+            if self.on_event is not None:
+                done.webhooks = webhook_events(change, result, now)
+            done.unconfirmed = self._unconfirmed(wait, f"the end of job {change.job_id}")
+        return done
+
+    def _unconfirmed(self, wait: Any, what: str) -> NotDurable | None:
+        return None if wait is NOT_WAITED else self.durability.unconfirmed(wait, what)
+
+
+class JobStore(_Shared):
     """Synchronous store, for worker processes, the reaper and the CLI. Metered, it adds
     the ends it records to `tally`, which its owner starts and stops (and may add to)."""
 
@@ -143,15 +290,13 @@ class JobStore:
         on_event: EventListener | None = None,
         *,
         metered: bool = False,
+        end_wait_ms: int | None = None,
     ) -> None:
+        super().__init__(settings, on_event, metered, end_wait_ms)
         self.r = client
-        self.settings = settings
-        self.on_event = on_event
-        self.metered = metered
         self.tally = MetricsTally(client, settings.metrics_flush_s)
         self._transition = client.register_script(lua.TRANSITION)
         self._submit = client.register_script(lua.SUBMIT)
-        self.durability = Durability(settings.redis)
         self._append = client.register_script(lua.APPEND_EVENTS)
         self._renew = client.register_script(lua.RENEW_LEASE)
         self._give_back = client.register_script(lua.GIVE_BACK_LEASE)
@@ -162,84 +307,108 @@ class JobStore:
     def connect(
         cls, settings: Settings, on_event: EventListener | None = None, *, metered: bool = False
     ) -> Self:
+        """The store of a worker, the reaper or the CLI: an end waits for its confirmation
+        as long as a lease would last (`end_wait_for_runs`)."""
         if not settings.redis_url:
             raise ValueError("redis_url is not set")
         # A command on a connection whose peer went silent (a partition) gives up after
         # this, so that a worker notices it cannot renew its leases; longer than any wait
         # it makes on purpose (the confirmation of an end, up to a lease).
         ttl_s = settings.lease.ttl_s
-        wait_s = max(settings.redis.durability_timeout_ms / 1000, ttl_s)
-        client = redis_client.connect(settings.redis_url, socket_timeout=wait_s + ttl_s)
-        return cls(client, settings, on_event, metered=metered)
+        end_wait_ms = end_wait_for_runs(settings)
+        client = redis_client.connect(settings.redis_url, socket_timeout=end_wait_ms / 1000 + ttl_s)
+        return cls(client, settings, on_event, metered=metered, end_wait_ms=end_wait_ms)
+
+    def submit(
+        self,
+        job: Job,
+        message: TaskMessage | None,
+        max_queued: int,
+        *,
+        idempotency: tuple[str, str] | None = None,
+        cost: int = 0,
+    ) -> SubmitResult:
+        """Store a new queued job unless its queued set holds `max_queued` (`full`), the
+        Idempotency-Key was used (`dup`) or its owner is over a quota (`quota`); in the
+        same script, push its task `message` where given (None: a job answered without a
+        worker) and count the submit (metered) and its `cost`. A job that exists already (a
+        release sent again after a crash) is left as it is, and counts as stored (`ok`).
+        Stored but not confirmed at `redis.durability`: `NotDurable` (its queued webhook
+        handed on first). A metered store also counts a submit refused as `full`."""
+        key_list, args, wait_ms = self._submit_call(job, message, max_queued, idempotency, cost)
+        raw, wait = self._run(self._submit, key_list, args, wait_ms)
+        done = self._submitted(job, raw, wait)
+        self._follow_up(job.id, done)
+        return done.result()
+
+    def apply(self, change: Transition) -> TransitionResult:
+        """Run the change; one that ends the job is confirmed at `redis.durability` (up to
+        `end_wait_ms`) before its held notices are published and its webhook events handed
+        to `on_event`. A change refused (status, lease...) wrote nothing: its result says
+        why. One made but not confirmed: its notices, metrics and webhook events all the
+        same (the script ends a job once: nothing would do them later), then `NotDurable`."""
+        now = time.time()
+        change, key_list, args, wait_ms = self._change_call(change, now)
+        raw, wait = self._run(self._transition, key_list, args, wait_ms)
+        done = self._applied(change, raw, wait, now)
+        self._follow_up(change.job_id, done)
+        return done.result()
 
     def get(self, job_id: str) -> Job | None:
         fields = text_map(self.r.hgetall(keys.job(job_id)))
         return job_from_fields(fields) if fields else None
 
-    def apply(self, change: Transition) -> TransitionResult:
-        """Run the change; one that ends the job is confirmed at `redis.durability` before
-        its webhooks are handed on (and before the caller acknowledges its task)."""
-        now = time.time()
-        if self.metered:
-            change = _reading_end_fields(change)
-        key_list, args = change.script_args(self.settings, now)
-        if change.target.terminal and self.durability.waits:
-            raw = self._durable_transition(change.job_id, key_list, args)
-        else:
-            raw = self._transition(keys=key_list, args=args)
-        result = decode_result(change, raw)
-        self._publish(result.held)
-        if self.metered:
-            samples, cells = _end_counts(change, result)
-            self.tally.add(samples)
-            self.tally.count(cells, recent.KEEP_S)
+    def events(self, job_id: str, after: str | None = None) -> list[Event]:
+        """The job's events after stream id `after` (all: None)."""
+        return _events_from(job_id, self.r.xrange(keys.job_events(job_id), _after(after)))
+
+    def request_cancel(self, job_id: str) -> None:
+        """Ask the worker running the job to stop it: the flag, and a notice to every
+        worker (one round trip)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(keys.job(job_id), "cancel_requested", "1")
+        pipe.publish(keys.CANCEL_CHANNEL, job_id)
+        pipe.execute()
+
+    def _run(
+        self, script: Any, key_list: list[str], args: list[str], wait_ms: int | None
+    ) -> tuple[Any, Any]:
+        """`script`'s reply, and that of the wait for this connection's writes at
+        `redis.durability` (up to `wait_ms`; `NOT_WAITED` where None), in one round trip."""
+        if wait_ms is None:
+            return script(keys=key_list, args=args), NOT_WAITED
+        for attempt in range(2):
+            with self.r.pipeline(transaction=False) as pipe:
+                script(keys=key_list, args=args, client=pipe)
+                self.durability.queue_wait(pipe, wait_ms)
+                replies = pipe.execute(raise_on_error=False)
+            settled = _settle(replies, attempt)
+            if settled is not None:
+                return settled
+        raise AssertionError("_settle answers on the second attempt")
+
+    def _follow_up(self, job_id: str, done: _Done[Any]) -> None:
+        """What a write implies, confirmed or not: the notices it held back published, its
+        metrics counted, its webhook events handed on."""
+        self._publish(done.held)
+        self._count(done.samples, done.cells, job_id)
         if self.on_event is not None:
-            for url, event in webhook_events(change, result, now):
-                self.on_event(change.job_id, url, event)
-        return result
+            for url, event in done.webhooks:
+                self.on_event(job_id, url, event)
 
     def _publish(self, notices: list[tuple[str, str]]) -> None:
+        """The notices a script held back (`Transition.hold`), in one round trip."""
         if notices:
             pipe = self.r.pipeline(transaction=False)
             for channel, message in notices:
                 pipe.publish(channel, message)
             pipe.execute()
 
-    def _durable_transition(self, job_id: str, key_list: list[str], args: list[str]) -> Any:
-        # A worker waits as long as its lease would last: its job has ended and the end
-        # must not be lost; past that the reaper would act on the job anyway.
-        timeout_ms = max(self.durability.timeout_ms, int(self.settings.lease.ttl_s * 1000))
-        raw, confirmed = self._durably(self._transition, key_list, args, timeout_ms)
-        if not confirmed:
-            log.error("%s", self.durability.not_confirmed(f"the end of job {job_id}").message)
-        return raw
-
-    def _durably(
-        self, script: Any, key_list: list[str], args: list[str], timeout_ms: int | None = None
-    ) -> tuple[Any, bool]:
-        """`script`, then this connection's writes confirmed at `redis.durability` (as
-        `AsyncJobStore._durably`, by `_settle`): its reply, and whether they were confirmed."""
-        if not self.durability.waits:
-            return script(keys=key_list, args=args), True
-        for attempt in range(2):
-            pipe = self.r.pipeline(transaction=False)
-            script(keys=key_list, args=args, client=pipe)
-            self.durability.queue_wait(pipe, timeout_ms)
-            settled = _settle(pipe.execute(raise_on_error=False), attempt, self.durability)
-            if settled is not None:
-                return settled
-        raise AssertionError("_settle answers on the second attempt")
-
-    def submit(self, job: Job, message: TaskMessage, max_queued: int) -> bool:
-        """Store a new queued job with its task message (`submit_args`), confirmed at
-        `redis.durability`; False when its queued set was full. A job that exists already
-        (a release sent again after a crash) is left as it is, and counts as stored."""
-        key_list, args = submit_args(job, self.settings, max_queued=max_queued, message=message)
-        raw, confirmed = self._durably(self._submit, key_list, args)
-        outcome = raw[0]
-        if not confirmed and outcome == "ok":
-            raise self.durability.not_confirmed(f"job {job.id}")
-        return bool(outcome == "ok")
+    def _count(self, samples: list[Sample], cells: list[recent.Cell], job_id: str) -> None:
+        """To the tally (written once per `metrics_flush_s`: no round trip per job)."""
+        if samples or cells:
+            self.tally.add(samples)
+            self.tally.count(cells, recent.KEEP_S)
 
     def append_events(self, events: Sequence[NewEvent]) -> list[str]:
         """Append each event to its job's stream and publish them in one notice (one
@@ -331,13 +500,6 @@ class JobStore:
         now = self.server_time()
         return text_list(self.r.zrangebyscore(keys.DEADLINES, "-inf", now, start=0, num=limit))
 
-    def request_cancel(self, job_id: str) -> None:
-        """Ask the worker running the job to stop it (as `AsyncJobStore.request_cancel`)."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hset(keys.job(job_id), "cancel_requested", "1")
-        pipe.publish(keys.CANCEL_CHANNEL, job_id)
-        pipe.execute()
-
     def request_preempt(self, job_id: str) -> bool:
         """Ask the worker running a batch line to stop it at its next step and queue it
         again (`batches.preempt`); False if it is no longer running."""
@@ -357,12 +519,11 @@ class JobStore:
         cancel, preempt = self.r.hmget(keys.job(job_id), "cancel_requested", "preempt_requested")
         return preempt == "1" and cancel != "1"
 
-    def events(self, job_id: str, after: str | None = None) -> list[Event]:
-        return _events_from(job_id, self.r.xrange(keys.job_events(job_id), _after(after)))
 
-
-class AsyncJobStore:
-    """Asynchronous store, for the API."""
+class AsyncJobStore(_Shared):
+    """Asynchronous store, for the API: `JobStore`'s answers and errors, awaited. It
+    hands webhook events to `on_event` in a thread, and writes its metrics in one round
+    trip (`_count`)."""
 
     def __init__(
         self,
@@ -371,121 +532,90 @@ class AsyncJobStore:
         on_event: EventListener | None = None,
         *,
         metered: bool = False,
+        end_wait_ms: int | None = None,
     ) -> None:
+        super().__init__(settings, on_event, metered, end_wait_ms)
         self.r = client
-        self.settings = settings
-        self.on_event = on_event
-        self.metered = metered
         self._submit = client.register_script(lua.SUBMIT)
         self._transition = client.register_script(lua.TRANSITION)
-        self.durability = Durability(settings.redis)
-
-    async def _durably(self, script: Any, key_list: list[str], args: list[str]) -> tuple[Any, bool]:
-        """`script`, then this connection's writes confirmed at `redis.durability` (one
-        round trip); its reply, and whether they were confirmed in time."""
-        if not self.durability.waits:
-            return await script(keys=key_list, args=args), True
-        for attempt in range(2):
-            async with self.r.pipeline(transaction=False) as pipe:
-                await script(keys=key_list, args=args, client=pipe)
-                self.durability.queue_wait(pipe)
-                replies = await pipe.execute(raise_on_error=False)
-            settled = _settle(replies, attempt, self.durability)
-            if settled is not None:
-                return settled
-        raise AssertionError("_settle answers on the second attempt")
 
     async def submit(
         self,
         job: Job,
-        *,
+        message: TaskMessage | None,
         max_queued: int,
-        idempotency: tuple[str, str] | None,
-        message: TaskMessage | None = None,
+        *,
+        idempotency: tuple[str, str] | None = None,
         cost: int = 0,
     ) -> SubmitResult:
-        """Store a new queued job unless its kind's queue is full, the key was used or its
-        owner is over a quota; in the same script, push its task `message` where given
-        and count the submit (metered) and its `cost`; a metered store also counts a
-        submit refused because the queue was full."""
-        key_list, args = submit_args(
-            job,
-            self.settings,
-            max_queued=max_queued,
-            idempotency=idempotency,
-            message=message,
-            counter=(keys.metric(JOBS_SUBMITTED.name), field_of((job.kind,)))
-            if self.metered
-            else None,
-            cost=cost,
-        )
-        raw, confirmed = await self._durably(self._submit, key_list, args)
-        outcome, value = raw[0], raw[1]
-        if not confirmed and outcome == "ok":
-            raise self.durability.not_confirmed(f"job {job.id}")
-        # value: the queued event's id ('' where a resent script found the job made).
-        if outcome == "ok" and value and job.webhook is not None and self.on_event is not None:
-            queued = event_dict(value, job.id, "status", {"status": "queued"}, job.created_at)
-            if wants(job.webhook.events, "status", queued["data"]):
-                await asyncio.to_thread(self.on_event, job.id, job.webhook.url, queued)
-        if outcome == "full" and self.metered:
-            labels = (job.kind, job.pipeline)
-            rejected = [recent.rejected_cell(*labels, now=job.created_at)]
-            await self._count([(JOBS_REJECTED, labels, 1)], rejected, job.id)
-        if outcome == "dup":
-            job_id, _, prev_hash = value.partition("|")
-            return SubmitResult("dup", job_id, prev_hash)
-        if outcome == "quota":
-            return SubmitResult("quota", quota=value, limit=int(raw[2]), used=int(raw[3]))
-        if outcome == "ok":
-            return SubmitResult(
-                "ok", job.id, limit=int(raw[2]), used=int(raw[3]),
-                cost_limit=int(raw[4]), cost_used=int(raw[5]),
-            )  # fmt: skip
-        return SubmitResult(outcome)
+        """As `JobStore.submit`."""
+        key_list, args, wait_ms = self._submit_call(job, message, max_queued, idempotency, cost)
+        raw, wait = await self._run(self._submit, key_list, args, wait_ms)
+        done = self._submitted(job, raw, wait)
+        await self._follow_up(job.id, done)
+        return done.result()
+
+    async def apply(self, change: Transition) -> TransitionResult:
+        """As `JobStore.apply`."""
+        now = time.time()
+        change, key_list, args, wait_ms = self._change_call(change, now)
+        raw, wait = await self._run(self._transition, key_list, args, wait_ms)
+        done = self._applied(change, raw, wait, now)
+        await self._follow_up(change.job_id, done)
+        return done.result()
 
     async def get(self, job_id: str) -> Job | None:
         fields = text_map(await self.r.hgetall(keys.job(job_id)))
         return job_from_fields(fields) if fields else None
 
-    async def owner_of(self, job_id: str) -> str | None:
-        """Whose job `job_id` is (None: no such job), without reading the whole job."""
-        owner = await self.r.hget(keys.job(job_id), "owner")
-        return None if owner is None else str(owner)
+    async def events(self, job_id: str, after: str | None = None) -> list[Event]:
+        """As `JobStore.events`."""
+        return _events_from(job_id, await self.r.xrange(keys.job_events(job_id), _after(after)))
+
+    async def request_cancel(self, job_id: str) -> None:
+        """As `JobStore.request_cancel`."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(keys.job(job_id), "cancel_requested", "1")
+        pipe.publish(keys.CANCEL_CHANNEL, job_id)
+        await pipe.execute()
+
+    async def _run(
+        self, script: Any, key_list: list[str], args: list[str], wait_ms: int | None
+    ) -> tuple[Any, Any]:
+        """As `JobStore._run`."""
+        if wait_ms is None:
+            return await script(keys=key_list, args=args), NOT_WAITED
+        for attempt in range(2):
+            async with self.r.pipeline(transaction=False) as pipe:
+                await script(keys=key_list, args=args, client=pipe)
+                self.durability.queue_wait(pipe, wait_ms)
+                replies = await pipe.execute(raise_on_error=False)
+            settled = _settle(replies, attempt)
+            if settled is not None:
+                return settled
+        raise AssertionError("_settle answers on the second attempt")
+
+    async def _follow_up(self, job_id: str, done: _Done[Any]) -> None:
+        """As `JobStore._follow_up`; `on_event` runs in a thread (it may block)."""
+        await self._publish(done.held)
+        await self._count(done.samples, done.cells, job_id)
+        if self.on_event is not None:
+            for url, event in done.webhooks:
+                await asyncio.to_thread(self.on_event, job_id, url, event)
 
     async def _publish(self, notices: list[tuple[str, str]]) -> None:
-        """The notices a script held back (`Transition.hold`), in one round trip."""
+        """As `JobStore._publish`."""
         if notices:
             pipe = self.r.pipeline(transaction=False)
             for channel, message in notices:
                 pipe.publish(channel, message)
             await pipe.execute()
 
-    async def apply(self, change: Transition) -> TransitionResult:
-        now = time.time()
-        if self.metered:
-            change = _reading_end_fields(change)
-        key_list, args = change.script_args(self.settings, now)
-        confirmed = True
-        if change.target.terminal:
-            raw, confirmed = await self._durably(self._transition, key_list, args)
-        else:
-            raw = await self._transition(keys=key_list, args=args)
-        result = decode_result(change, raw)
-        await self._publish(result.held)  # the end is written: heard of, confirmed or not
-        if not confirmed:
-            raise self.durability.not_confirmed(f"the end of job {change.job_id}")
-        if self.metered:
-            samples, cells = _end_counts(change, result)
-            if samples:
-                await self._count(samples, cells, change.job_id)
-        if self.on_event is not None:
-            for url, event in webhook_events(change, result, now):
-                await asyncio.to_thread(self.on_event, change.job_id, url, event)
-        return result
-
     async def _count(self, samples: list[Sample], cells: list[recent.Cell], job_id: str) -> None:
-        """The counters and the overview's per-minute counts, in one round trip."""
+        """The counters and the overview's per-minute counts, in one round trip (the API
+        keeps no tally)."""
+        if not (samples or cells):
+            return
         try:
             pipe = self.r.pipeline(transaction=False)
             queue(pipe, samples)
@@ -496,6 +626,11 @@ class AsyncJobStore:
             await pipe.execute()
         except redis.RedisError as exc:
             log.warning("job %s: not counted in metrics: %s", job_id, exc)
+
+    async def owner_of(self, job_id: str) -> str | None:
+        """Whose job `job_id` is (None: no such job), without reading the whole job."""
+        owner = await self.r.hget(keys.job(job_id), "owner")
+        return None if owner is None else str(owner)
 
     async def cached_answer(self, owner: str, policy: CachePolicy) -> dict[str, Any] | None:
         """The response cache's answer to a request of this `policy`, if it has one."""
@@ -519,10 +654,6 @@ class AsyncJobStore:
         else:
             await self.r.hset(keys.LIMITS, owner, fields)
 
-    async def request_cancel(self, job_id: str) -> None:
-        await self.r.hset(keys.job(job_id), "cancel_requested", "1")
-        await self.r.publish(keys.CANCEL_CHANNEL, job_id)
-
     async def list_ids(
         self, index: str, max_score: float | str, min_score: float | str, count: int
     ) -> list[tuple[str, float]]:
@@ -543,6 +674,3 @@ class AsyncJobStore:
         """Drop ids (of expired jobs) from an index."""
         if job_ids:
             await self.r.zrem(index, *job_ids)
-
-    async def events(self, job_id: str, after: str | None = None) -> list[Event]:
-        return _events_from(job_id, await self.r.xrange(keys.job_events(job_id), _after(after)))

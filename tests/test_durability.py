@@ -213,8 +213,9 @@ def test_replica_level_keeps_every_accepted_job_across_a_failover(tmp_path: Path
 
 def test_an_end_is_announced_only_once_its_writes_are_confirmed(tmp_path: Path) -> None:
     """At `replica` with no replica, a worker's end waits its whole confirmation time
-    (a lease's length) before anyone hears of it, and is announced then; at `memory`,
-    at once."""
+    (a lease's length) before anyone hears of it, and is announced then (the store says
+    it was not confirmed: `NotDurable`); at `memory`, at once."""
+    from jobs.errors import NotDurable
     from jobs.models import Job
     from jobs.settings import LeaseSettings, Settings
     from jobs.states import JobStatus
@@ -246,16 +247,18 @@ def test_an_end_is_announced_only_once_its_writes_are_confirmed(tmp_path: Path) 
             listener.subscribe(keys.EVENTS_CHANNEL)
             assert listener.get_message(timeout=1)  # the subscription
             started = time.monotonic()
-            done = store.apply(
-                transition(
-                    job,
-                    JobStatus.SUCCEEDED,
-                    sources=frozenset({JobStatus.RUNNING}),
-                    lease_mode="check",
-                    lease=lease,
-                )
+            end = transition(
+                job,
+                JobStatus.SUCCEEDED,
+                sources=frozenset({JobStatus.RUNNING}),
+                lease_mode="check",
+                lease=lease,
             )
-            assert done.ok
+            if level == "memory":
+                assert store.apply(end).ok
+            else:
+                with pytest.raises(NotDurable, match=f"the end of job {job.id} was written"):
+                    store.apply(end)
             message = listener.get_message(timeout=30)
             assert message and json.loads(message["data"])["data"]["status"] == "succeeded"
             heard[level] = time.monotonic() - started

@@ -322,7 +322,7 @@ def test_submit_stores_every_field_as_given(redis_url: str) -> None:
         client = aredis.Redis.from_url(redis_url, decode_responses=True)
         store = AsyncJobStore(client, Settings(redis_url=redis_url))
         try:
-            result = await store.submit(job, max_queued=10, idempotency=None)
+            result = await store.submit(job, message=None, max_queued=10)
             return result.outcome, await store.get(job.id)
         finally:
             await client.aclose()

@@ -18,12 +18,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from broker.kombu_redis import TaskMessage
-from jobs.errors import InputError
+from jobs.errors import InputError, NotDurable
 from jobs.models import EventType, Job
 from jobs.schemas import validation_error_field
 from jobs.schemas.base import JobInput
 from jobstore import operations, quotas
-from jobstore.changes import Transition
+from jobstore.changes import Transition, TransitionResult
 from jobstore.codec import dumps, job_from_fields
 from jobstore.store import JobStore, NewEvent
 from pipelines.base import Files
@@ -74,7 +74,7 @@ class JobRunner:
             if started.reason == "canceled":
                 self._end_canceled_in_queue(job_id)
             elif started.reason == "expired":  # its deadline passed in the queue
-                self.store.apply(operations.expire_by_id(job_id, self.kind))
+                self._apply_end(operations.expire_by_id(job_id, self.kind))
             return f"dropped:{started.status if started.reason == 'status' else started.reason}"
         job = job_from_fields(started.read_back)
         # The script refused a job whose cancel was requested before; a request from
@@ -88,7 +88,7 @@ class JobRunner:
 
     def _end_canceled_in_queue(self, job_id: str) -> None:
         """A job canceled while queued whose end the API has not recorded yet."""
-        self.store.apply(operations.cancel_queued_by_id(job_id, self.kind))
+        self._apply_end(operations.cancel_queued_by_id(job_id, self.kind))
 
     def _run_held(self, job: Job, held: Held) -> None:
         try:
@@ -178,9 +178,22 @@ class JobRunner:
             self._end(job, operations.fail(job, lease, _error_info(outcome.error), ran_in))
 
     def _end(self, job: Job, change: Transition) -> None:
-        result = self.store.apply(change)
-        if not result.ok:
+        result = self._apply_end(change)
+        if result is not None and not result.ok:
             log.warning("job %s: could not record %s (%s)", job.id, change.target, result.reason)
+
+    def _apply_end(self, change: Transition) -> TransitionResult | None:
+        """Apply a change that ends the job (or queues it again); None where Redis made it
+        but did not confirm it at `redis.durability` within a lease's time. The store has
+        announced it, counted it and handed it on all the same; the worker logs it and
+        acknowledges its task: the end is on the primary, and a failover that loses it
+        leaves the job as it was there (a run's lease expires, and the reaper takes the
+        job back), which the task left unacknowledged would not change."""
+        try:
+            return self.store.apply(change)
+        except NotDurable as exc:
+            log.error("%s", exc.message)
+            return None
 
 
 def _error_info(error: BaseException | None) -> dict[str, Any]:
