@@ -1,21 +1,19 @@
 """The keys that `mmq keys` stores, read to name who sent a request.
 
-An admin key (`security.apikeys.create_key(..., admin=True)`) may also use the `/v1/admin`
+An admin key (`jobstore.api_keys.create_key(..., admin=True)`) may also use the `/v1/admin`
 routes; any other key gets 403 there. With auth off (loopback only) the anonymous caller
 is an admin: whoever can reach the port owns the whole deployment anyway.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import redis.asyncio as aredis
 
-from jobs import keys
 from jobs.errors import Unauthorized
 from jobs.settings import Settings
-from security.apikeys import KEY_PREFIX, hash_key
+from jobstore.api_keys import KEY_PREFIX, find_key
 
 ANONYMOUS_OWNER = "local"
 
@@ -49,14 +47,13 @@ class ApiKeys:
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthorized("Authorization must be 'Bearer <key>'")
-        record = await self._r.hget(keys.API_KEYS, hash_key(token.strip()))
-        if record is None:
+        fields = await find_key(self._r, token.strip())
+        if fields is None:
             if self._required or token.strip().startswith(KEY_PREFIX):
                 raise Unauthorized("unknown API key")
             # Auth off (loopback only): clients that always send some key (the openai
             # client does) act as the anonymous owner, as vLLM without --api-key does.
             return anonymous
-        fields = json.loads(record)
         return Caller(str(fields["owner"]), admin=bool(fields.get("admin", False)))
 
     async def owner_of(self, authorization: str | None) -> str:

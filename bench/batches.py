@@ -42,7 +42,7 @@ from rich.table import Table
 from bench.common import percentile_ms, run_meta
 from bench.sleepwork import job_body, job_input, sleep_deployment
 from jobs import keys
-from security.apikeys import create_key
+from jobstore.api_keys import create_key
 
 console = Console(width=140)
 

@@ -26,7 +26,7 @@ from rich.table import Table
 
 from bench.common import percentile_ms, run_meta
 from bench.sleepwork import job_body, sleep_deployment
-from security.apikeys import create_key
+from jobstore.api_keys import create_key
 
 console = Console(width=140)
 

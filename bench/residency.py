@@ -40,7 +40,7 @@ from harness.audio import SHORT, spoken
 from harness.deploy import Deployment, private_deployment
 from harness.kinds import pipeline_toml
 from harness.metrics import scrape, value
-from security.apikeys import create_key
+from jobstore.api_keys import create_key
 
 console = Console(width=140)
 

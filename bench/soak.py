@@ -52,7 +52,7 @@ from harness.netns import NetHost, Network, pids_inside, unavailable
 from host.redis_server import server_binary
 from jobs import keys
 from jobstore.codec import time_seconds
-from security.apikeys import create_key
+from jobstore.api_keys import create_key
 
 console = Console(width=140)
 REDIS_PORT = 6379

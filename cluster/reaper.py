@@ -21,13 +21,13 @@ from celery import Celery
 from broker.celery_app import job_message
 from cluster.stranded import resend_missing, restore_stranded
 from common.redis_client import FAILOVER_ERRORS
-from jobs import keys
 from jobs.errors import NotDurable
 from jobs.models import Job
 from jobs.settings import Settings
 from jobs.states import JobStatus
 from jobstore import operations
 from jobstore.changes import Transition
+from jobstore.liveness import LivenessStore
 from jobstore.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class Reaper:
         for job_id in self.store.expired_running():
             job = self.store.get(job_id)
             if job is None or job.status is not JobStatus.RUNNING:
-                self.store.r.zrem(keys.RUNNING, job_id)
+                self.store.forget_running(job_id)
                 continue
             change = self._take_back(job)
             try:
@@ -97,7 +97,7 @@ class Reaper:
                 handled += 1
                 log.info("job %s: deadline passed while running: cancel requested", job_id)
             # Ended, gone, running without a cancel asked for, or asked to stop: done here.
-            self.store.r.zrem(keys.DEADLINES, job_id)
+            self.store.forget_deadline(job_id)
         return handled
 
     def _apply(self, change: Transition) -> bool:
@@ -125,7 +125,7 @@ class Reaper:
         """Drop the liveness entries of long-silent workers; returns how many."""
         beats_s = DEAD_WORKER_BEATS * self.settings.lease.heartbeat_s
         silent_since = self.store.server_time() - beats_s
-        return int(self.store.r.zremrangebyscore(keys.WORKERS, "-inf", silent_since))
+        return LivenessStore(self.store.r).forget_silent(silent_since)
 
     def run_forever(self, stop: threading.Event) -> None:
         log.info("reaper sweeping every %ss", self.settings.lease.reaper_interval_s)

@@ -5,9 +5,10 @@
 - A job's outputs (its folder `OWNER/jobs/JOB_ID/`) go once the job's record has expired
   (`job_ttl_s` after the job ended).
 
-Redis remembers what to look at: `keys.UPLOADS` and `keys.ARTIFACTS`, each scored by when
-the sweep should next look. An entry is written before its file, so a crash leaves at
-worst an entry without a file, never a file that nothing will delete. When the sweep finds
+Redis remembers what to look at (`jobstore.retention.RetentionIndex`): the uploads and the
+jobs' output folders, each scored by when the sweep should next look. An entry is written
+before its file, so a crash leaves at worst an entry without a file, never a file that
+nothing will delete. When the sweep finds
 a job record still alive, it looks again once that record's TTL has run out; several
 sweepers may run at once (every step is idempotent).
 """
@@ -23,10 +24,10 @@ from dataclasses import dataclass
 import redis
 
 from common import redis_client
-from jobs import keys
 from jobs.errors import MmqError, Unavailable
 from jobs.settings import Settings
-from storage.base import Storage, job_folder
+from jobstore.retention import Index, RetentionIndex
+from storage.base import Storage
 
 log = logging.getLogger(__name__)
 
@@ -34,20 +35,6 @@ BATCH = 200
 """Entries handled per Redis round trip."""
 MAX_BATCHES = 50
 """Batches per sweep and kind; what is left waits for the next sweep."""
-
-
-class RetentionIndex:
-    """Writes the entries that the sweep reads (synchronous: workers, CLI, tests)."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.r = client
-
-    def note_upload(self, key: str, due_at: float) -> None:
-        self.r.zadd(keys.UPLOADS, {key: due_at})
-
-    def note_artifacts(self, owner: str, job_id: str) -> None:
-        """Call before writing a job's first output: its folder goes with the job record."""
-        self.r.zadd(keys.ARTIFACTS, {job_folder(owner, job_id): time.time()}, nx=True)
 
 
 @dataclass
@@ -59,7 +46,7 @@ class SweepReport:
 
 class RetentionSweeper:
     def __init__(self, client: redis.Redis, storage: Storage, settings: Settings) -> None:
-        self.r = client
+        self.index = RetentionIndex(client)
         self.storage = storage
         self.settings = settings
         self.recheck_s = float(min(settings.job_ttl_s, 3600))
@@ -69,10 +56,10 @@ class RetentionSweeper:
         now = time.time() if now is None else now
         report = SweepReport()
         report.uploads_deleted, files = self._sweep(
-            keys.UPLOADS, now, self._upload_life_s, self._delete_upload
+            "uploads", now, self._upload_life_s, self._delete_upload
         )
         report.artifact_folders_deleted, more = self._sweep(
-            keys.ARTIFACTS, now, self._folder_life_s, self._delete_folder
+            "artifacts", now, self._folder_life_s, self._delete_folder
         )
         report.files_deleted = files + more
         if report.uploads_deleted or report.artifact_folders_deleted:
@@ -81,7 +68,7 @@ class RetentionSweeper:
 
     def _sweep(
         self,
-        index: str,
+        index: Index,
         now: float,
         life_s: Callable[[str], float | None],
         delete: Callable[[str], int],
@@ -89,35 +76,36 @@ class RetentionSweeper:
         """Delete the due entries of `index` whose jobs are gone; (entries, files) deleted."""
         entries = files = 0
         for _ in range(MAX_BATCHES):
-            due = [str(m) for m in self.r.zrangebyscore(index, "-inf", now, start=0, num=BATCH)]
+            due = self.index.due(index, now, BATCH)
             for member in due:
                 remaining_s = life_s(member)
                 if remaining_s is not None:
-                    self.r.zadd(index, {member: now + remaining_s}, xx=True)
+                    self.index.look_again(index, member, now + remaining_s, existing=True)
                     continue
                 try:
                     files += delete(member)
                 except Unavailable as exc:
                     log.warning("retention: cannot delete %r yet: %s", member, exc)
-                    self.r.zadd(index, {member: now + self.settings.storage.sweep_interval_s})
+                    later = now + self.settings.storage.sweep_interval_s
+                    self.index.look_again(index, member, later)
                     continue
                 except MmqError as exc:
                     log.warning("retention: dropping bad entry %r: %s", member, exc)
                 entries += 1
-                self.r.zrem(index, member)
+                self.index.drop(index, member)
             if len(due) < BATCH:
                 break
         return entries, files
 
     def _upload_life_s(self, key: str) -> float | None:
-        return self._longest_life_s([str(j) for j in self.r.smembers(keys.upload_jobs(key))])
+        return self._longest_life_s(self.index.upload_users(key))
 
     def _folder_life_s(self, folder: str) -> float | None:
         return self._longest_life_s([folder.rsplit("/", 1)[-1]])
 
     def _delete_upload(self, key: str) -> int:
         deleted = self.storage.delete(key)
-        self.r.delete(keys.upload_jobs(key))
+        self.index.forget_upload(key)
         return int(deleted)
 
     def _delete_folder(self, folder: str) -> int:
@@ -127,12 +115,9 @@ class RetentionSweeper:
         """Seconds until the last of these job records expires; None if all are gone."""
         if not job_ids:
             return None
-        pipe = self.r.pipeline(transaction=False)
-        for job_id in job_ids:
-            pipe.pttl(keys.job(job_id))
         lives = [
             self.recheck_s if ttl_ms == -1 else ttl_ms / 1000 + 1
-            for ttl_ms in pipe.execute()
+            for ttl_ms in self.index.record_lives_ms(job_ids)
             if ttl_ms != -2
         ]
         return max(lives) if lives else None

@@ -25,10 +25,8 @@ from celery import Celery
 from broker.celery_app import job_message
 from broker.kombu_redis import Unacked, queued_job_ids
 from broker.queues import queue_name
-from jobs import keys
 from jobs.models import Job
 from jobs.states import TERMINAL, JobStatus
-from jobstore.codec import text_list
 from jobstore.store import JobStore
 from telemetry.metrics import MESSAGES_RESENT, Sample
 
@@ -74,7 +72,7 @@ def _superseded(job: Job, delivered_at: float) -> bool:
 def resend_missing(app: Celery, store: JobStore, grace_s: float) -> int:
     """Send a new task message for each job queued longer than `grace_s` that has none;
     returns how many were sent."""
-    queued = _queued_since(store, time.time() - grace_s)
+    queued = store.queued_since(time.time() - grace_s, BATCH)
     if not queued:
         return 0
     jobs = [job for job in map(store.get, queued) if job and job.status is JobStatus.QUEUED]
@@ -90,25 +88,6 @@ def resend_missing(app: Celery, store: JobStore, grace_s: float) -> int:
             log.warning("job %s: queued without a task message; sent it again", job.id)
     store.tally.add(_resent("missing", sent))
     return sent
-
-
-def _queued_since(store: JobStore, before: float) -> list[str]:
-    """Queued job ids (every kind) whose last queueing was before `before`, but those
-    held by fair share (their message waits in a hold list for the scheduler)."""
-    ids = [
-        job_id
-        for key in text_list(store.r.scan_iter(match=keys.queued("*"), count=BATCH))
-        for job_id in text_list(store.r.smembers(key))
-    ]
-    pipe = store.r.pipeline(transaction=False)
-    for job_id in ids:
-        pipe.hmget(keys.job(job_id), ["queued_at", "held"])
-    found = pipe.execute()
-    return [
-        j
-        for j, (at, held) in zip(ids, found, strict=True)
-        if at and float(at) < before and not held
-    ]
 
 
 def _resent(reason: str, count: int) -> list[Sample]:

@@ -20,9 +20,9 @@ from celery import Celery
 
 from broker.celery_app import WEBHOOK_QUEUE, WEBHOOK_TASK, enqueue_webhook, make_celery
 from common import redis_client
-from jobs import keys
 from jobs.errors import InputError
 from jobs.settings import Settings
+from jobstore.deliveries import DeliveryLog
 from security.netguard import AddressRefused, GuardedTransport, NetPolicy, check_url
 from security.signing import sign
 
@@ -37,7 +37,7 @@ class Deliverer:
             raise ValueError("webhooks.secret is not set (MMQ_WEBHOOKS__SECRET=whsec_...)")
         self.settings = settings
         self.secret = settings.webhooks.secret
-        self.r = client
+        self.deliveries = DeliveryLog(client)
         self.app = app
         self.policy = NetPolicy.from_settings(settings.net)
         # The guard checks the address again at connect time (DNS rebinding).
@@ -61,10 +61,7 @@ class Deliverer:
         retry = record["retry"] = self._should_retry(record) and attempt < self._max_attempts
         if retry:
             record["next_attempt_in_s"] = self._delay(attempt, retry_after)
-        pipe = self.r.pipeline()
-        pipe.rpush(keys.deliveries(job_id), json.dumps(record))
-        pipe.expire(keys.deliveries(job_id), self.settings.job_ttl_s)
-        pipe.execute()
+        self.deliveries.add(job_id, record, self.settings.job_ttl_s)
         if retry:
             enqueue_webhook(self.app, job_id, url, event, attempt + 1, record["next_attempt_in_s"])
         return "delivered" if record["ok"] else "retrying" if retry else "given up"

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import redis
 
-from security.apikeys import create_key
+from jobstore.api_keys import create_key
 
 
 class Api:

@@ -25,7 +25,7 @@ from common import redis_client
 from harness.deploy import Deployment, serving, status_events
 from jobs import keys
 from jobs.states import TERMINAL_VALUES
-from security.apikeys import create_key
+from jobstore.api_keys import create_key
 
 BODIES: tuple[dict[str, Any], ...] = (
     {"kind": "echo", "input": {"text": "fault"}},

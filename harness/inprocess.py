@@ -26,7 +26,7 @@ from jobs.settings import (
     Settings,
     WebhookSettings,
 )
-from security.apikeys import create_key
+from jobstore.api_keys import create_key
 
 BASE_URL = "http://mmq.test"
 MAX_WAIT_S = 1.0

@@ -28,9 +28,8 @@ from host.devices import Device, Topology, discover
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from host.placement import Assignment, PlacementError, Plan, load_placement, plan_placement
 from host.redis_server import RedisServer
-from jobs import keys
 from jobs.settings import Settings
-from jobstore.codec import text_map
+from jobstore.liveness import LivenessStore
 
 WHY_MAX_CHARS = 400
 
@@ -45,20 +44,21 @@ def host_plan(settings: Settings, placement: Path | None, topology: Topology | N
 
 class StartReasons:
     """Why a worker exited during its start, from what it recorded in Redis
-    (`keys.pipeline_state`), for the console."""
+    (`LivenessStore.record_start`), for the console."""
 
     def __init__(self, redis_url: str | None) -> None:
-        self.r = redis_client.connect(redis_url, socket_timeout=2) if redis_url else None
+        client = redis_client.connect(redis_url, socket_timeout=2) if redis_url else None
+        self.store = LivenessStore(client) if client is not None else None
 
     def for_pipeline(self, pipeline: str) -> Callable[[int], str | None]:
         return lambda pid: self.why(pipeline, pid)
 
     def why(self, pipeline: str, pid: int) -> str | None:
         """One line when the worker `pid` of `pipeline` failed or died while loading."""
-        if self.r is None:
+        if self.store is None:
             return None
         try:
-            state = text_map(self.r.hgetall(keys.pipeline_state(pipeline)))
+            state = self.store.start_of(pipeline)
         except (RedisError, OSError):
             return None
         if state.get("pid") != str(pid):

@@ -136,6 +136,12 @@ def own_fields(limits: KeyLimits) -> str | None:
     return dumps(values) if values else None
 
 
+def get_limits(client: redis.Redis, owner: str) -> KeyLimits | None:
+    """The owner's own limits, None where it has none set."""
+    raw = client.hget(keys.LIMITS, owner)
+    return KeyLimits.model_validate_json(raw) if raw else None
+
+
 def set_limits(client: redis.Redis, owner: str, limits: KeyLimits) -> None:
     """Set (or, all None, clear) `owner`'s own limits; the next submit sees them."""
     fields = own_fields(limits)

@@ -500,6 +500,40 @@ class JobStore(_Shared):
         now = self.server_time()
         return text_list(self.r.zrangebyscore(keys.DEADLINES, "-inf", now, start=0, num=limit))
 
+    def forget_running(self, job_id: str) -> None:
+        """Drop a job from the running index (it ended, or its record is gone)."""
+        self.r.zrem(keys.RUNNING, job_id)
+
+    def forget_deadline(self, job_id: str) -> None:
+        """Drop a job from the deadlines index (its deadline is enforced, or moot)."""
+        self.r.zrem(keys.DEADLINES, job_id)
+
+    def queued_since(self, before: float, scan_count: int = 500) -> list[str]:
+        """Queued job ids (every kind) whose last queueing was before `before`, but those
+        held by fair share (their message waits in a hold list for the scheduler)."""
+        ids = [
+            job_id
+            for key in text_list(self.r.scan_iter(match=keys.queued("*"), count=scan_count))
+            for job_id in text_list(self.r.smembers(key))
+        ]
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hmget(keys.job(job_id), ["queued_at", "held"])
+        found = pipe.execute()
+        return [
+            j
+            for j, (at, held) in zip(ids, found, strict=True)
+            if at and float(at) < before and not held
+        ]
+
+    def priority_of(self, job_id: str) -> str:
+        """The job's priority (`normal` for a record that is gone)."""
+        return str(self.r.hget(keys.job(job_id), "priority") or "normal")
+
+    def push_front(self, message: TaskMessage) -> None:
+        """A job's task message again, at the front of its queue list (taken next)."""
+        self.r.rpush(message.list_key, message.envelope)
+
     def request_preempt(self, job_id: str) -> bool:
         """Ask the worker running a batch line to stop it at its next step and queue it
         again (`batches.preempt`); False if it is no longer running."""

@@ -477,7 +477,7 @@ def keys_create(
 ) -> None:
     """Create an API key for owner NAME and print it (it is stored only as a hash)."""
     from common import redis_client
-    from security.apikeys import create_key
+    from jobstore.api_keys import create_key
 
     settings = command_settings(config)
     client = redis_client.connect(str(with_redis(settings).redis_url))
@@ -499,7 +499,7 @@ def keys_revoke(
 ) -> None:
     """Delete every API key of owner NAME, or the one key `--id ID`."""
     from common import redis_client
-    from security.apikeys import revoke_key, revoke_owner
+    from jobstore.api_keys import revoke_key, revoke_owner
 
     if (name is None) == (key_id is None):
         raise typer.BadParameter("give an owner NAME or --id ID (one of them)")
@@ -521,7 +521,7 @@ def keys_list(config: ConfigOpt = None) -> None:
     import datetime
 
     from common import redis_client
-    from security.apikeys import list_keys
+    from jobstore.api_keys import list_keys
 
     settings = command_settings(config)
     client = redis_client.connect(str(with_redis(settings).redis_url))
@@ -565,14 +565,13 @@ def keys_limits(
     import time
 
     from common import redis_client
-    from jobs import keys
     from jobstore import quotas
-    from jobstore.quotas import KeyLimits, set_limits
+    from jobstore.quotas import KeyLimits, get_limits, set_limits
 
     settings = command_settings(config)
     client = redis_client.connect(str(with_redis(settings).redis_url))
-    raw = client.hget(keys.LIMITS, name)
-    own = KeyLimits() if clear or not raw else KeyLimits.model_validate_json(raw)
+    own = None if clear else get_limits(client, name)
+    own = own or KeyLimits()
     costs = dict(own.costs or {})
     for item in cost or []:
         kind, _, value = item.partition("=")

@@ -18,7 +18,7 @@ from harness.client import Api, new_owner
 from harness.deploy import Deployment, wait_until
 from harness.inprocess import SLEEP_QUEUE_LIMIT, inprocess_settings, serve_in_process
 from host.devices import Usage
-from security.apikeys import create_key
+from jobstore.api_keys import create_key
 from workers.metrics import WorkerMetrics
 
 

@@ -25,7 +25,7 @@ from harness.inprocess import (
     serve_in_process,
 )
 from jobs import keys
-from security.apikeys import create_key
+from jobstore.api_keys import create_key
 
 pytestmark = pytest.mark.anyio
 

@@ -150,7 +150,7 @@ async def test_metadata_is_bounded(api: httpx.AsyncClient) -> None:
 
 
 async def test_admin_limits_are_bounded(inprocess: InProcess) -> None:
-    from security.apikeys import create_key
+    from jobstore.api_keys import create_key
 
     async with inprocess.client(create_key(inprocess.redis, "boss", admin=True)) as admin:
         for body, param in [

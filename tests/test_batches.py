@@ -35,7 +35,7 @@ from harness.deploy import (
 from host.redis_server import RedisServer
 from jobs import keys
 from scheduler.slots import Slots
-from security.apikeys import create_key
+from jobstore.api_keys import create_key
 
 ENV = {
     "MMQ_BATCHES__RELEASE_INTERVAL_S": "0.1",

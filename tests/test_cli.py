@@ -27,7 +27,7 @@ from harness.models.sd import TINY_SIZE
 from jobs import keys
 from mmq.follow import RENDERERS
 from mmq.results import result_bytes
-from security.apikeys import create_key, hash_key
+from jobstore.api_keys import create_key, hash_key
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +161,7 @@ def test_keys_without_a_redis_url_or_a_running_up_say_so(tmp_path: Path) -> None
 def test_submit_follow_prints_events_and_exit_code_tells_the_end(
     deployment: Deployment, rclient: redis.Redis
 ) -> None:
-    from security.apikeys import create_key
+    from jobstore.api_keys import create_key
 
     key = create_key(rclient, "follower")
     env = {"url": deployment.base_url, "key": key}

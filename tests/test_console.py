@@ -24,7 +24,7 @@ from harness.client import Api
 from harness.deploy import REPO, Deployment
 from harness.models.sd import TINY_SIZE
 from jobstore.quotas import KeyLimits, set_limits
-from security.apikeys import create_key
+from jobstore.api_keys import create_key
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(

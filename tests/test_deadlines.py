@@ -53,6 +53,9 @@ def owner(dep: Deployment) -> Api:
 @pytest.fixture
 def reaper(dep: Deployment) -> Iterator[Proc]:
     proc = dep.start_reaper()
+    # Sweeping before the test's clock starts: a reaper still importing on a busy machine
+    # would miss a deadline the test measures against a job of a few seconds.
+    wait_until(lambda: "reaper sweeping every" in proc.log(), proc, timeout_s=60)
     try:
         yield proc
     finally:

@@ -30,7 +30,7 @@ from host.redis_server import server_binary
 from jobs import keys
 from jobs.states import TERMINAL_VALUES
 from jobstore.codec import text_map
-from security.apikeys import create_key
+from jobstore.api_keys import create_key
 
 REDIS_PORT = 6379
 API_PORT = 8000

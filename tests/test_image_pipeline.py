@@ -21,12 +21,12 @@ import torch
 from PIL import Image
 from pydantic import ValidationError
 
-from cluster.retention import RetentionIndex
 from harness.models.sd import TINY_SIZE, cached_tiny_sd, offline_hub
 from jobs.errors import InputError
 from jobs.models import EventType
 from jobs.schemas.image import ImageInput, ImageOptions
 from jobs.settings import PipelineConfig, Settings
+from jobstore.retention import RetentionIndex
 from pipelines.image import ImagePipeline
 from storage.base import Storage, job_key
 from storage.factory import make_storage

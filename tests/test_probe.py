@@ -31,7 +31,7 @@ from harness.client import Api, new_owner
 from harness.deploy import Deployment, serving, wait_until
 from harness.files import add_file_pipeline, http_server
 from host.redis_server import RedisServer
-from security.apikeys import create_key
+from jobstore.api_keys import create_key
 from tests.conftest import WEBHOOK_SECRET
 
 REDIS_PASSWORD = "probe-redis-password-7f3a9c"

@@ -27,7 +27,7 @@ from harness.deploy import Deployment, flush, running, serving, wait_until
 from host.redis_server import RedisServer
 from jobs import keys
 from jobstore.quotas import KeyLimits, set_limits
-from security.apikeys import create_key
+from jobstore.api_keys import create_key
 
 WINDOW_S = 3
 IDLE = """

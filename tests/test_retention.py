@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from cluster.retention import RetentionIndex, RetentionSweeper
+from cluster.retention import RetentionSweeper
 from harness.deploy import Deployment, flush, serving, wait_until
 from harness.files import file_tree
 from jobs import keys
 from jobs.settings import Settings
+from jobstore.retention import RetentionIndex
 from storage.base import job_folder, upload_key
 from storage.factory import make_storage
 from storage.s3 import S3Storage
@@ -76,8 +77,8 @@ def test_used_upload_stays_while_a_job_that_used_it_does(
 
 def test_job_outputs_go_with_the_job_record(parts: tuple[redis.Redis, RetentionSweeper]) -> None:
     client, sweeper = parts
-    RetentionIndex(client).note_artifacts("carol", "job_1")
-    RetentionIndex(client).note_artifacts("carol", "job_2")
+    RetentionIndex(client).note_artifacts(job_folder("carol", "job_1"))
+    RetentionIndex(client).note_artifacts(job_folder("carol", "job_2"))
     for job_id in ("job_1", "job_2"):
         for name in ("a.wav", "b.png"):
             sweeper.storage.put(f"{job_folder('carol', job_id)}/{name}", b"x", "x/y")
@@ -116,7 +117,7 @@ def test_the_reaper_process_runs_the_sweep(redis_url: str, tmp_path: Path) -> No
     storage.put(key, b"old", "audio/wav")
     storage.put(f"{job_folder('erin', 'job_gone')}/out.wav", b"out", "audio/wav")
     RetentionIndex(client).note_upload(key, time.time() - 1)
-    RetentionIndex(client).note_artifacts("erin", "job_gone")
+    RetentionIndex(client).note_artifacts(job_folder("erin", "job_gone"))
     with serving(dep):
         proc = dep.start_reaper()
         wait_until(lambda: not storage.exists(key), proc, timeout_s=15)

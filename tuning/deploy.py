@@ -20,9 +20,8 @@ import tomlkit
 from common.procs import stop_groups
 from harness.deploy import Deployment, Proc
 from host.redis_server import RedisServer
-from jobs import keys
 from jobs.settings import PipelineConfig
-from jobstore.codec import text_map
+from jobstore.liveness import LivenessStore
 
 LOG_TAIL_CHARS = 1500
 STOP_TIMEOUT_S = 15.0
@@ -127,7 +126,7 @@ class TuneDeployment:
                 for proc in self.workers:
                     if not proc.alive():
                         raise CandidateFailed(self._why(r, proc))
-                live = {str(name).rpartition(".")[2] for name in r.zrange(keys.WORKERS, 0, -1)}
+                live = {name.rpartition(".")[2] for name in LivenessStore(r).worker_names()}
                 if all(str(proc.process.pid) in live for proc in self.workers):
                     return
                 time.sleep(0.1)
@@ -136,7 +135,7 @@ class TuneDeployment:
         raise CandidateFailed(f"workers not live within {timeout_s:.0f}s")
 
     def _why(self, r: redis.Redis, proc: Proc) -> str:
-        state = text_map(r.hgetall(keys.pipeline_state(self.pipeline)))
+        state = LivenessStore(r).start_of(self.pipeline)
         if state.get("state") == "failed" and state.get("pid") == str(proc.process.pid):
             return f"worker failed to start: {state.get('reason', '').strip()}"[:LOG_TAIL_CHARS]
         tail = proc.log()[-LOG_TAIL_CHARS:].strip().splitlines()[-3:]

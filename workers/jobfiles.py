@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from cluster.retention import RetentionIndex
 from jobs.settings import Settings
-from storage.base import Data, Storage, job_key
+from jobstore.retention import RetentionIndex
+from storage.base import Data, Storage, job_folder, job_key
 from storage.fetch import InputFetcher
 
 
@@ -59,7 +59,7 @@ class JobFiles:
     def put_output(self, name: str, data: Data, content_type: str) -> dict[str, Any]:
         """Store output `name` of the job; returns what its output should show of it."""
         key = job_key(self.owner, self.job_id, name)
-        self.index.note_artifacts(self.owner, self.job_id)
+        self.index.note_artifacts(job_folder(self.owner, self.job_id))
         info = self.storage.put(key, data, content_type)
         return {
             "key": key,

@@ -16,14 +16,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
 from common.redis_client import FAILOVER_ERRORS
-from jobs import keys
 from jobs.settings import Settings
 from jobstore.changes import Lease
-from jobstore.codec import flat_pairs
+from jobstore.liveness import LivenessStore
 from jobstore.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,8 @@ class LeaseKeeper:
         self._held: dict[str, Held] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._pubsub = store.r.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        self.liveness = LivenessStore(store.r)
+        self._pubsub: Any = None
         self._threads = [
             threading.Thread(target=self._beat_loop, name="lease-heartbeat", daemon=True),
             threading.Thread(target=self._listen_loop, name="cancel-listener", daemon=True),
@@ -83,7 +84,7 @@ class LeaseKeeper:
             self._held.pop(job_id, None)
 
     def start(self) -> None:
-        self._pubsub.subscribe(keys.CANCEL_CHANNEL)
+        self._pubsub = self.liveness.cancel_notices()
         self._mark_alive()
         for thread in self._threads:
             thread.start()
@@ -92,11 +93,9 @@ class LeaseKeeper:
         self._stop.set()
         for thread in self._threads:
             thread.join(2 * self.settings.lease.heartbeat_s)
-        self._pubsub.close()
-        pipe = self.store.r.pipeline()
-        pipe.zrem(keys.WORKERS, self.name)
-        pipe.delete(keys.worker(self.name))
-        pipe.execute()
+        if self._pubsub is not None:
+            self._pubsub.close()
+        self.liveness.leave(self.name)
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(self.settings.lease.heartbeat_s):
@@ -152,11 +151,8 @@ class LeaseKeeper:
             "in_flight": str(in_flight),
             "batch_size": str(self.batch_size() if self.batch_size else 0),
         }
-        pipe = self.store.r.pipeline()
-        pipe.zadd(keys.WORKERS, {self.name: now})
-        pipe.hset(keys.worker(self.name), items=flat_pairs({**self.info, **live}))
-        pipe.expire(keys.worker(self.name), int(self.settings.lease.heartbeat_s * 5) + 1)
-        pipe.execute()
+        ttl_s = int(self.settings.lease.heartbeat_s * 5) + 1
+        self.liveness.beat(self.name, now, {**self.info, **live}, ttl_s)
 
     def _listen_loop(self) -> None:
         while not self._stop.is_set():

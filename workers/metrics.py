@@ -15,11 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.typing import EncodableT, FieldT
 
 from host.devices import Usage, read_usage
-from jobs import keys
-from jobstore.codec import time_seconds
+from jobstore.readings import ReadingsStore
 from pipelines.base import Pipeline
 
 log = logging.getLogger(__name__)
@@ -42,46 +40,26 @@ def has_readings(pipeline: Pipeline[Any, Any]) -> bool:
 
 
 def write_readings(
-    client: redis.Redis, host: str, backend: Backend, values: dict[str, float], ttl_s: int
+    store: ReadingsStore, host: str, backend: Backend, values: dict[str, float], ttl_s: int
 ) -> None:
     """Store one backend's readings; they expire after `ttl_s` (a gone worker's drop out)."""
-    readings: dict[FieldT, EncodableT] = {name: repr(v) for name, v in values.items()}
-    pipe = client.pipeline()  # one transaction: a scrape never sees the hash half written
-    pipe.delete(keys.backend(backend.worker))
-    pipe.hset(
-        keys.backend(backend.worker),
-        mapping={
-            "host": host,
-            "worker": backend.worker,
-            "pipeline": backend.pipeline,
-            **readings,
-        },
-    )
-    pipe.expire(keys.backend(backend.worker), ttl_s)
-    pipe.zadd(keys.BACKENDS, {backend.worker: time_seconds(client.time())})
-    pipe.execute()
+    fields = {"host": host, "worker": backend.worker, "pipeline": backend.pipeline}
+    store.write_backend(backend.worker, fields, values, ttl_s)
 
 
-def write_usage(client: redis.Redis, host: str, usage: Usage, ttl_s: int) -> None:
+def write_usage(store: ReadingsStore, host: str, usage: Usage, ttl_s: int) -> None:
     """Store one reading; it expires after `ttl_s` (a gone worker's GPU drops out)."""
-    name = f"{host}/{usage.device}"
     util = "" if usage.utilization is None else repr(usage.utilization)
-    pipe = client.pipeline(transaction=False)
-    pipe.hset(
-        keys.device(name),
-        mapping={
-            "host": host,
-            "device": usage.device,
-            "uuid": usage.uuid,
-            "name": usage.name,
-            "memory_used_bytes": str(usage.memory_used_bytes),
-            "memory_total_bytes": str(usage.memory_total_bytes),
-            "utilization": util,
-        },
-    )
-    pipe.expire(keys.device(name), ttl_s)
-    pipe.zadd(keys.DEVICES, {name: time_seconds(client.time())})
-    pipe.execute()
+    fields = {
+        "host": host,
+        "device": usage.device,
+        "uuid": usage.uuid,
+        "name": usage.name,
+        "memory_used_bytes": str(usage.memory_used_bytes),
+        "memory_total_bytes": str(usage.memory_total_bytes),
+        "utilization": util,
+    }
+    store.write_device(f"{host}/{usage.device}", fields, ttl_s)
 
 
 class WorkerMetrics:
@@ -95,7 +73,7 @@ class WorkerMetrics:
         host: str | None = None,
         backends: Sequence[Backend] = (),
     ) -> None:
-        self.r = client
+        self.readings = ReadingsStore(client)
         self.device = device
         self.backends = list(backends)
         self.interval_s = interval_s
@@ -109,7 +87,7 @@ class WorkerMetrics:
         usage = self.read(self.device)
         if usage is None:
             return False
-        write_usage(self.r, self.host, usage, ttl_s=int(self.interval_s * 3) + 1)
+        write_usage(self.readings, self.host, usage, ttl_s=int(self.interval_s * 3) + 1)
         return True
 
     def sample_backends(self) -> None:
@@ -118,7 +96,7 @@ class WorkerMetrics:
         for backend in self.backends:
             values = backend.readings()
             if values:
-                write_readings(self.r, self.host, backend, values, ttl_s)
+                write_readings(self.readings, self.host, backend, values, ttl_s)
 
     @property
     def _on_gpu(self) -> bool:

@@ -9,7 +9,7 @@ writer, room on the device), consumes all their queues, and hands each message t
 pipeline of its queue; it never exits after an unload, since its other models share
 what the process keeps.
 
-The start is recorded in `keys.pipeline_state` (loading, ready, or failed with the
+The start is recorded in Redis (`jobstore.liveness`) (loading, ready, or failed with the
 reason) for `/readyz` and `mmq up`; a start that fails exits with status 1.
 """
 
@@ -30,13 +30,13 @@ from redis.exceptions import RedisError
 from broker.celery_app import job_message, make_celery, webhook_sender
 from broker.kombu_redis import task_message
 from broker.queues import TASK_NAME, queue_name
-from cluster.retention import RetentionIndex
 from common import redis_client
 from common.heap import freeze_startup_heap
-from jobs import keys
 from jobs.models import Job
 from jobs.schemas import import_object, schema_for
 from jobs.settings import Settings
+from jobstore.liveness import LivenessStore
+from jobstore.retention import RetentionIndex
 from jobstore.store import JobStore
 from pipelines.base import Pipeline
 from storage.factory import make_storage
@@ -102,14 +102,14 @@ def register_task(app: Celery, hosted: dict[str, Hosted]) -> None:
 
 
 class StartState:
-    """This worker's start of its pipeline, in `keys.pipeline_state`. Best effort: a Redis
-    that does not answer yet never keeps a worker from starting."""
+    """This worker's start of its pipeline, in Redis (`LivenessStore.record_start`). Best
+    effort: a Redis that does not answer yet never keeps a worker from starting."""
 
     def __init__(self, settings: Settings, pipeline: str, worker: str) -> None:
-        self.key = keys.pipeline_state(pipeline)
+        self.pipeline = pipeline
         self.worker = worker
         url = settings.redis_url
-        self.r = redis_client.connect(url) if url else None
+        self.store = LivenessStore(redis_client.connect(url)) if url else None
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._renew = threading.Thread(target=self._keep_alive, name="start-state", daemon=True)
@@ -128,29 +128,20 @@ class StartState:
         while not self._done.wait(LOADING_TTL_S / 3):
             with self._lock:
                 if not self._done.is_set():
-                    self._send(lambda pipe: pipe.expire(self.key, LOADING_TTL_S))
+                    self._send(lambda store: store.keep_start(self.pipeline, LOADING_TTL_S))
 
     def _write(self, fields: dict[str, str], ttl_s: int, drop: str = "") -> None:
         mapping = {**fields, "worker": self.worker, "pid": str(os.getpid()), "at": str(time.time())}
         with self._lock:
             if fields["state"] != "loading":
                 self._done.set()
+            self._send(lambda store: store.record_start(self.pipeline, mapping, ttl_s, drop))
 
-            def write(pipe: Any) -> None:
-                pipe.hset(self.key, mapping=mapping)
-                if drop:
-                    pipe.hdel(self.key, drop)
-                pipe.expire(self.key, ttl_s)
-
-            self._send(write)
-
-    def _send(self, commands: Any) -> None:
-        if self.r is None:
+    def _send(self, call: Callable[[LivenessStore], None]) -> None:
+        if self.store is None:
             return
         try:
-            pipe = self.r.pipeline()
-            commands(pipe)
-            pipe.execute()
+            call(self.store)
         except (RedisError, OSError) as exc:
             log.warning("could not record the start of %s: %s", self.worker, exc)
 
@@ -343,9 +334,8 @@ def host(
 
     def push_back(job_id: str) -> None:
         """The job's message again, at the front of its queue (taken next)."""
-        priority = str(store.r.hget(keys.job(job_id), "priority") or "normal")
-        message = task_message(app, job_id, queue_name(pipeline.name), priority)
-        store.r.rpush(message.list_key, message.envelope)
+        priority = store.priority_of(job_id)
+        store.push_front(task_message(app, job_id, queue_name(pipeline.name), priority))
 
     residency = residency_for(
         pipeline, settings, store.r, store.tally, name, push_back, exit_process

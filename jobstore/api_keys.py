@@ -10,8 +10,10 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
+import redis.asyncio as aredis
 
 from jobs import keys
 from jobstore.codec import text_map
@@ -89,3 +91,10 @@ def _info(hashed: str, record: dict[str, object]) -> KeyInfo:
         bool(record.get("admin")),
         float(created) if isinstance(created, int | float) else 0.0,
     )
+
+
+async def find_key(client: aredis.Redis, key: str) -> dict[str, Any] | None:
+    """The stored record of `key` (owner, admin, id...), None for a key not stored; read
+    by the API (`api.apikeys`) for every request that sends one."""
+    record = await client.hget(keys.API_KEYS, hash_key(key))
+    return None if record is None else dict(json.loads(record))
