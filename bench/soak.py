@@ -51,8 +51,8 @@ from harness.faults import settle
 from harness.netns import NetHost, Network, pids_inside, unavailable
 from host.redis_server import server_binary
 from jobs import keys
-from jobstore.codec import time_seconds
 from jobstore.api_keys import create_key
+from jobstore.codec import time_seconds
 
 console = Console(width=140)
 REDIS_PORT = 6379

@@ -34,8 +34,8 @@ from harness.deploy import (
 )
 from host.redis_server import RedisServer
 from jobs import keys
-from scheduler.slots import Slots
 from jobstore.api_keys import create_key
+from scheduler.slots import Slots
 
 ENV = {
     "MMQ_BATCHES__RELEASE_INTERVAL_S": "0.1",

@@ -25,9 +25,9 @@ from harness.audio import spoken
 from harness.deploy import REPO, Deployment, wait_until
 from harness.models.sd import TINY_SIZE
 from jobs import keys
+from jobstore.api_keys import create_key, hash_key
 from mmq.follow import RENDERERS
 from mmq.results import result_bytes
-from jobstore.api_keys import create_key, hash_key
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ from harness.batches import job_line, jsonl, upload
 from harness.client import Api
 from harness.deploy import REPO, Deployment
 from harness.models.sd import TINY_SIZE
-from jobstore.quotas import KeyLimits, set_limits
 from jobstore.api_keys import create_key
+from jobstore.quotas import KeyLimits, set_limits
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(

@@ -29,8 +29,8 @@ from harness.netns import NetHost, Network, unavailable
 from host.redis_server import server_binary
 from jobs import keys
 from jobs.states import TERMINAL_VALUES
-from jobstore.codec import text_map
 from jobstore.api_keys import create_key
+from jobstore.codec import text_map
 
 REDIS_PORT = 6379
 API_PORT = 8000

@@ -26,8 +26,8 @@ from harness.client import Api, limited_owner
 from harness.deploy import Deployment, flush, running, serving, wait_until
 from host.redis_server import RedisServer
 from jobs import keys
-from jobstore.quotas import KeyLimits, set_limits
 from jobstore.api_keys import create_key
+from jobstore.quotas import KeyLimits, set_limits
 
 WINDOW_S = 3
 IDLE = """
