@@ -39,7 +39,7 @@ from bench.common import percentile_ms, run_meta
 from harness.audio import SHORT, spoken
 from harness.deploy import Deployment, private_deployment
 from harness.kinds import pipeline_toml
-from harness.metrics import scrape, value
+from harness.scrape import scrape, value
 from jobstore.api_keys import create_key
 
 console = Console(width=140)

@@ -5,7 +5,7 @@
 - A job's outputs (its folder `OWNER/jobs/JOB_ID/`) go once the job's record has expired
   (`job_ttl_s` after the job ended).
 
-Redis remembers what to look at (`jobstore.retention.RetentionIndex`): the uploads and the
+Redis remembers what to look at (`jobstore.retention_index.RetentionIndex`): the uploads and the
 jobs' output folders, each scored by when the sweep should next look. An entry is written
 before its file, so a crash leaves at worst an entry without a file, never a file that
 nothing will delete. When the sweep finds
@@ -26,7 +26,7 @@ import redis
 from common import redis_client
 from jobs.errors import MmqError, Unavailable
 from jobs.settings import Settings
-from jobstore.retention import Index, RetentionIndex
+from jobstore.retention_index import Index, RetentionIndex
 from storage.base import Storage
 
 log = logging.getLogger(__name__)

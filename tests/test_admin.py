@@ -19,7 +19,7 @@ from harness.deploy import Deployment, wait_until
 from harness.inprocess import SLEEP_QUEUE_LIMIT, inprocess_settings, serve_in_process
 from host.devices import Usage
 from jobstore.api_keys import create_key
-from workers.metrics import WorkerMetrics
+from workers.sampler import WorkerMetrics
 
 
 def _owner(dep: Deployment, name: str, *, admin: bool = False) -> Api:

@@ -34,7 +34,7 @@ from harness.audio import (
 )
 from harness.client import Api, new_owner
 from harness.deploy import Deployment
-from harness.metrics import check_job_counted
+from harness.scrape import check_job_counted
 from mmq.client import Client
 
 MAX_WER = 0.15

@@ -20,7 +20,7 @@ import openai
 import pytest
 import redis
 
-from harness.batches import job_line, jsonl
+from harness.batch_files import job_line, jsonl
 from harness.client import new_owner
 from harness.deploy import (
     Deployment,

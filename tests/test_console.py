@@ -19,7 +19,7 @@ import redis
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from harness.audio import LONG, SHORT, encode, speech
-from harness.batches import job_line, jsonl, upload
+from harness.batch_files import job_line, jsonl, upload
 from harness.client import Api
 from harness.deploy import REPO, Deployment
 from harness.models.sd import TINY_SIZE

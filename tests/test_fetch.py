@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.files import MIB, http_server, pattern_sha256
+from harness.storage_servers import MIB, http_server, pattern_sha256
 from jobs.errors import InputError, TooLarge
 from jobs.settings import Settings
 from storage.factory import make_storage

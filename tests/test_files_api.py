@@ -14,7 +14,7 @@ import redis
 
 from harness.client import Api, new_owner
 from harness.deploy import Deployment, flush, serving
-from harness.files import (
+from harness.storage_servers import (
     MIB,
     add_file_pipeline,
     file_tree,

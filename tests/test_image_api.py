@@ -19,8 +19,8 @@ from PIL import Image
 
 from harness.client import Api, new_owner
 from harness.deploy import Deployment, flush, serving, wait_until
-from harness.metrics import check_job_counted
 from harness.models.sd import TINY_SIZE, cached_tiny_sd
+from harness.scrape import check_job_counted
 from mmq.client import Client
 
 MAX_SIDE = 256

@@ -26,7 +26,7 @@ from jobs.errors import InputError
 from jobs.models import EventType
 from jobs.schemas.image import ImageInput, ImageOptions
 from jobs.settings import PipelineConfig, Settings
-from jobstore.retention import RetentionIndex
+from jobstore.retention_index import RetentionIndex
 from pipelines.image import ImagePipeline
 from storage.base import Storage, job_key
 from storage.factory import make_storage

@@ -24,8 +24,8 @@ from common.sse import parse_lines
 from harness.client import Api, new_owner
 from harness.deploy import Deployment, Proc, flush, live_in_group, serving, wait_until
 from harness.kinds import VLLM_TEST_ENV, VLLM_TEST_OPTIONS, llm_toml
-from harness.metrics import JOB_HISTOGRAMS, check_job_counted, scrape, value
 from harness.models.llm import cached_tiny_llm, tiny_llm_claiming
+from harness.scrape import JOB_HISTOGRAMS, check_job_counted, scrape, value
 from jobs.schemas.llm import LlmOptions
 from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
 

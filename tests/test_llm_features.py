@@ -38,7 +38,6 @@ from common.sse import parse_lines
 from harness.client import Api, new_owner
 from harness.deploy import Deployment, flush, serving, wait_until
 from harness.kinds import VLLM_TEST_ENV, VLLM_TEST_OPTIONS, llm_toml
-from harness.metrics import scrape, value
 from harness.models.llm import cached_tiny_llm
 from harness.models.lora import cached_lora
 from harness.models.tool_caller import (
@@ -50,6 +49,7 @@ from harness.models.tool_caller import (
     cached_tool_caller,
 )
 from harness.models.vision import IMAGE_TOKENS, cached_tiny_vlm
+from harness.scrape import scrape, value
 
 ENGINES: dict[str, dict[str, Any]] = {
     "transformers": {"engine": "transformers", "max_inflight": 2, "startup_timeout_s": 240},

@@ -22,7 +22,7 @@ from common.procs import free_port
 from harness.client import Api, new_owner
 from harness.deploy import REPO, Deployment, flush, running, wait_until
 from harness.kinds import llm_toml
-from harness.metrics import scrape, value
+from harness.scrape import scrape, value
 from jobs import keys
 
 IDLE_UNLOAD_S = 1.0

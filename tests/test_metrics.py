@@ -13,10 +13,10 @@ from api.metrics import Snapshot, render
 from harness.client import Api
 from harness.deploy import Deployment, wait_until
 from harness.hosts import cpu_host_only
-from harness.metrics import Samples, parse, scrape, value
+from harness.scrape import Samples, parse, scrape, value
 from host.devices import Usage
 from jobs.settings import Settings
-from workers.metrics import WorkerMetrics
+from workers.sampler import WorkerMetrics
 
 
 def test_one_scrape_sees_jobs_queues_and_workers(deployment: Deployment, api: Api) -> None:

@@ -7,7 +7,7 @@ import ipaddress
 import httpx
 import pytest
 
-from harness.files import http_server
+from harness.storage_servers import http_server
 from jobs.errors import InputError
 from jobs.settings import NetSettings
 from security.netguard import AddressRefused, GuardedTransport, NetPolicy, check_url

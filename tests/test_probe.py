@@ -29,7 +29,7 @@ from websockets.sync.client import connect
 from common.procs import free_port
 from harness.client import Api, new_owner
 from harness.deploy import Deployment, serving, wait_until
-from harness.files import add_file_pipeline, http_server
+from harness.storage_servers import add_file_pipeline, http_server
 from host.redis_server import RedisServer
 from jobstore.api_keys import create_key
 from tests.conftest import WEBHOOK_SECRET

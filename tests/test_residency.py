@@ -21,7 +21,7 @@ from harness.audio import SHORT, spoken
 from harness.client import Api, new_owner
 from harness.deploy import Deployment, flush, running, wait_until
 from harness.kinds import pipeline_toml
-from harness.metrics import scrape, value
+from harness.scrape import scrape, value
 from jobs import keys
 
 IDLE_UNLOAD_S = 2.0

@@ -11,10 +11,10 @@ import redis
 
 from cluster.retention import RetentionSweeper
 from harness.deploy import Deployment, flush, serving, wait_until
-from harness.files import file_tree
+from harness.storage_servers import file_tree
 from jobs import keys
 from jobs.settings import Settings
-from jobstore.retention import RetentionIndex
+from jobstore.retention_index import RetentionIndex
 from storage.base import job_folder, upload_key
 from storage.factory import make_storage
 from storage.s3 import S3Storage

@@ -30,9 +30,9 @@ from harness.deploy import (
     wait_until,
 )
 from harness.kinds import KIND_NAMES, pipeline_toml
-from harness.metrics import scrape, value
 from harness.models.llm import cached_tiny_llm
 from harness.models.sd import cached_tiny_sd
+from harness.scrape import scrape, value
 from jobs import keys
 from jobs.settings import Settings
 from workers.process import check_shared

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.files import MIB, file_tree, pattern_chunks, pattern_sha256
+from harness.storage_servers import MIB, file_tree, pattern_chunks, pattern_sha256
 from jobs.errors import InputError, NotFound, TooLarge
 from jobs.settings import Settings
 from storage.base import job_key, owner_prefix, safe_name, upload_key, validate_key

@@ -15,7 +15,7 @@ import pytest
 
 from harness.client import new_owner
 from harness.deploy import Deployment, flush, serving
-from harness.files import (
+from harness.storage_servers import (
     AWS_ENV,
     BUCKET,
     MIB,

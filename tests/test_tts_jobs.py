@@ -20,7 +20,7 @@ import pytest
 
 from harness.client import Api, new_owner
 from harness.deploy import Deployment, Proc, flush, serving
-from harness.metrics import check_job_counted
+from harness.scrape import check_job_counted
 from harness.tts import (
     decode,
     events,

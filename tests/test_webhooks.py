@@ -14,7 +14,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from common.procs import free_port
-from harness.batches import job_line, jsonl, upload
+from harness.batch_files import job_line, jsonl, upload
 from harness.client import Api, new_owner
 from harness.deploy import Deployment, flush, serving, wait_until
 from jobs.errors import InputError

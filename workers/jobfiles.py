@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from jobs.settings import Settings
-from jobstore.retention import RetentionIndex
+from jobstore.retention_index import RetentionIndex
 from storage.base import Data, Storage, job_folder, job_key
 from storage.fetch import InputFetcher
 

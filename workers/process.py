@@ -36,7 +36,7 @@ from jobs.models import Job
 from jobs.schemas import import_object, schema_for
 from jobs.settings import Settings
 from jobstore.liveness import LivenessStore
-from jobstore.retention import RetentionIndex
+from jobstore.retention_index import RetentionIndex
 from jobstore.store import JobStore
 from pipelines.base import Pipeline
 from storage.factory import make_storage
@@ -46,8 +46,8 @@ from workers.events import EventWriter
 from workers.jobfiles import JobFiles
 from workers.jobrunner import JobRunner
 from workers.leases import LeaseKeeper
-from workers.metrics import Backend, WorkerMetrics, has_readings
 from workers.residency import OnDemand, Resident, residency_for
+from workers.sampler import Backend, WorkerMetrics, has_readings
 
 log = logging.getLogger(__name__)
 
