@@ -1,6 +1,7 @@
 """Maps domain errors and request validation errors to HTTP answers.
 
-Every error body is `{"error": {"type", "message", "param"}}` (OpenAI clients read it).
+Every error body is an `ErrorResponse`, `{"error": {"type", "message", "param"}}` (OpenAI
+clients read it).
 Redis that does not answer, or answers as a replica (a failover under way), is 503
 with Retry-After, like `Unavailable`: the client may send the request again (with the
 same Idempotency-Key, a submit that did land is not made twice).
@@ -10,13 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, NoReturn
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError as BrokerError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Send
 
@@ -51,8 +53,46 @@ STATUS: list[tuple[type[MmqError], int]] = [
 ]
 
 
-def error_body(etype: str, message: str, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"type": etype, "message": message, "param": param}}
+def _absent(value: object) -> bool:
+    return value is None
+
+
+class ErrorDetail(BaseModel):
+    param: str
+    message: str
+
+
+class ErrorInfo(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    type: str
+    """What went wrong: `invalid_input`, `not_found`, `queue_full`, `unauthorized`..."""
+    message: str
+    param: str | None = None
+    """The request's field at fault (`messages.0.content`, `X-Request-Timeout`), where
+    one is."""
+    details: list[ErrorDetail] | None = Field(default=None, exclude_if=_absent)
+    """Each field that the request's schema refused, where it broke it."""
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error answer: OpenAI's error format."""
+
+    error: ErrorInfo
+
+
+def error_response(etype: str, message: str, param: str | None = None) -> ErrorResponse:
+    return ErrorResponse(error=ErrorInfo(type=etype, message=message, param=param))
+
+
+def error_body(etype: str, message: str, param: str | None = None) -> dict[str, object]:
+    return error_response(etype, message, param).model_dump()
+
+
+def error_answer(
+    body: ErrorResponse, status: int, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 async def send_error(
@@ -113,9 +153,7 @@ async def on_mmq_error(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
     param = exc.field if isinstance(exc, InputError) else None
-    return JSONResponse(
-        error_body(exc.code, exc.message, param), status_code=status_of(exc), headers=headers
-    )
+    return error_answer(error_response(exc.code, exc.message, param), status_of(exc), headers)
 
 
 def _loc(loc: Sequence[Any]) -> str:
@@ -131,34 +169,30 @@ async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     if first.get("type") == "json_invalid":  # its loc is ("body", offset): name the body
         message = f"body: {first['msg']} (at character {_loc(first.get('loc', ()))})"
-        body = error_body("invalid_input", message, "body")
-        body["error"]["details"] = [{"param": "body", "message": message}]
-        return JSONResponse(body, status_code=422)
+        body = error_response("invalid_input", message, "body")
+        body.error.details = [ErrorDetail(param="body", message=message)]
+        return error_answer(body, 422)
     param = _loc(first.get("loc", ())) or None
     message = f"{param}: {first['msg']}" if param else str(first["msg"])
-    body = error_body("invalid_input", message, param)
-    body["error"]["details"] = [
-        {"param": _loc(e.get("loc", ())), "message": e.get("msg", "")} for e in errors
+    body = error_response("invalid_input", message, param)
+    body.error.details = [
+        ErrorDetail(param=_loc(e.get("loc", ())), message=str(e.get("msg", ""))) for e in errors
     ]
-    return JSONResponse(body, status_code=422)
+    return error_answer(body, 422)
 
 
 async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     etype = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return JSONResponse(
-        error_body(etype, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
-    )
+    return error_answer(error_response(etype, str(exc.detail)), exc.status_code, exc.headers)
 
 
 async def on_redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
     log.warning("%s %s: Redis unavailable: %s: %s", request.method, request.url.path,
                 type(exc).__name__, exc)  # fmt: skip
-    return JSONResponse(
-        error_body("unavailable", "Redis is unavailable (a failover may be under way); retry"),
-        status_code=503,
-        headers={"Retry-After": str(RETRY_AFTER_S)},
-    )
+    message = "Redis is unavailable (a failover may be under way); retry"
+    headers = {"Retry-After": str(RETRY_AFTER_S)}
+    return error_answer(error_response("unavailable", message), 503, headers)
 
 
 def install(app: FastAPI) -> None:

@@ -11,6 +11,9 @@ there are put right here, once, when the document is first asked for:
 - A header or query parameter is absent or a value: FastAPI publishes an optional one
   as `anyOf: [value, null]`, and a client that believes it may be null sends the text
   `null`, which is refused. The document shows the value alone.
+- A route declares the events of its `text/event-stream` answer with their models'
+  schema (`api.openai.protocol.event_stream`), whose `$defs` join the document's
+  components here.
 """
 
 from __future__ import annotations
@@ -24,15 +27,15 @@ from typing import Annotated, Any, Literal
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from pydantic import Field, TypeAdapter, create_model
+from pydantic.json_schema import JsonSchemaValue
 
 from api.forms import without_null
+from api.openai.protocol import REF_TEMPLATE
 from api.routes.jobs import router as jobs_router
 from api.routes.jobs import submit_job
 from jobs.models import JobCreate
 from jobs.schemas import schema_for
 from jobs.settings import Settings
-
-REF_TEMPLATE = "#/components/schemas/{model}"
 
 
 def install(app: FastAPI, settings: Settings) -> None:
@@ -43,6 +46,7 @@ def install(app: FastAPI, settings: Settings) -> None:
         if app.openapi_schema is None:
             document = generate()
             publish_job_bodies(document, settings)
+            publish_response_defs(document)
             drop_null_parameters(document)
             app.openapi_schema = document
         return app.openapi_schema
@@ -72,7 +76,7 @@ def job_bodies(settings: Settings) -> dict[str, type[JobCreate]]:
     return bodies
 
 
-def job_body_schema(bodies: dict[str, type[JobCreate]]) -> dict[str, Any]:
+def job_body_schema(bodies: dict[str, type[JobCreate]]) -> JsonSchemaValue:
     """The JSON schema of a submit's body: one of `bodies`, chosen by `kind`; its models
     in `$defs`, referred to as components."""
     models = list(bodies.values())
@@ -110,10 +114,23 @@ def _operation(document: dict[str, Any], endpoint: Callable[..., Any]) -> dict[s
     raise LookupError(f"no operation of {endpoint.__name__} in the document")
 
 
-def _with_components(schema: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
+def publish_response_defs(document: dict[str, Any]) -> None:
+    """Each response schema's `$defs` (an event stream's models) as components."""
+    components = document.setdefault("components", {}).setdefault("schemas", {})
+    for path in document.get("paths", {}).values():
+        for operation in path.values():
+            for response in operation.get("responses", {}).values():
+                for content in response.get("content", {}).values():
+                    if "$defs" in content.get("schema", {}):
+                        content["schema"] = _with_components(content["schema"], components)
+
+
+def _with_components(
+    schema: JsonSchemaValue, components: dict[str, JsonSchemaValue]
+) -> JsonSchemaValue:
     """`schema` without its `$defs`, which join `components`: a name that the document
     already gives another schema is renamed, and the references to it too."""
-    defs: dict[str, Any] = schema.pop("$defs", {})
+    defs: dict[str, JsonSchemaValue] = schema.pop("$defs", {})
     renamed: dict[str, str] = {}
     for name, definition in defs.items():
         new = name
@@ -127,7 +144,7 @@ def _with_components(schema: dict[str, Any], components: dict[str, Any]) -> dict
     }
     for name, definition in defs.items():
         components[renamed[name]] = _rewrite_refs(definition, refs)
-    result: dict[str, Any] = _rewrite_refs(schema, refs)
+    result: JsonSchemaValue = _rewrite_refs(schema, refs)
     return result
 
 

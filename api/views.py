@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from pydantic import BaseModel
 
@@ -26,8 +25,10 @@ class JobView(BaseModel):
     model: str
     status: JobStatus
     priority: JobPriority
-    input: dict[str, Any]
-    output: dict[str, Any] | None
+    input: dict[str, object]
+    """What it was submitted with: its kind's input (`POST /v1/jobs`)."""
+    output: dict[str, object] | None
+    """What its pipeline made, once it succeeded (each kind's own)."""
     error: JobErrorInfo | None
     metadata: dict[str, str]
     owner: str

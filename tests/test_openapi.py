@@ -13,11 +13,11 @@ import httpx
 import pytest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from api.openai.audio import TranscriptionForm
-from api.openai.batches import BatchCreate
+from api.openai.batch_models import BatchCreate
 from api.openai.embedding_models import EmbeddingRequest
 from api.openai.images import SIZE_PATTERN, ImageGenerationRequest
 from api.openai.speech import SpeechRequest
+from api.openai.transcription_models import TranscriptionForm
 from harness.inprocess import InProcess
 from jobs.errors import InputError
 from jobs.models import WebhookSpec

@@ -1,24 +1,35 @@
-"""The bodies of the OpenAI routes' answers, built from an ended job: the same for a
-request answered as it ends and for a line of a batch's output file."""
+"""The answers of the OpenAI routes, built from an ended job: the same for a request
+answered as it ends and for a line of a batch's output file (`api.batch_answers`, which
+takes them as JSON objects: `completion`, `embeddings`, `failure_body`)."""
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from api.errors import error_body
+from api.errors import ErrorResponse, error_response
+from api.openai.completion_models import (
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionMessage,
+    Completion,
+    CompletionChoice,
+)
+from api.openai.embedding_models import Embedding, EmbeddingList
 from jobs.errors import InputError
 from jobs.models import Job
 
+JsonObject = dict[str, object]
 
-def page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
-    """OpenAI's list object (files, batches) of one page."""
+
+def page(data: Sequence[Mapping[str, object]], has_more: bool) -> JsonObject:
+    """OpenAI's list object of one page of objects that are JSON already (files)."""
     return {
         "object": "list",
-        "data": data,
+        "data": list(data),
         "has_more": has_more,
         "first_id": data[0]["id"] if data else None,
         "last_id": data[-1]["id"] if data else None,
@@ -29,58 +40,81 @@ def completion_id(job_id: str, *, chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + job_id
 
 
-def completion(job: Job, model: str, *, chat: bool) -> dict[str, Any]:
-    """A succeeded `llm` job as OpenAI's `chat.completion` (`chat`) or `text_completion`,
-    with every choice the job made."""
+def chat_completion(job: Job, model: str) -> ChatCompletion:
+    """A succeeded `llm` job as OpenAI's `chat.completion`, with every choice it made."""
     output = job.output or {}
-    return {
-        "id": completion_id(job.id, chat=chat),
-        "object": "chat.completion" if chat else "text_completion",
-        "created": int(job.created_at),
-        "model": model,
-        "choices": [choice(out, chat=chat) for out in choices_of(output)],
-        "usage": output.get("usage"),
-    }
+    return ChatCompletion(
+        id=completion_id(job.id, chat=True),
+        created=int(job.created_at),
+        model=model,
+        choices=[chat_choice(out) for out in choices_of(output)],
+        usage=output.get("usage"),
+    )
 
 
-def choices_of(output: Mapping[str, Any]) -> list[dict[str, Any]]:
+def text_completion(job: Job, model: str) -> Completion:
+    """A succeeded `llm` job as OpenAI's `text_completion`, with every choice it made."""
+    output = job.output or {}
+    return Completion(
+        id=completion_id(job.id, chat=False),
+        created=int(job.created_at),
+        model=model,
+        choices=[text_choice(out) for out in choices_of(output)],
+        usage=output.get("usage"),
+    )
+
+
+def completion(job: Job, model: str, *, chat: bool) -> JsonObject:
+    """`chat_completion` or `text_completion` as a JSON object."""
+    answer = chat_completion(job, model) if chat else text_completion(job, model)
+    return answer.model_dump(mode="json")
+
+
+def choices_of(output: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """An `llm` job output's choices: `choices` when it made several, else the one at its
     top level."""
     several = output.get("choices")
     return list(several) if several else [{"index": 0, **output}]
 
 
-def choice(out: Mapping[str, Any], *, chat: bool) -> dict[str, Any]:
-    """One choice of an `llm` job's output in OpenAI's shape."""
+def chat_choice(out: Mapping[str, Any]) -> ChatChoice:
+    """One choice of an `llm` job's output as a chat completion's."""
     text, calls = str(out.get("text", "")), out.get("tool_calls")
-    if not chat:
-        logprobs = out.get("logprobs")
-        return {
-            "index": out.get("index", 0),
-            "text": text,
-            "finish_reason": out.get("finish_reason"),
-            "logprobs": logprobs,
-        }
-    message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
-    if calls:
-        message["tool_calls"] = calls
-    return {
-        "index": out.get("index", 0),
-        "message": message,
-        "finish_reason": out.get("finish_reason"),
-        "logprobs": out.get("logprobs"),
-    }
+    message = ChatCompletionMessage(
+        content=text if text or not calls else None, tool_calls=calls or None
+    )
+    return ChatChoice(
+        index=out.get("index", 0),
+        message=message,
+        finish_reason=out.get("finish_reason"),
+        logprobs=out.get("logprobs"),
+    )
 
 
-def embeddings(job: Job, model: str, encoding_format: str) -> dict[str, Any]:
+def text_choice(out: Mapping[str, Any]) -> CompletionChoice:
+    """One choice of an `llm` job's output as a text completion's."""
+    return CompletionChoice(
+        index=out.get("index", 0),
+        text=str(out.get("text", "")),
+        finish_reason=out.get("finish_reason"),
+        logprobs=out.get("logprobs"),
+    )
+
+
+def embedding_list(job: Job, model: str, encoding_format: str) -> EmbeddingList:
     """A succeeded `embed` job as OpenAI's embeddings list (`float` or `base64`)."""
     output = job.output or {}
     as_float = encoding_format == "float"
     data = [
-        {"object": "embedding", "index": i, "embedding": decode(vector) if as_float else vector}
+        Embedding(index=i, embedding=decode(vector) if as_float else vector)
         for i, vector in enumerate(output["embeddings"])
     ]
-    return {"object": "list", "data": data, "model": model, "usage": output["usage"]}
+    return EmbeddingList(data=data, model=model, usage=output["usage"])
+
+
+def embeddings(job: Job, model: str, encoding_format: str) -> JsonObject:
+    """`embedding_list` as a JSON object."""
+    return embedding_list(job, model, encoding_format).model_dump(mode="json")
 
 
 def decode(vector: str) -> list[float]:
@@ -89,24 +123,34 @@ def decode(vector: str) -> list[float]:
     return values
 
 
-def failure_body(
-    status: str, error: Mapping[str, Any] | None, params: Mapping[str, str]
-) -> dict[str, Any]:
+def failure(
+    status: str, error: Mapping[str, object] | None, params: Mapping[str, str]
+) -> ErrorResponse:
+    """A job that did not succeed, as OpenAI's error (a field a worker named is renamed
+    as the request names it: `params`)."""
     if status == "canceled":
-        return error_body("canceled", "the job was canceled")
+        return error_response("canceled", "the job was canceled")
     if status == "expired":
-        return error_body("expired", "the request's deadline passed before a worker took it")
+        return error_response("expired", "the request's deadline passed before a worker took it")
     error = error or {}
     if error.get("type") == "invalid_input":
         # A field a worker named is the job input's own (`audio`, `input.0`), not the body's.
         field = str(error.get("field") or "input")
         reason = str(error.get("message", "")).removeprefix(f"{field}: ")
         exc = InputError(params.get(field, field), reason)
-        return error_body(exc.code, exc.message, exc.field)
-    return error_body(str(error.get("type", "error")), str(error.get("message", "the job failed")))
+        return error_response(exc.code, exc.message, exc.field)
+    etype, message = str(error.get("type", "error")), str(error.get("message", "the job failed"))
+    return error_response(etype, message)
 
 
-def failure_status(status: str, error: Mapping[str, Any] | None) -> int:
+def failure_body(
+    status: str, error: Mapping[str, object] | None, params: Mapping[str, str]
+) -> JsonObject:
+    """`failure` as a JSON object."""
+    return failure(status, error, params).model_dump()
+
+
+def failure_status(status: str, error: Mapping[str, object] | None) -> int:
     if status == "canceled":
         return 409
     if status == "expired":

@@ -5,7 +5,7 @@ the field (`body.messages.0.content`, `custom_id`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -17,18 +17,25 @@ from jobs.errors import InputError
 from jobs.models import JobCreate
 from jobs.schemas import validation_error_field
 
-Parsed = tuple[str, JobCreate, dict[str, Any]]
+Answer = dict[str, str]
+"""What a line's answer needs beyond its job (the request's `model`, an embedding's
+`encoding_format`)."""
+Parsed = tuple[str, JobCreate, Answer]
 """custom_id, the job, what the answer needs."""
+Body = dict[str, object]
+"""A line's `body`: a JSON object."""
 
 
 M = TypeVar("M", bound=BaseModel)
 
 
-def _validated(model: type[M], body: Any) -> M:
+def _validated(model: type[M], body: Body) -> M:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
         raise validation_error_field(exc, "body") from None
+    except InputError as exc:  # a field the request does not carry (`OpenAIRequest`)
+        raise _renamed(exc) from None
 
 
 def _renamed(exc: InputError) -> InputError:
@@ -36,28 +43,24 @@ def _renamed(exc: InputError) -> InputError:
     return type(exc)(f"body.{field}", exc.reason)
 
 
-def _completion(body: Any, *, chat: bool) -> tuple[JobCreate, dict[str, Any]]:
+def _completion(body: Body, *, chat: bool) -> tuple[JobCreate, Answer]:
     request: ChatRequest | CompletionRequest = (
         _validated(ChatRequest, body) if chat else _validated(CompletionRequest, body)
     )
     if request.stream:
         raise InputError("body.stream", "a batch's requests are not streamed")
-    try:
-        request.refuse_what_is_not_carried()
-    except InputError as exc:
-        raise _renamed(exc) from None
     return JobCreate(kind="llm", input=request.job_input()), {"model": request.model}
 
 
-def _chat(body: Any) -> tuple[JobCreate, dict[str, Any]]:
+def _chat(body: Body) -> tuple[JobCreate, Answer]:
     return _completion(body, chat=True)
 
 
-def _text(body: Any) -> tuple[JobCreate, dict[str, Any]]:
+def _text(body: Body) -> tuple[JobCreate, Answer]:
     return _completion(body, chat=False)
 
 
-def _embeddings(body: Any) -> tuple[JobCreate, dict[str, Any]]:
+def _embeddings(body: Body) -> tuple[JobCreate, Answer]:
     request = _validated(EmbeddingRequest, body)
     try:
         inp = embed_input(request)
@@ -67,14 +70,14 @@ def _embeddings(body: Any) -> tuple[JobCreate, dict[str, Any]]:
     return JobCreate(kind="embed", input=inp), answer
 
 
-def _job(body: Any) -> tuple[JobCreate, dict[str, Any]]:
+def _job(body: Body) -> tuple[JobCreate, Answer]:
     create = _validated(JobCreate, body)
     if create.webhook is not None:
         raise InputError("body.webhook", "a batch's lines take no webhook: the batch has one")
     return create, {}
 
 
-PARSERS: dict[str, Callable[[Any], tuple[JobCreate, dict[str, Any]]]] = {
+PARSERS: dict[str, Callable[[Body], tuple[JobCreate, Answer]]] = {
     "/v1/chat/completions": _chat,
     "/v1/completions": _text,
     "/v1/embeddings": _embeddings,

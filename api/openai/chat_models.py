@@ -1,20 +1,19 @@
 """The requests of `POST /v1/chat/completions` and `POST /v1/completions`, as OpenAI's
 clients send them, and the `llm` job input each one becomes.
 
-Nothing a client sends is dropped without a word: every field of OpenAI's requests is
-either carried into the job (and so to the engine) or refused with a 422 that names it
-and says why (`NOT_CARRIED`, `refuse_what_is_not_carried`); so is a field OpenAI does
-not define, a message role, a content part or a message field mmq does not carry. A
-client that asked for tools or JSON and got a 200 would believe it got them.
+Every field of OpenAI's requests is either carried into the job (and so to the engine)
+or refused with a 422 that names it and says why (`NOT_CARRIED`, the rule of
+`api.openai.protocol.OpenAIBaseModel`); so is a field OpenAI does not define, a message
+role, a content part or a message field mmq does not carry.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-from api.openai.common import CLOSED, refuse_fields
+from api.openai.protocol import OpenAIBaseModel, OpenAIRequest
 from jobs.errors import InputError
 from jobs.schemas.base import COUNT_MAX, SEED_MAX, SEED_MIN
 from jobs.schemas.llm import MAX_CHOICES, ChatFeatures, ImageUrl, ToolCall
@@ -44,12 +43,8 @@ NOT_CARRIED: dict[str, str] = {
 not one of the request's own is refused too."""
 
 
-def refuse_extra(extra: dict[str, Any] | None, where: str = "") -> None:
-    refuse_fields(extra, NOT_CARRIED, where)
-
-
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow", json_schema_extra=CLOSED)
+class ContentPart(OpenAIBaseModel):
+    not_carried = NOT_CARRIED
 
     type: str
     text: str | None = None
@@ -57,24 +52,23 @@ class ContentPart(BaseModel):
     """An `image_url` part's image: a data URL, a stored file key, an s3:// or an http(s)
     URL."""
 
-    def refuse_what_is_not_carried(self, where: str) -> None:
+    def refuse_values(self, where: str) -> None:
         carried = {"text": self.text, "image_url": self.image_url}
         if self.type not in carried:
             why = f"{self.type} parts are not served by mmq's LLM pipelines (text and images)"
             raise InputError(f"{where}type", why)
         if carried[self.type] is None:
             raise InputError(f"{where}{self.type}", f"a {self.type} part needs its {self.type}")
-        refuse_extra(self.model_extra, where)
 
-    def as_input(self) -> dict[str, Any]:
+    def as_input(self) -> dict[str, object]:
         if self.type == "text":
             return {"type": "text", "text": self.text}
         assert self.image_url is not None
         return {"type": "image_url", "image_url": self.image_url.model_dump(exclude_none=True)}
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="allow", json_schema_extra=CLOSED)
+class Message(OpenAIBaseModel):
+    not_carried = NOT_CARRIED
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
@@ -83,25 +77,22 @@ class Message(BaseModel):
     tool_call_id: str | None = None
     """The call a `tool` turn answers."""
 
-    def refuse_what_is_not_carried(self, where: str) -> None:
+    def refuse_values(self, where: str) -> None:
         if self.role == "function":
             raise InputError(f"{where}role", "deprecated function turns: send tool turns")
-        refuse_extra(self.model_extra, where)  # e.g. a turn's name or refusal
-        for i, part in enumerate(self.content if isinstance(self.content, list) else []):
-            part.refuse_what_is_not_carried(f"{where}content.{i}.")
 
-    def as_input(self) -> dict[str, Any]:
+    def as_input(self) -> dict[str, object]:
         """The turn as the job input takes it: text parts joined into one text, unless
         there are images."""
         role = "system" if self.role == "developer" else self.role
-        content: str | list[dict[str, Any]] | None
+        content: str | list[dict[str, object]] | None
         if isinstance(self.content, list) and any(p.type == "image_url" for p in self.content):
             content = [part.as_input() for part in self.content]
         elif isinstance(self.content, list):
             content = "".join(p.text or "" for p in self.content)
         else:
             content = self.content
-        turn: dict[str, Any] = {"role": role, "content": content}
+        turn: dict[str, object] = {"role": role, "content": content}
         if self.tool_calls is not None:
             turn["tool_calls"] = [call.model_dump() for call in self.tool_calls]
         if self.tool_call_id is not None:
@@ -109,18 +100,15 @@ class Message(BaseModel):
         return turn
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
 
 
-class Sampling(BaseModel):
-    """What chat and completion requests share. A field it does not define is kept aside
-    (`model_extra`) and refused by `refuse_what_is_not_carried`; one the pipeline's engine
-    cannot honour is refused at submit (`LlmInput.check_pipeline`)."""
+class Sampling(OpenAIRequest):
+    """What chat and completion requests share. A field the pipeline's engine cannot
+    honour is refused at submit (`LlmInput.check_pipeline`)."""
 
-    model_config = ConfigDict(extra="allow", json_schema_extra=CLOSED)
+    not_carried = NOT_CARRIED
 
     model: str = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(default=None, ge=1, le=COUNT_MAX)
@@ -136,7 +124,7 @@ class Sampling(BaseModel):
     cache: bool = True
     """mmq extension: answer a deterministic request from the response cache."""
 
-    def sampling_input(self) -> dict[str, Any]:
+    def sampling_input(self) -> dict[str, object]:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         values = {
             "model": self.model,
@@ -152,11 +140,6 @@ class Sampling(BaseModel):
         }
         return {k: v for k, v in values.items() if v is not None}
 
-    def refuse_what_is_not_carried(self) -> None:
-        """InputError (422) naming the first field this request holds that mmq would not
-        carry to the engine."""
-        refuse_extra(self.model_extra)
-
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -166,12 +149,7 @@ class ChatRequest(Sampling, ChatFeatures):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=COUNT_MAX)
 
-    def refuse_what_is_not_carried(self) -> None:
-        super().refuse_what_is_not_carried()
-        for i, message in enumerate(self.messages):
-            message.refuse_what_is_not_carried(f"messages.{i}.")
-
-    def job_input(self) -> dict[str, Any]:
+    def job_input(self) -> dict[str, object]:
         values = self.sampling_input()
         if self.max_completion_tokens is not None:
             values["max_tokens"] = self.max_completion_tokens
@@ -192,7 +170,7 @@ class CompletionRequest(Sampling):
             raise ValueError("give one prompt (a list of several is not served)")
         return prompt
 
-    def job_input(self) -> dict[str, Any]:
+    def job_input(self) -> dict[str, object]:
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
         values = {**self.sampling_input(), "prompt": prompt}
         if self.logprobs is not None:

@@ -1,17 +1,20 @@
-"""What every OpenAI-compatible route shares: errors named as OpenAI's request names
-its fields, SSE frames, and waiting for a job's end (canceling it if the client goes
-away first)."""
+"""What every OpenAI-compatible route shares: the deadline header, errors named as
+OpenAI's request names its fields, and waiting for a job's end (canceling it if the
+client goes away first)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any
+from typing import Annotated
 
-import orjson
 from fastapi import Depends, Header, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+from typing_extensions import TypedDict
 
-from api.openai.answers import failure_body, failure_status
+from api.errors import error_answer
+from api.openai.answers import failure, failure_status
+from api.openai.protocol import json_answer
 from api.service import JobService
 from api.streaming import stream_job, until_disconnected
 from api.streams import Batches
@@ -20,7 +23,12 @@ from jobs.models import Event, EventType, Job, JobCreate
 from jobs.settings import MAX_QUEUE_S
 from jobs.states import JobStatus
 
-SSE_KEEPALIVE = b": keep-alive\n\n"
+
+class DeadlineFields(TypedDict, total=False):
+    """A job's deadline fields (`JobCreate(**deadline)`)."""
+
+    max_queue_s: float
+    cancel_at_deadline: bool
 
 
 async def _request_timeout(  # async: FastAPI runs a plain `def` on its thread pool
@@ -33,13 +41,13 @@ async def _request_timeout(  # async: FastAPI runs a plain `def` on its thread p
             "queued then ends `expired` without running, a running one is canceled.",
         ),
     ] = None,
-) -> dict[str, Any]:
+) -> DeadlineFields:
     if x_request_timeout is None:
         return {}
     return {"max_queue_s": x_request_timeout, "cancel_at_deadline": True}
 
 
-Deadline = Annotated[dict[str, Any], Depends(_request_timeout)]
+Deadline = Annotated[DeadlineFields, Depends(_request_timeout)]
 """`X-Request-Timeout: SECONDS` as the job's deadline fields (`JobCreate(**deadline)`)."""
 
 
@@ -52,40 +60,19 @@ def renamed(exc: InputError, params: Mapping[str, str]) -> InputError:
 
 def failure_response(
     status: str,
-    error: Mapping[str, Any] | None,
+    error: Mapping[str, object] | None,
     params: Mapping[str, str],
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     """A job that did not succeed, as an OpenAI error: 409 canceled, 408 expired (its
     deadline passed in the queue), 422 bad input (naming the request's field), else 500."""
-    return JSONResponse(
-        failure_body(status, error, params),
-        failure_status(status, error),
-        headers=dict(headers or {}),
-    )
+    body = failure(status, error, params)
+    return error_answer(body, failure_status(status, error), dict(headers or {}))
 
 
 def job_failure(job: Job, params: Mapping[str, str]) -> JSONResponse:
     error = job.error.model_dump() if job.error is not None else None
     return failure_response(str(job.status), error, params, {"X-Job-Id": job.id})
-
-
-CLOSED: dict[str, Any] = {"additionalProperties": False}
-"""`json_schema_extra` of a request model that keeps what it does not define aside
-(`extra="allow"`) only to refuse it by name: its schema says no other field is taken."""
-
-
-def refuse_fields(extra: Mapping[str, Any] | None, why: Mapping[str, str], where: str = "") -> None:
-    """InputError (422) for the first field in `extra`, what a request model took but does
-    not define (pydantic's `model_extra`): an OpenAI field mmq does not carry (`why` says
-    why) or one it does not know. An OpenAI route never drops a field without a word."""
-    for name in extra or {}:
-        reason = why.get(name, "not a field of this request that mmq knows")
-        raise InputError(f"{where}{name}", reason)
-
-
-def sse(payload: Mapping[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def ended_badly(event: Event) -> bool:
@@ -125,8 +112,8 @@ async def answer_when_ended(
     owner: str,
     create: JobCreate,
     params: Mapping[str, str],
-    answer: Callable[[Job], dict[str, Any]],
-) -> JSONResponse:
+    answer: Callable[[Job], BaseModel],
+) -> Response:
     """Submit `create`, wait for the job's end (canceled if the client goes away first) and
     answer `answer(job)`, or OpenAI's error for a job that did not succeed; a refused
     submit names the request's field (`params`)."""
@@ -137,4 +124,4 @@ async def answer_when_ended(
     job = await wait_for_end(request, service, owner, job.id, events)
     if job.status is not JobStatus.SUCCEEDED:
         return job_failure(job, params)
-    return JSONResponse(answer(job), headers={"X-Job-Id": job.id})
+    return json_answer(answer(job), {"X-Job-Id": job.id})

@@ -1,20 +1,19 @@
-"""The request of `POST /v1/embeddings` and the `embed` job input it becomes (also a
-batch's line's, `api.openai.batch_lines`)."""
+"""The request of `POST /v1/embeddings`, the `embed` job input it becomes (also a batch's
+line's, `api.openai.batch_lines`), and its answer."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema
+from pydantic import Field, TypeAdapter, WithJsonSchema
 
-from api.openai.common import CLOSED, refuse_fields
+from api.openai.protocol import OpenAIRequest, OpenAIResponse
 from jobs.errors import InputError
 from jobs.schemas.base import COUNT_MAX
 from jobs.schemas.embed import OneOrMoreTexts
 
 PARAMS: dict[str, str] = {}
 """Job input fields under another name in OpenAI's request (none)."""
-NOT_CARRIED = {"user": "not carried"}
 
 
 TEXTS_SCHEMA = TypeAdapter(OneOrMoreTexts).json_schema()
@@ -23,10 +22,8 @@ arrays are taken only to be refused by name, and each text is checked by the job
 (`input.N` naming it)."""
 
 
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(
-        extra="allow", json_schema_extra=CLOSED, use_attribute_docstrings=True
-    )
+class EmbeddingRequest(OpenAIRequest):
+    not_carried = {"user": "not carried"}
 
     input: Annotated[str | list[str] | list[int] | list[list[int]], WithJsonSchema(TEXTS_SCHEMA)]
     """One text or a list of them (not token arrays): at most `limits.embed_max_inputs`
@@ -40,13 +37,34 @@ class EmbeddingRequest(BaseModel):
     `options.truncate_dimensions`, a deployment setting)."""
 
 
-def job_input(body: EmbeddingRequest) -> dict[str, Any]:
+def job_input(body: EmbeddingRequest) -> dict[str, object]:
     """The `embed` job input of a request; InputError for what it cannot serve."""
-    refuse_fields(body.model_extra, NOT_CARRIED)
     texts = body.input if isinstance(body.input, list) else [body.input]
     if not all(isinstance(text, str) for text in texts):
         raise InputError("input", "token arrays are not served: send the text")
-    inp: dict[str, Any] = {"model": body.model, "input": texts}
+    inp: dict[str, object] = {"model": body.model, "input": texts}
     if body.dimensions is not None:
         inp["dimensions"] = body.dimensions
     return inp
+
+
+class Embedding(OpenAIResponse):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    """The place of its text in the request's `input`."""
+    embedding: list[float] | str
+    """The vector: numbers (`float`), or its little-endian float32 bytes in base64
+    (`base64`), as the request's `encoding_format` asked."""
+
+
+class EmbeddingUsage(OpenAIResponse):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(OpenAIResponse):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    """The model as the request named it."""
+    usage: EmbeddingUsage

@@ -8,25 +8,28 @@ pipeline allows it. The job is batched with other requests' texts by the worker.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
 from api.auth import Owner
 from api.deps import Service
 from api.openai import answers
 from api.openai.common import Deadline, answer_when_ended
-from api.openai.embedding_models import PARAMS, EmbeddingRequest, job_input
+from api.openai.embedding_models import PARAMS, EmbeddingList, EmbeddingRequest, job_input
+from api.openai.protocol import responses
 from jobs.models import Job, JobCreate
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 
-@router.post("/embeddings", responses={413: {}, 422: {}, 429: {}})
+@router.post(
+    "/embeddings",
+    response_model=EmbeddingList,
+    responses=responses(401, 408, 409, 413, 422, 429, 500, 503),
+)
 async def create_embeddings(
     request: Request, owner: Owner, body: EmbeddingRequest, service: Service, deadline: Deadline
-) -> JSONResponse:
+) -> Response:
     """Embeddings of one text or several (OpenAI's embeddings.create)."""
     create = JobCreate(kind="embed", input=job_input(body), **deadline)
     return await answer_when_ended(
@@ -34,5 +37,5 @@ async def create_embeddings(
     )
 
 
-def embeddings_response(job: Job, body: EmbeddingRequest) -> dict[str, Any]:
-    return answers.embeddings(job, body.model, body.encoding_format)
+def embeddings_response(job: Job, body: EmbeddingRequest) -> EmbeddingList:
+    return answers.embedding_list(job, body.model, body.encoding_format)

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import Response
+from pydantic import Field
 
 from api.auth import Owner
 from api.deps import Service
-from api.openai.common import CLOSED, Deadline, answer_when_ended, refuse_fields
+from api.openai.common import Deadline, answer_when_ended
+from api.openai.protocol import OpenAIRequest, OpenAIResponse, omitted, responses
 from jobs.errors import InputError
 from jobs.models import Job, JobCreate
 from jobs.schemas import image
@@ -43,13 +44,11 @@ NOT_CARRIED = {
 (any other unknown field is refused too)."""
 
 
-class ImageGenerationRequest(BaseModel):
+class ImageGenerationRequest(OpenAIRequest):
     """OpenAI's request, with mmq's own image options; each field is checked as the
     `image` job input checks it (`jobs.schemas.image`)."""
 
-    model_config = ConfigDict(
-        extra="allow", json_schema_extra=CLOSED, use_attribute_docstrings=True
-    )
+    not_carried = NOT_CARRIED
 
     prompt: image.Prompt
     model: str | None = Field(default=None, max_length=256)
@@ -72,29 +71,49 @@ class ImageGenerationRequest(BaseModel):
     """One that the pipeline's `options.schedulers` allows (a deployment setting)."""
 
 
-@router.post("/generations", responses={422: {}, 429: {}})
+class Image(OpenAIResponse):
+    url: str | None = omitted()
+    """A signed URL of the stored image (`response_format: url`)."""
+    b64_json: str | None = omitted()
+    """The image's bytes in base64 (`response_format: b64_json`)."""
+    revised_prompt: str | None = None
+    """Always null: the prompt is used as it is."""
+
+
+class ImagesResponse(OpenAIResponse):
+    created: int
+    data: list[Image]
+    output_format: image.Format
+    size: str
+    """`WIDTHxHEIGHT` of the images."""
+
+
+@router.post(
+    "/generations",
+    response_model=ImagesResponse,
+    responses=responses(401, 408, 409, 413, 422, 429, 500, 503),
+)
 async def create_image(
     request: Request,
     owner: Owner,
     body: ImageGenerationRequest,
     service: Service,
     deadline: Deadline,
-) -> JSONResponse:
+) -> Response:
     """Images from a prompt (OpenAI's images.generate); answers once they are made."""
-    refuse_fields(body.model_extra, NOT_CARRIED)
     create = JobCreate(kind="image", input=job_input(body), **deadline)
     return await answer_when_ended(
         request, service, owner, create, PARAMS, lambda job: images_response(job, body)
     )
 
 
-def job_input(body: ImageGenerationRequest) -> dict[str, Any]:
+def job_input(body: ImageGenerationRequest) -> dict[str, object]:
     """The `image` job input of an OpenAI request."""
     extras = body.model_dump(
         include={"model", "negative_prompt", "steps", "guidance_scale", "seed", "scheduler"},
         exclude_none=True,
     )
-    inp: dict[str, Any] = {
+    inp: dict[str, object] = {
         "prompt": body.prompt,
         "n": body.n,
         "format": body.output_format,
@@ -110,12 +129,12 @@ def job_input(body: ImageGenerationRequest) -> dict[str, Any]:
     return inp
 
 
-def images_response(job: Job, body: ImageGenerationRequest) -> dict[str, Any]:
+def images_response(job: Job, body: ImageGenerationRequest) -> ImagesResponse:
     output = job.output or {}
-    field = "b64_json" if body.response_format == "b64_json" else "url"
-    return {
-        "created": int(job.finished_at or time.time()),
-        "data": [{field: image[field], "revised_prompt": None} for image in output["images"]],
-        "output_format": body.output_format,
-        "size": f"{output['width']}x{output['height']}",
-    }
+    field: Literal["url", "b64_json"] = "b64_json" if body.response_format == "b64_json" else "url"
+    return ImagesResponse(
+        created=int(job.finished_at or time.time()),
+        data=[Image.model_validate({field: image[field]}) for image in output["images"]],
+        output_format=body.output_format,
+        size=f"{output['width']}x{output['height']}",
+    )

@@ -21,16 +21,23 @@ from __future__ import annotations
 
 import base64
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, JsonValue
 
 from api.auth import Owner
 from api.deps import Service, SettingsDep
-from api.openai.common import Deadline, ended_badly, failure_response, renamed, sse
+from api.openai.common import Deadline, ended_badly, failure_response, renamed
+from api.openai.protocol import (
+    OpenAIRequest,
+    OpenAIResponse,
+    event_stream,
+    responses,
+    sse,
+)
 from api.streaming import prepend, stream_job
 from broker.queues import pipeline_for
 from jobs.errors import InputError
@@ -47,11 +54,9 @@ PARAMS = {"text": "input", "format": "response_format"}
 """Job input fields under another name in OpenAI's request."""
 
 
-class SpeechRequest(BaseModel):
+class SpeechRequest(OpenAIRequest):
     """OpenAI's request, with mmq's own options; each field is checked as the `tts` job
     input checks it (`jobs.schemas.tts`)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     model: str = Field(min_length=1, max_length=256)
     """A TTS pipeline, its model or one of its aliases (`tts-1`...): the deployment's
@@ -75,12 +80,44 @@ class SpeechRequest(BaseModel):
     """mmq extension: stored file key of a reference clip, for voices that clone."""
 
 
-@router.post(
-    "/speech",
-    response_class=StreamingResponse,
-    response_model=None,
-    responses={200: {"content": {t: {} for t in {*CONTENT_TYPES.values(), "text/event-stream"}}}},
-)
+class SpeechAudioDelta(OpenAIResponse):
+    """An event of `stream_format: sse`: more of the audio."""
+
+    type: Literal["speech.audio.delta"] = "speech.audio.delta"
+    audio: str
+    """The next bytes of the audio file, in base64."""
+
+
+class SpeechAudioDone(OpenAIResponse):
+    """The last event of a stream whose audio is whole."""
+
+    type: Literal["speech.audio.done"] = "speech.audio.done"
+
+
+class SpeechError(OpenAIResponse):
+    """The last event of a stream whose job failed after its first audio."""
+
+    type: Literal["error"] = "error"
+    error: dict[str, JsonValue]
+    """The job's error (`type`, `message`), or its status event where it has none
+    (`status`: `canceled`)."""
+
+
+BINARY = {"schema": {"type": "string", "format": "binary"}}
+ANSWERS = responses(
+    401, 408, 409, 413, 422, 429, 500, 503,
+    ok={
+        "description": "The audio as it is synthesized, in `response_format`; with "
+        "`stream_format: sse`, server-sent events.",
+        "content": {
+            **{media: BINARY for media in sorted(set(CONTENT_TYPES.values()))},
+            **event_stream(SpeechAudioDelta, SpeechAudioDone, SpeechError),
+        },
+    },
+)  # fmt: skip
+
+
+@router.post("/speech", response_class=StreamingResponse, response_model=None, responses=ANSWERS)
 async def create_speech(
     owner: Owner, body: SpeechRequest, service: Service, settings: SettingsDep, deadline: Deadline
 ) -> StreamingResponse | JSONResponse:
@@ -109,7 +146,7 @@ async def create_speech(
     return StreamingResponse(prepend(first, frames), media_type=media, headers=headers)
 
 
-class Voice(BaseModel):
+class Voice(OpenAIResponse):
     """A voice a TTS pipeline serves."""
 
     id: str
@@ -125,12 +162,12 @@ class Voice(BaseModel):
     """The voice of the pipeline's requests that name none."""
 
 
-class VoiceList(BaseModel):
+class VoiceList(OpenAIResponse):
     object: Literal["list"] = "list"
     data: list[Voice]
 
 
-@router.get("/voices")
+@router.get("/voices", responses=responses(401))
 async def list_voices(owner: Owner, settings: SettingsDep) -> VoiceList:
     """The voices of every TTS pipeline, with their aliases (mmq's own route: OpenAI's API
     lists no voices)."""
@@ -176,29 +213,26 @@ class _Frames:
     def __init__(self, body: SpeechRequest) -> None:
         self.format: AudioFormat = body.response_format
         self.is_sse = body.stream_format == "sse"
-        self.first_chunk: dict[str, Any] | None = None
-        self.failure: dict[str, Any] | None = None
+        self.first_chunk: Mapping[str, Any] | None = None
+        """The data of the job's first partial event: a chunk of the audio."""
+        self.failure: Mapping[str, Any] | None = None
 
     def __call__(self, event: Event) -> Iterator[bytes]:
         if event.type is EventType.PARTIAL:
             data = _audio_bytes(event.data, self.format, first=self.first_chunk is None)
             self.first_chunk = self.first_chunk or event.data
             if data:
-                yield (
-                    sse({"type": "speech.audio.delta", "audio": _b64(data)})
-                    if self.is_sse
-                    else data
-                )
+                yield sse(SpeechAudioDelta(audio=_b64(data))) if self.is_sse else data
         elif ended_badly(event):
             if self.first_chunk is None:
                 self.failure = event.data
             elif self.is_sse:
-                yield sse({"type": "error", "error": event.data.get("error") or event.data})
+                yield sse(SpeechError(error=event.data.get("error") or event.data))
         elif event.ends and self.is_sse:
-            yield sse({"type": "speech.audio.done"})
+            yield sse(SpeechAudioDone())
 
 
-def _audio_bytes(chunk: dict[str, Any], fmt: AudioFormat, first: bool) -> bytes:
+def _audio_bytes(chunk: Mapping[str, Any], fmt: AudioFormat, first: bool) -> bytes:
     if "stream" in chunk:
         return base64.b64decode(str(chunk["stream"]))
     pcm = base64.b64decode(str(chunk["audio"]))

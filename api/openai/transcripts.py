@@ -2,59 +2,74 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response
 
-ResponseFormat = Literal["json", "text", "srt", "vtt", "verbose_json"]
-RESPONSE_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json")
+from api.openai.protocol import json_answer
+from api.openai.transcription_models import (
+    ResponseFormat,
+    Transcription,
+    TranscriptionSegment,
+    TranscriptionUsage,
+    TranscriptionVerbose,
+    TranscriptionWord,
+)
+
+Segments = Sequence[Mapping[str, Any]]
+"""An `asr` job output's segments, as its worker wrote them."""
 
 
 def transcript_response(
-    output: dict[str, Any], fmt: ResponseFormat, task: str, words: bool, headers: dict[str, str]
+    output: Mapping[str, Any],
+    fmt: ResponseFormat,
+    task: Literal["transcribe", "translate"],
+    words: bool,
+    headers: dict[str, str],
 ) -> Response:
     """The answer to a transcription (or translation) whose job succeeded."""
     text = str(output.get("text", ""))
-    segments: list[dict[str, Any]] = output.get("segments") or []
+    segments: Segments = output.get("segments") or []
     if fmt == "text":
         return PlainTextResponse(text + "\n", headers=headers)
     if fmt == "srt":
         return PlainTextResponse(srt(segments), headers=headers)
     if fmt == "vtt":
         return PlainTextResponse(vtt(segments), media_type="text/vtt", headers=headers)
-    usage = {"type": "duration", "seconds": output.get("duration", 0.0)}
+    usage = TranscriptionUsage(seconds=output.get("duration", 0.0))
     if fmt == "json":
-        return JSONResponse({"text": text, "usage": usage}, headers=headers)
-    return JSONResponse(verbose(output, task, words) | {"usage": usage}, headers=headers)
+        return json_answer(Transcription(text=text, usage=usage), headers)
+    return json_answer(verbose(output, task, words, usage), headers)
 
 
-def verbose(output: dict[str, Any], task: str, words: bool) -> dict[str, Any]:
-    segments: list[dict[str, Any]] = output.get("segments") or []
-    body: dict[str, Any] = {
-        "task": task,
-        "language": output.get("language") or "",
-        "duration": output.get("duration", 0.0),
-        "text": output.get("text", ""),
-        "segments": [_segment(s) for s in segments],
-    }
-    if words:
-        body["words"] = [
-            {"word": w["word"].strip(), "start": w["start"], "end": w["end"]}
-            for s in segments
-            for w in s.get("words") or []
-        ]
-    return body
+def verbose(
+    output: Mapping[str, Any],
+    task: Literal["transcribe", "translate"],
+    words: bool,
+    usage: TranscriptionUsage,
+) -> TranscriptionVerbose:
+    segments: Segments = output.get("segments") or []
+    return TranscriptionVerbose(
+        task=task,
+        language=output.get("language") or "",
+        duration=output.get("duration", 0.0),
+        text=output.get("text", ""),
+        segments=[TranscriptionSegment.model_validate(s) for s in segments],
+        words=_words(segments) if words else None,
+        usage=usage,
+    )
 
 
-def _segment(segment: dict[str, Any]) -> dict[str, Any]:
-    keys = ("id", "seek", "start", "end", "text", "tokens", "temperature")
-    out = {k: segment[k] for k in keys if k in segment}
-    for key in ("avg_logprob", "compression_ratio", "no_speech_prob"):
-        out[key] = segment.get(key, 0.0)
-    return out
+def _words(segments: Segments) -> list[TranscriptionWord]:
+    return [
+        TranscriptionWord(word=w["word"].strip(), start=w["start"], end=w["end"])
+        for s in segments
+        for w in s.get("words") or []
+    ]
 
 
-def srt(segments: list[dict[str, Any]]) -> str:
+def srt(segments: Segments) -> str:
     blocks = [
         f"{i}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{s['text'].strip()}\n"
         for i, s in enumerate(segments, start=1)
@@ -62,7 +77,7 @@ def srt(segments: list[dict[str, Any]]) -> str:
     return "\n".join(blocks)
 
 
-def vtt(segments: list[dict[str, Any]]) -> str:
+def vtt(segments: Segments) -> str:
     blocks = [
         f"{_stamp(s['start'], '.')} --> {_stamp(s['end'], '.')}\n{s['text'].strip()}\n"
         for s in segments

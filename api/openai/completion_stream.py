@@ -1,0 +1,203 @@
+"""A chat or text completion's job events as the chunks of OpenAI's stream: the role
+first (chat, for each choice), a delta per partial event (its choice's `index`, text, tool
+call deltas and log probabilities), each choice's finish reason, the usage where asked
+for, an error if the job did not succeed, and `[DONE]` at the end.
+
+Every chunk is one of `api.openai.completion_models`. The delta that is text alone, one
+per token, is by far the most frequent: its chunk is the model's JSON made once per
+choice with a marker where the text goes, and each delta only encodes its text into it
+(`TextDelta`); building and dumping a chunk's three models for each token would cost
+the API more CPU than the rest of what it does for one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel
+
+from api.openai import answers
+from api.openai.common import ended_badly
+from api.openai.completion_models import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatLogprobs,
+    CompletionChoice,
+    CompletionChunk,
+    ToolCallDelta,
+    Usage,
+    call_delta,
+)
+from api.openai.protocol import SSE_DONE, sse
+from jobs.models import Event, EventType, Job
+
+MARK = "\x00"
+"""Stands in for a delta's text in its chunk's JSON."""
+
+
+class TextDelta:
+    """The SSE frame of a chunk whose only text is the delta's: `chunk`'s JSON, made once
+    with `MARK` as its text, around each delta's text encoded as JSON. The text is the
+    last string of the chunk, so the mark's last place is the text's (a model's name
+    before it may hold anything)."""
+
+    def __init__(self, chunk: BaseModel) -> None:
+        self.head, mark, self.tail = sse(chunk).rpartition(orjson.dumps(MARK))
+        if not mark:
+            raise ValueError(f"{type(chunk).__name__} does not hold its text's mark")
+
+    def __call__(self, text: str) -> bytes:
+        return self.head + orjson.dumps(text) + self.tail
+
+
+class ChatChunks:
+    """One job's `chat.completion.chunk` events."""
+
+    chat = True
+
+    def __init__(self, job: Job, model: str) -> None:
+        self.id = answers.completion_id(job.id, chat=True)
+        self.created = int(job.created_at)
+        self.model = model
+        self.texts: dict[int, TextDelta] = {}
+
+    def delta(
+        self,
+        text: str | None,
+        reason: str | None = None,
+        *,
+        role: bool = False,
+        index: int = 0,
+        calls: list[ToolCallDelta] | None = None,
+        logprobs: Any = None,
+    ) -> bytes:
+        if text is not None and reason is None and not role and not calls and logprobs is None:
+            return self._text(index)(text)
+        named: Literal["assistant"] | None = "assistant" if role else None
+        delta = ChatDelta(role=named, content=text, tool_calls=calls or None)
+        content = None if logprobs is None else ChatLogprobs(content=logprobs)
+        choice = ChatChunkChoice(index=index, delta=delta, finish_reason=reason, logprobs=content)
+        return sse(self._chunk([choice]))
+
+    def usage(self, usage: Usage | None) -> bytes:
+        return sse(self._chunk([], usage))
+
+    def _text(self, index: int) -> TextDelta:
+        if index not in self.texts:
+            choice = ChatChunkChoice(index=index, delta=ChatDelta(content=MARK))
+            self.texts[index] = TextDelta(self._chunk([choice]))
+        return self.texts[index]
+
+    def _chunk(
+        self, choices: list[ChatChunkChoice], usage: Usage | None = None
+    ) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
+
+
+class TextChunks:
+    """One job's `text_completion` events."""
+
+    chat = False
+
+    def __init__(self, job: Job, model: str) -> None:
+        self.id = answers.completion_id(job.id, chat=False)
+        self.created = int(job.created_at)
+        self.model = model
+        self.texts: dict[int, TextDelta] = {}
+
+    def delta(
+        self,
+        text: str | None,
+        reason: str | None = None,
+        *,
+        role: bool = False,
+        index: int = 0,
+        calls: list[ToolCallDelta] | None = None,
+        logprobs: Any = None,
+    ) -> bytes:
+        if text is not None and reason is None and logprobs is None:
+            return self._text(index)(text)
+        choice = CompletionChoice(
+            index=index, text=text or "", finish_reason=reason, logprobs=logprobs
+        )
+        return sse(self._chunk([choice]))
+
+    def usage(self, usage: Usage | None) -> bytes:
+        return sse(self._chunk([], usage))
+
+    def _text(self, index: int) -> TextDelta:
+        if index not in self.texts:
+            choice = CompletionChoice(index=index, text=MARK, finish_reason=None)
+            self.texts[index] = TextDelta(self._chunk([choice]))
+        return self.texts[index]
+
+    def _chunk(
+        self, choices: list[CompletionChoice], usage: Usage | None = None
+    ) -> CompletionChunk:
+        return CompletionChunk(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
+
+
+class CompletionEvents:
+    """A job's events as the chunks of its stream (`view`'s), for `stream_job`."""
+
+    def __init__(
+        self, view: ChatChunks | TextChunks, include_usage: bool, params: Mapping[str, str]
+    ) -> None:
+        self.view = view
+        self.include_usage = include_usage
+        self.params = params
+        self.started: set[int] = set()
+
+    def __call__(self, event: Event) -> Iterator[bytes]:
+        view = self.view
+        yield from self._role(0)
+        if event.type is EventType.PARTIAL:
+            data = event.data
+            index = data.get("choice", 0)
+            yield from self._role(index)
+            yield view.delta(
+                str(data.get("text", "")),
+                index=index,
+                calls=data.get("tool_calls"),
+                logprobs=data.get("logprobs"),
+            )
+        elif event.type is EventType.OUTPUT:
+            yield from self._output(event.data)
+        elif ended_badly(event):
+            status = str(event.data["status"])
+            yield sse(answers.failure(status, event.data.get("error"), self.params))
+        if event.ends:
+            yield SSE_DONE
+
+    def _output(self, output: Mapping[str, Any]) -> Iterator[bytes]:
+        view = self.view
+        outs = answers.choices_of(output)
+        for out in outs:
+            index = out.get("index", 0)
+            yield from self._role(index)
+            if output.get("cached"):  # no partial events: each choice whole at once
+                calls = [call_delta(i, c) for i, c in enumerate(out.get("tool_calls") or [])]
+                logprobs = out.get("logprobs")
+                if view.chat and logprobs is not None:
+                    logprobs = logprobs.get("content")
+                text = str(out.get("text", ""))
+                yield view.delta(text, index=index, calls=calls, logprobs=logprobs)
+        for out in outs:
+            yield view.delta(None, reason=out.get("finish_reason"), index=out.get("index", 0))
+        if self.include_usage:
+            usage = output.get("usage")
+            yield view.usage(None if usage is None else Usage.model_validate(usage))
+
+    def _role(self, index: int) -> Iterator[bytes]:
+        """A chat choice's first chunk names its role."""
+        if index not in self.started:
+            self.started.add(index)
+            if self.view.chat:
+                yield self.view.delta("", role=True, index=index)

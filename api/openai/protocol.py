@@ -1,0 +1,170 @@
+"""What the models of every OpenAI-compatible route share (vLLM's
+`vllm/entrypoints/openai/protocol.py`): the base of the requests, which holds the rule
+for the fields a request does not carry; the base of the answers; and how a route
+declares its answers in the OpenAPI document.
+
+```
+OpenAIBaseModel      a request, or a part of one: an unknown field is kept aside to be refused
+ └── OpenAIRequest   a whole request: refused as it is validated (422 naming the field)
+OpenAIResponse       an answer, or a part of one
+```
+
+Nothing a client sends is dropped without a word: a field that a request model does not
+define is refused with a 422 naming it (`messages.0.name`) and saying why
+(`not_carried`, or that mmq does not know it). A client that sent tools or a JSON format
+and got a 200 would believe it got them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal, Self
+
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import JsonSchemaValue, models_json_schema
+
+from api.errors import ErrorResponse
+from jobs.errors import InputError
+
+CLOSED: JsonSchemaValue = {"additionalProperties": False}
+"""`json_schema_extra` of a request model: it keeps what it does not define aside
+(`extra="allow"`) only to refuse it by name, so its schema says no other field is taken."""
+UNKNOWN = "not a field of this request that mmq knows"
+REF_TEMPLATE = "#/components/schemas/{model}"
+
+
+class OpenAIBaseModel(BaseModel):
+    """A request of an OpenAI route, or a part of one (a message, a content part)."""
+
+    model_config = ConfigDict(
+        extra="allow", json_schema_extra=CLOSED, use_attribute_docstrings=True
+    )
+
+    not_carried: ClassVar[Mapping[str, str]] = {}
+    """OpenAI's fields of this model that mmq does not carry, with why."""
+
+    def refuse_not_carried(self, where: str = "") -> None:
+        """InputError (422) naming the first thing here that mmq would not carry: a value
+        (`refuse_values`), then a field this model does not define, then the same in each
+        part of it that is a request model too, in field order. `where` prefixes the name
+        (`messages.0.`)."""
+        self.refuse_values(where)
+        for name in self.model_extra or {}:
+            raise InputError(f"{where}{name}", self.not_carried.get(name, UNKNOWN))
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, OpenAIBaseModel):
+                value.refuse_not_carried(f"{where}{name}.")
+            elif isinstance(value, list):
+                for i, item in enumerate(value):
+                    if isinstance(item, OpenAIBaseModel):
+                        item.refuse_not_carried(f"{where}{name}.{i}.")
+
+    def refuse_values(self, where: str) -> None:
+        """InputError for a value of this model's fields that mmq does not serve (a content
+        part's type); none by default."""
+
+
+class OpenAIRequest(OpenAIBaseModel):
+    """A whole request body (or form): what it does not carry is refused as it is
+    validated, after its fields are (a route never sees such a request)."""
+
+    @model_validator(mode="after")
+    def _refuse_not_carried(self) -> Self:
+        # Pydantic makes a validation error of a ValueError only: an InputError leaves the
+        # validation (and FastAPI's) as it is, and its handler answers the 422 naming the
+        # field (`api.errors`), as for an InputError a route raises.
+        self.refuse_not_carried()
+        return self
+
+
+def _absent(value: object) -> bool:
+    return value is None
+
+
+def omitted() -> Any:
+    """The default of an answer's field that is left out of the JSON, not written as
+    null, when it is None (a chunk's `usage`, a delta's `role`)."""
+    return Field(default=None, exclude_if=_absent)
+
+
+class OpenAIResponse(BaseModel):
+    """An answer of an OpenAI route, or a part of one."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+
+def json_answer(answer: BaseModel, headers: Mapping[str, str] | None = None) -> Response:
+    """`answer` as the JSON body of a 200, written as FastAPI writes a route's model."""
+    return JSONResponse(answer.model_dump(mode="json"), headers=dict(headers or {}))
+
+
+def sse(event: BaseModel) -> bytes:
+    """One server-sent event whose data is `event`."""
+    return b"data: " + event.__pydantic_serializer__.to_json(event) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+SSE_KEEPALIVE = b": keep-alive\n\n"
+
+ERRORS = {
+    401: "No API key, or one that is not known.",
+    403: "The key may not do this (an admin's may).",
+    404: "Not found for this key.",
+    408: "The job's deadline passed before a worker took it.",
+    409: "The job (or batch) was canceled, or cannot change as asked.",
+    413: "The body or its file is over its size limit.",
+    422: "A field breaks a rule, or is one the request does not carry: `param` names it.",
+    429: "Over the queue's limit or the key's quota: retry after `Retry-After` seconds.",
+    500: "The job failed.",
+    503: "Redis is unavailable (a failover may be under way): retry.",
+}
+
+
+Responses = dict[int | str, dict[str, Any]]
+"""What a route's `responses=` takes (FastAPI's type)."""
+
+
+def responses(*errors: int, ok: Mapping[str, object] | None = None) -> Responses:
+    """`responses=` of a route: what its 200 adds to its response model (`ok`: more
+    content types), and OpenAI's error body for each code of `errors`."""
+    declared: Responses = {
+        code: {"model": ErrorResponse, "description": ERRORS[code]} for code in errors
+    }
+    return {200: dict(ok), **declared} if ok is not None else declared
+
+
+def event_stream(
+    *events: type[BaseModel], done: bool = False
+) -> dict[str, dict[str, JsonSchemaValue]]:
+    """The `text/event-stream` content of a 200 whose events' data are one of `events`
+    (and `[DONE]` at the end where `done`). The models' schemas are in its `$defs`, which
+    join the document's components when it is made (`api.openapi`)."""
+    refs, defs = models_json_schema(
+        [(model, "serialization") for model in events], ref_template=REF_TEMPLATE
+    )
+    options = [refs[(model, "serialization")] for model in events]
+    schema: JsonSchemaValue = {"oneOf": options} if len(options) > 1 else dict(options[0])
+    schema["description"] = "Each event's data" + ("; the last one's is `[DONE]`." if done else ".")
+    return {"text/event-stream": {"schema": schema | defs}}
+
+
+class ModelCard(OpenAIResponse):
+    """A model the deployment serves: a pipeline, its model, an alias or a LoRA adapter."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "mmq"
+    kind: str
+    """mmq's: the kind of job that serves it (`llm`, `image`, `asr`, `tts`, `embed`...)."""
+    pipeline: str
+    """mmq's: the pipeline that serves it."""
+    parent: str | None = omitted()
+    """A LoRA adapter's base model (as vLLM lists one)."""
+
+
+class ModelList(OpenAIResponse):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
