@@ -9,17 +9,16 @@ import anyio
 from fastapi import FastAPI
 
 from api import errors, openapi
-from api.apikeys import ApiKeys
-from api.batches import BatchService
+from api.batch_service import BatchService
 from api.cache import ResponseCache
+from api.callers import ApiKeys
 from api.deps import AppState
-from api.files import FileService
+from api.file_service import FileService
 from api.follows import FollowLimit
 from api.health import Health
 from api.hub import EventHub
 from api.jsonguard import RefuseUnstorableJson
 from api.limits import BodyLimits
-from api.metrics import MetricsReader
 from api.openai import audio as openai_audio
 from api.openai import batches as openai_batches
 from api.openai import chat as openai_chat
@@ -27,6 +26,7 @@ from api.openai import embeddings as openai_embeddings
 from api.openai import images as openai_images
 from api.openai import speech as openai_speech
 from api.overview import OverviewReader
+from api.prometheus import MetricsReader
 from api.ratelimit import RateLimitHeaders
 from api.routes import admin, console, events, files, health, jobs, metrics, whoami
 from api.service import JobService

@@ -1,4 +1,4 @@
-"""Bearer API keys as FastAPI dependencies: who the caller is (`api.apikeys`), the owner
+"""Bearer API keys as FastAPI dependencies: who the caller is (`api.callers`), the owner
 of its jobs, admin routes. Each job belongs to the key's owner; other owners get 404
 for it; a key that is not an admin's gets 403 on the admin routes."""
 
@@ -10,7 +10,7 @@ from fastapi import Depends, Request
 from starlette.requests import HTTPConnection
 
 from api import ratelimit
-from api.apikeys import ApiKeys, Caller
+from api.callers import ApiKeys, Caller
 from api.deps import get_state
 from jobs.errors import Forbidden
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from api.openai import answers
 from api.views import job_view
 from jobs.models import Job
-from jobstore.batches import Batch, Line
+from jobstore.batch_records import Batch, Line
 
 
 class RouteAnswers:

@@ -9,13 +9,13 @@ from typing import Annotated
 from fastapi import Depends
 from starlette.requests import HTTPConnection
 
-from api.apikeys import ApiKeys
-from api.batches import BatchService
-from api.files import FileService
+from api.batch_service import BatchService
+from api.callers import ApiKeys
+from api.file_service import FileService
 from api.follows import FollowLimit
 from api.health import Health
-from api.metrics import MetricsReader
 from api.overview import OverviewReader
+from api.prometheus import MetricsReader
 from api.service import JobService
 from jobs.settings import Settings
 

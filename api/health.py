@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
-from api.metrics import read_models
+from api.prometheus import read_models
 from jobs import keys
 from jobs.settings import Settings
 from jobstore.codec import text_list, time_seconds

@@ -203,7 +203,7 @@ class EventHub:
             _remove(self._waiters, job_id, queue)
 
     async def _tick(self) -> None:
-        """`TICK` to every follower each half `keepalive_s` (`api.streams.follow`)."""
+        """`TICK` to every follower each half `keepalive_s` (`api.event_feed.follow`)."""
         while True:
             await asyncio.sleep(self._keepalive_s / 2)
             for subs in self._followers.values():

@@ -4,7 +4,7 @@ Per pipeline: queued messages by priority, running jobs, jobs/s and p50/p95 queu
 and end-to-end time over the last few minutes, 429s; every live worker (its heartbeat
 age, jobs in flight, current batch size); every GPU or MIG slice that workers read.
 
-It reads what `/metrics` reads (`api.metrics.read_snapshot`: queue lengths, the queued
+It reads what `/metrics` reads (`api.prometheus.read_snapshot`: queue lengths, the queued
 sets, workers, device readings: three round trips) plus the per-minute counts of
 `telemetry/recent.py` and the pipelines of the running jobs (two more).
 """
@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 import redis.asyncio as aredis
 from pydantic import BaseModel, Field
 
-from api.metrics import LoadedModel, Snapshot, read_snapshot
+from api.prometheus import LoadedModel, Snapshot, read_snapshot
 from jobs import keys
 from jobs.settings import Settings
 from jobstore.quotas import Quota

@@ -18,9 +18,9 @@ from typing import Any, NamedTuple
 from celery import Celery
 from pydantic import ValidationError
 
-from api import ratelimit, streams
+from api import event_feed, ratelimit
 from api.cache import ResponseCache
-from api.files import FileService
+from api.file_service import FileService
 from api.hub import EventHub
 from api.listing import JobFilter, list_jobs
 from broker.celery_app import job_message
@@ -347,7 +347,7 @@ class JobService:
         index = keys.owner_jobs(owner)
         return await list_jobs(self._store, index, keep, limit=limit, cursor=cursor)
 
-    async def submit_following(self, owner: str, body: JobCreate) -> tuple[Job, streams.Batches]:
+    async def submit_following(self, owner: str, body: JobCreate) -> tuple[Job, event_feed.Batches]:
         """Store and enqueue a job, and follow its events from its first (`follow`), for a
         route that streams the job it submits: the job is joined in the hub before it is
         stored, so nothing is read back from Redis (no owner check, no replay)."""
@@ -358,13 +358,13 @@ class JobService:
         except BaseException:
             self._hub.leave(job_id, joined)
             raise
-        return job, streams.follow(self._store, self._hub, job_id, None, joined)
+        return job, event_feed.follow(self._store, self._hub, job_id, None, joined)
 
-    async def follow(self, owner: str, job_id: str, after: str | None) -> streams.Batches:
+    async def follow(self, owner: str, job_id: str, after: str | None) -> event_feed.Batches:
         """The job's events after `after` (all of them when None), replayed and then live
         until its terminal status event, in batches (those that arrived together), with
-        None for a keep-alive (`api.streams.follow`).
+        None for a keep-alive (`api.event_feed.follow`).
         Raises NotFound here, before any event, unless the job is `owner`'s."""
         if await self._store.owner_of(job_id) != owner:  # one field read, not the whole job
             raise NotFound(f"no job {job_id!r}")
-        return streams.follow(self._store, self._hub, job_id, after)
+        return event_feed.follow(self._store, self._hub, job_id, after)

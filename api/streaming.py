@@ -18,8 +18,8 @@ from typing import TypeVar
 import anyio
 from starlette.requests import Request
 
+from api.event_feed import Batches
 from api.service import JobService
-from api.streams import Batches
 from jobs.errors import Conflict, NotFound
 from jobs.models import Event
 

@@ -81,7 +81,7 @@ BATCHES_ACTIVE = f"{PREFIX}:batches:active"
 
 
 def batch(batch_id: str) -> str:
-    """Hash: a batch's record (see `jobstore.batches.Batch`)."""
+    """Hash: a batch's record (see `jobstore.batch_records.Batch`)."""
     return f"{PREFIX}:batch:{batch_id}"
 
 

@@ -95,6 +95,6 @@ def _info(hashed: str, record: dict[str, object]) -> KeyInfo:
 
 async def find_key(client: aredis.Redis, key: str) -> dict[str, Any] | None:
     """The stored record of `key` (owner, admin, id...), None for a key not stored; read
-    by the API (`api.apikeys`) for every request that sends one."""
+    by the API (`api.callers`) for every request that sends one."""
     record = await client.hget(keys.API_KEYS, hash_key(key))
     return None if record is None else dict(json.loads(record))

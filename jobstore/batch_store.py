@@ -17,7 +17,7 @@ import redis.asyncio as aredis
 
 from jobs import keys
 from jobs.states import JobStatus
-from jobstore.batches import COLLECT, SET_IF, Batch, BatchStatus, Line
+from jobstore.batch_records import COLLECT, SET_IF, Batch, BatchStatus, Line
 from jobstore.codec import dumps, flat_pairs, text_list, text_map
 from jobstore.file_objects import FileObject, save_object_sync
 
@@ -158,7 +158,7 @@ class BatchStore:
 
 
 class AsyncBatchStore:
-    """The API's side of batches (`api.batches`)."""
+    """The API's side of batches (`api.batch_service`)."""
 
     def __init__(self, client: aredis.Redis, job_ttl_s: int) -> None:
         self.r = client

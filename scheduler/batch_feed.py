@@ -34,8 +34,8 @@ from jobs.errors import NotDurable
 from jobs.models import Job
 from jobs.settings import Settings
 from jobs.states import JobStatus
+from jobstore.batch_records import Batch, BatchStatus, Line, end_event, invalid_line, output_line
 from jobstore.batch_store import BatchStore
-from jobstore.batches import Batch, BatchStatus, Line, end_event, invalid_line, output_line
 from jobstore.file_objects import FileObject
 from jobstore.store import JobStore
 from scheduler.slots import Room

@@ -1,5 +1,5 @@
 """Metrics that every process writes into Redis, so that one scrape of the API's
-`/metrics` sees the whole deployment (`api/metrics.py` renders them for Prometheus).
+`/metrics` sees the whole deployment (`api/prometheus.py` renders them for Prometheus).
 
 Each metric is one hash, `keys.metric(name)`. A counter's fields are the JSON list of its
 label values; a histogram's fields are its label values plus either a bucket's upper

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from api.metrics import Snapshot, families
+from api.prometheus import Snapshot, families
 from bench.docker_tools import steps_run
 from harness.deploy import REPO
 from host.devices import Topology, cpu_device

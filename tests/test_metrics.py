@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from api.metrics import Snapshot, render
+from api.prometheus import Snapshot, render
 from harness.client import Api
 from harness.deploy import Deployment, wait_until
 from harness.hosts import cpu_host_only

@@ -24,7 +24,7 @@ from jobs.models import WebhookSpec
 from jobs.schemas import AsrInput, EmbedInput, ImageInput, TtsInput, schema_for
 from jobs.schemas.image import Side
 from jobs.webhooks import EVENT_CHOICES
-from jobstore.batches import ENDPOINTS
+from jobstore.batch_records import ENDPOINTS
 from jobstore.file_objects import PURPOSES
 from storage.base import KEY_PATTERN, MAX_KEY_CHARS, validate_key
 

@@ -24,6 +24,7 @@ from starlette.datastructures import FormData, UploadFile
 from api.auth import Owner
 from api.deps import Service
 from api.errors import ErrorResponse
+from api.event_feed import Batches
 from api.forms import multipart_body
 from api.openai.answers import failure
 from api.openai.common import (
@@ -45,7 +46,6 @@ from api.openai.transcription_models import (
 from api.openai.transcripts import transcript_response
 from api.service import JobService
 from api.streaming import stream_job
-from api.streams import Batches
 from jobs.errors import InputError, MmqError, NotFound, TooLarge
 from jobs.models import Event, EventType, Job, JobCreate
 from jobs.schemas import validation_error_field

@@ -10,7 +10,7 @@ from typing_extensions import TypedDict
 
 from api.openai.protocol import OpenAIRequest, OpenAIResponse, omitted
 from jobs.models import WebhookSpec
-from jobstore.batches import ENDPOINTS, WINDOW, BatchStatus
+from jobstore.batch_records import ENDPOINTS, WINDOW, BatchStatus
 
 
 class BatchCreate(OpenAIRequest):

@@ -13,13 +13,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.apikeys import Caller
 from api.auth import CurrentCaller, Owner
+from api.callers import Caller
 from api.deps import Batches
 from api.openai.batch_models import Batch, BatchCreate, BatchList
 from api.openai.protocol import responses
 from jobs.errors import Forbidden
-from jobstore.batches import Batch as BatchRecord
+from jobstore.batch_records import Batch as BatchRecord
 
 router = APIRouter(prefix="/v1/batches", tags=["openai"])
 

@@ -13,11 +13,11 @@ from pydantic import BaseModel
 from typing_extensions import TypedDict
 
 from api.errors import error_answer
+from api.event_feed import Batches
 from api.openai.answers import failure, failure_status
 from api.openai.protocol import json_answer
 from api.service import JobService
 from api.streaming import stream_job, until_disconnected
-from api.streams import Batches
 from jobs.errors import InputError
 from jobs.models import Event, EventType, Job, JobCreate
 from jobs.settings import MAX_QUEUE_S

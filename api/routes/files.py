@@ -11,7 +11,7 @@ from starlette.datastructures import UploadFile
 
 from api.auth import Owner, current_owner
 from api.deps import Files
-from api.files import FileInfo, FileService
+from api.file_service import FileInfo, FileService
 from api.forms import multipart_body
 from api.openai import answers
 from jobs.errors import InputError

@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.auth import Keys
 from api.deps import SettingsDep, get_metrics
-from api.metrics import MetricsReader, render
+from api.prometheus import MetricsReader, render
 from jobs.errors import Unauthorized
 
 router = APIRouter(tags=["health"])

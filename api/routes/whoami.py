@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel
 
-from api.apikeys import Caller
 from api.auth import current_caller
+from api.callers import Caller
 from api.deps import Service
 from jobstore.quotas import Quota
 

@@ -17,14 +17,14 @@ import time
 
 import redis.asyncio as aredis
 
-from api.files import FileService
+from api.file_service import FileService
 from api.openai.batch_lines import body_field, custom_id_of, parse_line
 from api.service import JobService
 from jobs.errors import Conflict, InputError, NotFound
 from jobs.models import WebhookSpec
 from jobs.settings import Settings
+from jobstore.batch_records import ENDPOINTS, Batch, BatchStatus, Line, invalid_line, window_seconds
 from jobstore.batch_store import AsyncBatchStore
-from jobstore.batches import ENDPOINTS, Batch, BatchStatus, Line, invalid_line, window_seconds
 
 CHECK_EVERY = 200
 """Lines checked between two yields to the event loop (a large file never stalls it)."""
