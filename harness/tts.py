@@ -106,8 +106,48 @@ def decode(data: bytes, fmt: str | None = None) -> tuple[np.ndarray, int]:
     return np.asarray(samples, dtype=np.float32) / scale, int(rate)
 
 
+SPOKEN_FORMS = {"dr": "doctor", "mr": "mister", "mrs": "missus", "st": "saint"}
+"""Abbreviations as they are said: "Dr." is read "doctor", and written back either way."""
+ONES = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+]
+TENS = ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+
+
+def said(word: str) -> str:
+    """A word as it is spoken: a number under 100 in words, an abbreviation whole."""
+    if word.isdigit() and int(word) < 100:
+        n = int(word)
+        if n < 20:
+            return ONES[n]
+        return TENS[n // 10 - 2] + ("" if n % 10 == 0 else " " + ONES[n % 10])
+    return SPOKEN_FORMS.get(word, word)
+
+
 def normalize(text: str) -> str:
-    return " ".join(re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split())
+    """Lower case, no punctuation, numbers and abbreviations as said (as Whisper's own
+    evaluation normalizes): "9" and "nine" are the same word heard."""
+    words = re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split()
+    return " ".join(said(word) for word in words)
 
 
 def word_error_rate(reference: str, hypothesis: str) -> float:
