@@ -456,3 +456,25 @@ async def test_a_field_a_request_does_not_carry_is_a_422_naming_it(
     assert (error.type, error.param) == ("invalid_input", field), r.text
     assert error.message.startswith(f"{field}: ")
     assert inprocess.redis.zcard(keys.owner_jobs("strict")) == 0
+
+
+async def test_the_files_routes_declare_their_file_objects(document: Json) -> None:
+    """`/v1/files` answers OpenAI's file objects where it is OpenAI's files API: the list,
+    a file object, an upload with a `purpose` (else mmq's stored-file facts) and a delete
+    by file id."""
+    files, one = document["paths"]["/v1/files"], document["paths"]["/v1/files/{file_id}"]
+
+    def names(response: Json) -> set[str]:
+        schema = response["content"]["application/json"]["schema"]
+        refs = schema.get("anyOf") or schema.get("oneOf") or [schema]
+        return {ref["$ref"].rsplit("/", 1)[1] for ref in refs}
+
+    assert names(files["get"]["responses"]["200"]) == {"FileList"}
+    assert names(files["post"]["responses"]["201"]) == {"UploadedFile", "FileInfo"}
+    assert names(one["get"]["responses"]["200"]) == {"OpenAIFile"}
+    assert "*/*" in one["get"]["responses"]["200"]["content"]  # a storage key's bytes
+    assert names(document["paths"]["/v1/files/{key}"]["delete"]["responses"]["200"]) == {
+        "FileDeleted"
+    }
+    for name in ("FileList", "UploadedFile", "OpenAIFile", "FileDeleted"):
+        assert _component(document, {"$ref": f"#/components/schemas/{name}"})["properties"]

@@ -14,6 +14,7 @@ from api.deps import Files
 from api.file_service import FileInfo, FileService
 from api.forms import multipart_body
 from api.openai import answers
+from api.openai.batch_models import FileDeleted, FileList, OpenAIFile, UploadedFile
 from jobs.errors import InputError
 from jobs.schemas import validation_error_field
 from jobstore.file_objects import Purpose, is_file_id
@@ -74,7 +75,7 @@ DOWNLOAD_HEADERS = {
 @router.post(
     "",
     status_code=201,
-    response_model=FileInfo,
+    response_model=UploadedFile | FileInfo,
     responses={401: {}, 413: {}, 422: {}},
     openapi_extra=UPLOAD_BODY,
 )
@@ -109,7 +110,7 @@ async def upload_file(request: Request, owner: Owner, files: Files) -> JSONRespo
     return JSONResponse(body, status_code=201, headers=headers)
 
 
-@router.get("", responses={401: {}})
+@router.get("", response_model=FileList, responses={401: {}})
 async def list_files(
     owner: Owner,
     files: Files,
@@ -137,7 +138,18 @@ async def file_content(
     return await _stream(files, obj.key)
 
 
-@router.get("/{file_id}", responses={401: {}, 404: {}})
+FILE_OBJECT: dict[int | str, dict[str, Any]] = {
+    200: {
+        "model": OpenAIFile,
+        "description": "The OpenAI file object; for a storage key, the file's bytes.",
+        "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+    },
+    401: {},
+    404: {},
+}
+
+
+@router.get("/{file_id}", responses=FILE_OBJECT)
 async def file_object(
     request: Request,
     file_id: FileId,
@@ -174,7 +186,15 @@ async def _stream(files: FileService, key: str) -> StreamingResponse:
     return StreamingResponse(chunks, media_type=info.content_type, headers=headers)
 
 
-@router.delete("/{key:path}", status_code=204, responses={401: {}, 404: {}})
+@router.delete(
+    "/{key:path}",
+    status_code=204,
+    responses={
+        200: {"model": FileDeleted, "description": "A file object deleted"},
+        401: {},
+        404: {},
+    },
+)
 async def delete_file(key: Key, owner: Owner, files: Files) -> Response:
     """Delete one of your files: by its storage key (204), or by its OpenAI file id
     (OpenAI's `files.delete`: 200 with the deleted object)."""
