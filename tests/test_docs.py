@@ -215,3 +215,27 @@ def test_each_curl_example_names_a_route_of_the_api(example: Curl, openapi: dict
             json.loads(body)
         except ValueError as e:
             pytest.fail(f"{example}: the body is not JSON ({e}): {body}")
+
+
+def python_examples() -> list[tuple[Path, str]]:
+    """(page, code) of every ```python block of the README and the docs."""
+    found = []
+    for page in [README, *sorted(DOCS.rglob("*.md"))]:
+        for code in re.findall(r"^```python\n(.*?)^```", page.read_text(), re.M | re.S):
+            found.append((page, code))
+    return found
+
+
+def test_each_python_example_compiles_and_the_pipeline_one_is_the_source() -> None:
+    """Every Python example parses; the pipeline a newcomer copies is `pipelines/noop.py`
+    as it is (its classes, line for line). The client's example is run against a real
+    deployment by tests/test_quickstart.py."""
+    examples = python_examples()
+    assert len(examples) >= 3
+    for page, code in examples:
+        compile(code, f"{page.relative_to(REPO)}", "exec")
+    noop = (REPO / "pipelines" / "noop.py").read_text()
+    (pipeline,) = [c for p, c in examples if p.name == "adding-a-pipeline.md"]
+    assert pipeline.strip() in noop
+    clients = [c for p, c in examples if "from mmq.client import Client" in c]
+    assert clients, "the Python client's example is gone"

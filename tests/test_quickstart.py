@@ -1,7 +1,8 @@
 """The docs' first steps (docs/getting-started.md), run as written: `mmq up` in a directory
 laid out like the repository's root (its `.venv` and `mmq.toml`) on a fresh data dir, then
 every command of that page's `<!-- quickstart -->` block in one shell, as a newcomer
-pastes them. Each must exit 0 and print what its `# → ` lines say (`…`: anything).
+pastes them. Each must exit 0 and print what its `# → ` lines say (`…`: anything). Then
+the Python client's example (docs/api/client.md), as written, on the same deployment.
 
 It runs in a network namespace of its own, so that `localhost:8000`, which the commands
 name, is this deployment's and nothing else's. The deployment is the shipped one, the
@@ -128,10 +129,27 @@ def test_the_readme_first_steps_work_as_written(host: Network, tmp_path: Path) -
             assert code == 0, said
             for expected in step.expected:
                 assert pattern(expected).search(output), f"{expected!r} not printed by {said}"
+        # The Python client's example (docs/api/client.md), as written, on the same
+        # deployment: a noop job, its events, its output.
+        client = _python_example(REPO / "docs" / "api" / "client.md", "from mmq.client import")
+        ran = subprocess.run(
+            [*wrap, ".venv/bin/python", "-c", client], cwd=root, env=env, capture_output=True,
+            text=True, timeout=STEPS_TIMEOUT_S,
+        )  # fmt: skip
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert "status {'status': 'queued'}" in ran.stdout, ran.stdout
+        assert ran.stdout.rstrip().endswith("{'payload': 'hi'}"), ran.stdout
     finally:
         _stop(up)
     assert up.returncode == 0, log_path.read_text()[-3000:]
     assert "ready" in log_path.read_text()
+
+
+def _python_example(page: Path, marker: str) -> str:
+    """The ```python block of `page` that holds `marker`."""
+    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), re.M | re.S)
+    (code,) = [block for block in blocks if marker in block]
+    return str(code)
 
 
 def _script(steps: list[Step]) -> str:
