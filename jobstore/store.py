@@ -2,7 +2,7 @@
 
 `JobStore` (sync: workers, reaper, CLI) and `AsyncJobStore` (the API) share the Lua
 scripts and the changes of `jobstore.changes`, so a transition is written in one place,
-and every step of their operations that is not I/O (`_Shared`): the operations both
+and every step of their operations that is not I/O (`StoreBase`): the operations both
 have (`submit`, `apply`, `get`, `events`, `request_cancel`) take the same arguments, give
 the same answers and raise the same errors, one of them awaited. They differ where the
 process does: a sync store hands webhook events to `on_event` in the calling thread and
@@ -39,58 +39,51 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Generic, Self, TypeVar
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Self
 
 import redis
 import redis.asyncio as aredis
-from redis.exceptions import NoScriptError
 
 from broker.kombu_redis import TaskMessage
 from common import redis_client
 from jobs import keys
-from jobs.errors import NotDurable
 from jobs.models import Event, EventType, Job, WebhookSpec
 from jobs.schemas.base import CachePolicy
 from jobs.settings import Settings
 from jobs.webhooks import wants
 from jobstore import lua, quotas
 from jobstore.changes import (
-    ALL_FIELDS,
     Lease,
     SubmitResult,
     Transition,
     TransitionResult,
-    decode_result,
-    decode_submit,
     event_dict,
-    submit_args,
-    webhook_events,
 )
 from jobstore.codec import (
     dumps,
-    event_from_entry,
     job_from_fields,
     text_list,
     text_map,
     time_seconds,
 )
-from jobstore.durability import Durability
+from jobstore.store_base import (
+    NOT_WAITED,
+    Done,
+    EventListener,
+    StoreBase,
+    after_bound,
+    end_wait_for_runs,
+    events_from,
+    settle,
+)
 from telemetry import recent
 from telemetry.metrics import (
-    END_FIELDS,
-    JOBS_REJECTED,
-    JOBS_SUBMITTED,
     Sample,
-    end_samples,
-    field_of,
     queue,
 )
 from telemetry.tally import MetricsTally
-
-EventListener = Callable[[str, str, dict[str, Any]], None]
-"""(job_id, webhook url, event) -> None: hands an event to webhook delivery."""
 
 log = logging.getLogger("mmq.store")
 
@@ -112,174 +105,7 @@ class NewEvent:
     its job still has that lease (an abandoned run's late events are dropped)."""
 
 
-def _events_from(job_id: str, entries: Any) -> list[Event]:
-    """Events from an XRANGE reply (of a decoding client)."""
-    return [event_from_entry(job_id, entry_id, fields) for entry_id, fields in entries or []]
-
-
-def _after(after: str | None) -> str:
-    return f"({after}" if after else "-"
-
-
-def _settle(replies: list[Any], attempt: int) -> tuple[Any, Any] | None:
-    """A script's reply and the durability wait's, run in one pipeline: (the script's
-    reply, the wait's, judged later by `Durability.unconfirmed`); None on the first attempt
-    when the server restarted between the pipeline's script check and its run (the script
-    did not run): send it once more, loading it again. A script's error is raised."""
-    raw, wait = replies
-    if isinstance(raw, NoScriptError) and attempt == 0:
-        return None
-    if isinstance(raw, Exception):
-        raise raw
-    return raw, wait
-
-
-def _reading_end_fields(change: Transition) -> Transition:
-    """`change`, returning the fields its end metrics need when it ends the job (all of
-    them, where the caller asked for all)."""
-    if not change.target.terminal or change.read_back == ALL_FIELDS:
-        return change
-    return replace(change, read_back=END_FIELDS)
-
-
-def _end_counts(
-    change: Transition, result: TransitionResult
-) -> tuple[list[Sample], list[recent.Cell]]:
-    """The metric samples of a change that ended its job, and the overview's cells."""
-    if not (result.ok and change.target.terminal):
-        return [], []
-    samples = end_samples({name: value or None for name, value in result.read_back.items()})
-    return samples, recent.end_cells(result.read_back, samples) if samples else []
-
-
-def end_wait_for_runs(settings: Settings) -> int:
-    """How long a worker's (or the reaper's) end waits for its confirmation, in ms: as long
-    as a lease would last (its job has ended and the end must not be lost; past that the
-    reaper would act on the job anyway), and at least `redis.durability_timeout_ms`."""
-    return max(settings.redis.durability_timeout_ms, int(settings.lease.ttl_s * 1000))
-
-
-NOT_WAITED = None
-"""The durability wait's reply where none was run (`memory`, or a change that does not
-end its job): nothing to confirm."""
-
-Answer = TypeVar("Answer", SubmitResult, TransitionResult)
-
-
-@dataclass
-class _Done(Generic[Answer]):
-    """What a script's reply means (`_Shared._submitted`, `_Shared._applied`): the answer,
-    what its writes imply for the store to do (whether or not they were confirmed), and
-    the error to raise after that where they were not."""
-
-    answer: Answer
-    held: list[tuple[str, str]] = field(default_factory=list)
-    """Notices the script held back, to publish."""
-    webhooks: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    """(url, event) to hand to `on_event`."""
-    samples: list[Sample] = field(default_factory=list)
-    cells: list[recent.Cell] = field(default_factory=list)
-    unconfirmed: NotDurable | None = None
-
-    def result(self) -> Answer:
-        if self.unconfirmed is not None:
-            raise self.unconfirmed
-        return self.answer
-
-
-class _Shared:
-    """Everything of the two stores but their I/O: the arguments of each script and what
-    its reply means. `JobStore` and `AsyncJobStore` run the same steps in the same order,
-    one with `await`:
-
-    - `submit`: `_submit_call`; `_run` (the script, and the durability wait that the call
-      asks for, in one round trip); `_submitted`; `_follow_up`; `_Done.result`;
-    - `apply`: `_change_call`; `_run`; `_applied`; `_follow_up`; `_Done.result`.
-    """
-
-    def __init__(
-        self,
-        settings: Settings,
-        on_event: EventListener | None,
-        metered: bool,
-        end_wait_ms: int | None,
-    ) -> None:
-        self.settings = settings
-        self.on_event = on_event
-        self.metered = metered
-        self.durability = Durability(settings.redis)
-        self.end_wait_ms = self.durability.timeout_ms if end_wait_ms is None else end_wait_ms
-        """How long a change that ends a job waits for its confirmation (ms)."""
-
-    def _submit_call(
-        self,
-        job: Job,
-        message: TaskMessage | None,
-        max_queued: int,
-        idempotency: tuple[str, str] | None,
-        cost: int,
-    ) -> tuple[list[str], list[str], int | None]:
-        """The submit script's keys and argument, and how long it waits for its
-        confirmation (ms; None: no wait, at `memory`)."""
-        counter = (keys.metric(JOBS_SUBMITTED.name), field_of((job.kind,)))
-        key_list, args = submit_args(
-            job,
-            self.settings,
-            max_queued=max_queued,
-            idempotency=idempotency,
-            message=message,
-            counter=counter if self.metered else None,
-            cost=cost,
-        )
-        wait_ms = self.durability.timeout_ms if self.durability.waits else None
-        return key_list, args, wait_ms
-
-    def _submitted(self, job: Job, raw: list[Any], wait: Any) -> _Done[SubmitResult]:
-        result = decode_submit(job.id, raw)
-        done = _Done(result)
-        if result.outcome == "ok":
-            done.unconfirmed = self._unconfirmed(wait, f"job {job.id}")
-            # raw[1]: the queued event's id ('' where a resent script found the job made).
-            if raw[1] and job.webhook is not None and self.on_event is not None:
-                queued = event_dict(raw[1], job.id, "status", {"status": "queued"}, job.created_at)
-                if wants(job.webhook.events, "status", queued["data"]):
-                    done.webhooks.append((job.webhook.url, queued))
-        elif result.outcome == "full" and self.metered:
-            labels = (job.kind, job.pipeline)
-            done.samples = [(JOBS_REJECTED, labels, 1)]
-            done.cells = [recent.rejected_cell(*labels, now=job.created_at)]
-        return done
-
-    def _change_call(
-        self, change: Transition, now: float
-    ) -> tuple[Transition, list[str], list[str], int | None]:
-        """The change as run (reading back what its metrics need), the transition script's
-        keys and argument, and its wait: a change that ends its job is confirmed at
-        `redis.durability`, waiting up to `end_wait_ms`; None: no wait."""
-        if self.metered:
-            change = _reading_end_fields(change)
-        key_list, args = change.script_args(self.settings, now)
-        waits = change.target.terminal and self.durability.waits
-        return change, key_list, args, self.end_wait_ms if waits else None
-
-    def _applied(
-        self, change: Transition, raw: list[Any], wait: Any, now: float
-    ) -> _Done[TransitionResult]:
-        result = decode_result(change, raw)
-        done = _Done(result, held=result.held)
-        if result.ok:  # a refused change wrote nothing: there is nothing to confirm
-            if self.metered:
-                done.samples, done.cells = _end_counts(change, result)
-            if self.on_event is not None:
-                done.webhooks = webhook_events(change, result, now)
-            done.unconfirmed = self._unconfirmed(wait, f"the end of job {change.job_id}")
-        return done
-
-    def _unconfirmed(self, wait: Any, what: str) -> NotDurable | None:
-        return None if wait is NOT_WAITED else self.durability.unconfirmed(wait, what)
-
-
-class JobStore(_Shared):
+class JobStore(StoreBase):
     """Synchronous store, for worker processes, the reaper and the CLI. Metered, it adds
     the ends it records to `tally`, which its owner starts and stops (and may add to)."""
 
@@ -360,7 +186,7 @@ class JobStore(_Shared):
 
     def events(self, job_id: str, after: str | None = None) -> list[Event]:
         """The job's events after stream id `after` (all: None)."""
-        return _events_from(job_id, self.r.xrange(keys.job_events(job_id), _after(after)))
+        return events_from(job_id, self.r.xrange(keys.job_events(job_id), after_bound(after)))
 
     def request_cancel(self, job_id: str) -> None:
         """Ask the worker running the job to stop it: the flag, and a notice to every
@@ -382,12 +208,12 @@ class JobStore(_Shared):
                 script(keys=key_list, args=args, client=pipe)
                 self.durability.queue_wait(pipe, wait_ms)
                 replies = pipe.execute(raise_on_error=False)
-            settled = _settle(replies, attempt)
+            settled = settle(replies, attempt)
             if settled is not None:
                 return settled
-        raise AssertionError("_settle answers on the second attempt")
+        raise AssertionError("settle answers on the second attempt")
 
-    def _follow_up(self, job_id: str, done: _Done[Any]) -> None:
+    def _follow_up(self, job_id: str, done: Done[Any]) -> None:
         """What a write implies, confirmed or not: the notices it held back published, its
         metrics counted, its webhook events handed on."""
         self._publish(done.held)
@@ -554,7 +380,7 @@ class JobStore(_Shared):
         return preempt == "1" and cancel != "1"
 
 
-class AsyncJobStore(_Shared):
+class AsyncJobStore(StoreBase):
     """Asynchronous store, for the API: `JobStore`'s answers and errors, awaited. It
     hands webhook events to `on_event` in a thread, and writes its metrics in one round
     trip (`_count`)."""
@@ -604,7 +430,7 @@ class AsyncJobStore(_Shared):
 
     async def events(self, job_id: str, after: str | None = None) -> list[Event]:
         """As `JobStore.events`."""
-        return _events_from(job_id, await self.r.xrange(keys.job_events(job_id), _after(after)))
+        return events_from(job_id, await self.r.xrange(keys.job_events(job_id), after_bound(after)))
 
     async def request_cancel(self, job_id: str) -> None:
         """As `JobStore.request_cancel`."""
@@ -624,12 +450,12 @@ class AsyncJobStore(_Shared):
                 await script(keys=key_list, args=args, client=pipe)
                 self.durability.queue_wait(pipe, wait_ms)
                 replies = await pipe.execute(raise_on_error=False)
-            settled = _settle(replies, attempt)
+            settled = settle(replies, attempt)
             if settled is not None:
                 return settled
-        raise AssertionError("_settle answers on the second attempt")
+        raise AssertionError("settle answers on the second attempt")
 
-    async def _follow_up(self, job_id: str, done: _Done[Any]) -> None:
+    async def _follow_up(self, job_id: str, done: Done[Any]) -> None:
         """As `JobStore._follow_up`; `on_event` runs in a thread (it may block)."""
         await self._publish(done.held)
         await self._count(done.samples, done.cells, job_id)

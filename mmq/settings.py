@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from jobs.settings import Settings, load_settings
 from security import redact
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="TOML config (default: $MMQ_CONFIG_FILE)")
+]
+"""The `--config` option every command takes."""
 
 
 def command_settings(

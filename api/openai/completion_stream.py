@@ -12,6 +12,7 @@ the API more CPU than the rest of what it does for one.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
@@ -53,16 +54,47 @@ class TextDelta:
         return self.head + orjson.dumps(text) + self.tail
 
 
-class ChatChunks:
-    """One job's `chat.completion.chunk` events."""
+class _Chunks(ABC):
+    """One job's stream chunks: its id, time and model once, and per choice the prepared
+    chunk that carries one token's text (`TextDelta`)."""
 
-    chat = True
+    chat: bool
 
     def __init__(self, job: Job, model: str) -> None:
-        self.id = answers.completion_id(job.id, chat=True)
+        self.id = answers.completion_id(job.id, chat=self.chat)
         self.created = int(job.created_at)
         self.model = model
         self.texts: dict[int, TextDelta] = {}
+
+    @abstractmethod
+    def delta(
+        self,
+        text: str | None,
+        reason: str | None = None,
+        *,
+        role: bool = False,
+        index: int = 0,
+        calls: list[ToolCallDelta] | None = None,
+        logprobs: Any = None,
+    ) -> bytes: ...
+
+    @abstractmethod
+    def usage(self, usage: Usage | None) -> bytes: ...
+
+    @abstractmethod
+    def _text_chunk(self, index: int) -> BaseModel:
+        """The chunk of choice `index` whose text is `MARK`."""
+
+    def _text(self, index: int) -> TextDelta:
+        if index not in self.texts:
+            self.texts[index] = TextDelta(self._text_chunk(index))
+        return self.texts[index]
+
+
+class ChatChunks(_Chunks):
+    """One job's `chat.completion.chunk` events."""
+
+    chat = True
 
     def delta(
         self,
@@ -85,11 +117,8 @@ class ChatChunks:
     def usage(self, usage: Usage | None) -> bytes:
         return sse(self._chunk([], usage))
 
-    def _text(self, index: int) -> TextDelta:
-        if index not in self.texts:
-            choice = ChatChunkChoice(index=index, delta=ChatDelta(content=MARK))
-            self.texts[index] = TextDelta(self._chunk([choice]))
-        return self.texts[index]
+    def _text_chunk(self, index: int) -> BaseModel:
+        return self._chunk([ChatChunkChoice(index=index, delta=ChatDelta(content=MARK))])
 
     def _chunk(
         self, choices: list[ChatChunkChoice], usage: Usage | None = None
@@ -99,16 +128,10 @@ class ChatChunks:
         )
 
 
-class TextChunks:
+class TextChunks(_Chunks):
     """One job's `text_completion` events."""
 
     chat = False
-
-    def __init__(self, job: Job, model: str) -> None:
-        self.id = answers.completion_id(job.id, chat=False)
-        self.created = int(job.created_at)
-        self.model = model
-        self.texts: dict[int, TextDelta] = {}
 
     def delta(
         self,
@@ -130,11 +153,8 @@ class TextChunks:
     def usage(self, usage: Usage | None) -> bytes:
         return sse(self._chunk([], usage))
 
-    def _text(self, index: int) -> TextDelta:
-        if index not in self.texts:
-            choice = CompletionChoice(index=index, text=MARK, finish_reason=None)
-            self.texts[index] = TextDelta(self._chunk([choice]))
-        return self.texts[index]
+    def _text_chunk(self, index: int) -> BaseModel:
+        return self._chunk([CompletionChoice(index=index, text=MARK, finish_reason=None)])
 
     def _chunk(
         self, choices: list[CompletionChoice], usage: Usage | None = None
