@@ -1,7 +1,7 @@
 """What `/readyz` reads of the deployment: whether Redis answers, and which job kinds
 have a live worker (one whose heartbeat is recent). For a kind without one, what its
-pipelines' workers recorded of their start (`keys.pipeline_state`) says why: still
-loading, or failed with the reason."""
+pipelines' workers recorded of their start (`LivenessStore.record_start`) says why:
+still loading, or failed with the reason."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
-from api.prometheus import read_models
-from jobs import keys
 from jobs.settings import Settings
-from jobstore.codec import text_list, time_seconds
+from jobstore.deployment_reader import DeploymentReader
+from jobstore.liveness import AsyncLiveness
 
 STALE_HEARTBEATS = 3
 """A worker is live while its last heartbeat is under this many heartbeat periods old."""
@@ -32,14 +31,16 @@ class Readiness:
 
 class Health:
     def __init__(self, client: aredis.Redis, settings: Settings) -> None:
-        self._r = client
+        self._liveness = AsyncLiveness(client)
+        self._deployment = DeploymentReader(client)
         self._settings = settings
 
     async def readiness(self) -> Readiness:
         try:
-            await self._r.ping()
-            workers = await self._live_workers()
-            live = await self.live_kinds(workers)
+            await self._liveness.ping()
+            stale_s = self._settings.lease.heartbeat_s * STALE_HEARTBEATS
+            workers = await self._liveness.live_workers(stale_s)
+            live = await self._liveness.kinds_of(workers)
             missing = []
             for kind in self._settings.enabled_kinds:
                 if kind not in live:
@@ -58,35 +59,18 @@ class Health:
         ]
         if not on_demand:
             return []
-        loaded = {model.pipeline for model in await read_models(self._r, live)}
+        loaded = {model.pipeline for model in await self._deployment.loaded_models(live)}
         return [name for name in on_demand if name not in loaded]
 
     async def why_not(self, kind: str) -> list[str]:
         """What the kind's pipelines recorded of their last start, one line each."""
         names = [n for n, p in self._settings.enabled_pipelines.items() if p.kind == kind]
-        pipe = self._r.pipeline(transaction=False)
-        for name in names:
-            pipe.hgetall(keys.pipeline_state(name))
-        states = await pipe.execute()
+        states = await self._liveness.starts_of(names)
         return [
             f"pipeline {name}: {line}"
             for name, state in zip(names, states, strict=True)
             if (line := start_line(state))
         ]
-
-    async def _live_workers(self) -> list[str]:
-        stale_s = self._settings.lease.heartbeat_s * STALE_HEARTBEATS
-        now = time_seconds(await self._r.time())  # heartbeats are in Redis's time
-        return text_list(await self._r.zrangebyscore(keys.WORKERS, now - stale_s, "+inf"))
-
-    async def live_kinds(self, names: list[str]) -> set[str]:
-        """The kinds of the live workers `names`."""
-        if not names:
-            return set()
-        pipe = self._r.pipeline(transaction=False)
-        for name in names:
-            pipe.hget(keys.worker(str(name)), "kind")
-        return {kind for kind in await pipe.execute() if kind}
 
 
 def start_line(state: dict[str, str]) -> str:

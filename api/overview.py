@@ -4,25 +4,25 @@ Per pipeline: queued messages by priority, running jobs, jobs/s and p50/p95 queu
 and end-to-end time over the last few minutes, 429s; every live worker (its heartbeat
 age, jobs in flight, current batch size); every GPU or MIG slice that workers read.
 
-It reads what `/metrics` reads (`api.prometheus.read_snapshot`: queue lengths, the queued
-sets, workers, device readings: three round trips) plus the per-minute counts of
-`telemetry/recent.py` and the pipelines of the running jobs (two more).
+It reads what `/metrics` reads (`DeploymentReader.snapshot`: queue lengths, the queued
+sets, workers, device readings) plus the per-minute counts of `jobstore/recent_counts.py`
+and the pipelines of the running jobs (`DeploymentReader.recent_and_running`: two round
+trips more).
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from datetime import UTC, datetime
 
 import redis.asyncio as aredis
 from pydantic import BaseModel, Field
 
-from api.prometheus import LoadedModel, Snapshot, read_snapshot
-from jobs import keys
 from jobs.settings import Settings
+from jobstore import recent_counts
+from jobstore.deployment_reader import DeploymentReader, LoadedModel, Snapshot
 from jobstore.quotas import Quota
-from telemetry import recent
+from jobstore.recent_counts import Counts
 
 RUNNING_READ_MAX = 10_000
 """Running jobs whose pipeline one overview reads at most."""
@@ -119,16 +119,19 @@ class OverviewReader:
     """Builds overviews, once per process (routes never hold the client)."""
 
     def __init__(self, client: aredis.Redis, settings: Settings) -> None:
-        self._r = client
+        self._reader = DeploymentReader(client)
         self._settings = settings
 
     async def read(self, minutes: int = 5) -> Overview:
         """The overview, with rates and percentiles over the last `minutes` full minutes
         and the current one."""
-        snap = await read_snapshot(self._r, self._settings)
+        snap = await self._reader.snapshot(self._settings)
         now = snap.at
-        counts, running = await self._recent_and_running(now, minutes)
-        window_s = minutes * 60 + (now - recent.minute_of(now) * 60)
+        current = recent_counts.minute_of(now)
+        counts, running = await self._reader.recent_and_running(
+            current - minutes, current, RUNNING_READ_MAX
+        )
+        window_s = minutes * 60 + (now - current * 60)
         return Overview(
             at=datetime.fromtimestamp(now, tz=UTC),
             window_s=round(window_s, 3),
@@ -144,31 +147,10 @@ class OverviewReader:
             models=snap.models,
         )
 
-    async def _recent_and_running(
-        self, now: float, minutes: int
-    ) -> tuple[Counter[tuple[str, ...]], Counter[str]]:
-        """(per-minute counts summed over the window, by their field's values; running jobs
-        by pipeline)."""
-        current = recent.minute_of(now)
-        pipe = self._r.pipeline(transaction=False)
-        for minute in range(current - minutes, current + 1):
-            pipe.hgetall(keys.recent(minute))
-        pipe.zrange(keys.RUNNING, 0, RUNNING_READ_MAX - 1)
-        *buckets, running_ids = await pipe.execute()
-        counts: Counter[tuple[str, ...]] = Counter()
-        for fields in buckets:
-            for name, value in fields.items():
-                counts[tuple(json.loads(name))] += int(value)
-        pipe = self._r.pipeline(transaction=False)
-        for job_id in running_ids:
-            pipe.hget(keys.job(job_id), "pipeline")
-        running = Counter(p for p in await pipe.execute() if p) if running_ids else Counter()
-        return counts, running
-
     def _pipelines(
         self,
         snap: Snapshot,
-        counts: Counter[tuple[str, ...]],
+        counts: Counts,
         running: Counter[str],
         window_s: float,
     ) -> list[PipelineOverview]:
@@ -200,10 +182,8 @@ class OverviewReader:
         return out
 
 
-def _percentiles(
-    counts: Counter[tuple[str, ...]], series: str, kind: str, pipeline: str
-) -> Percentiles:
-    metric = recent.HISTOGRAMS[series]
+def _percentiles(counts: Counts, series: str, kind: str, pipeline: str) -> Percentiles:
+    metric = recent_counts.HISTOGRAMS[series]
     cells = {key[3]: n for key, n in counts.items() if key[:3] == (series, kind, pipeline)}
     bounds = [*metric.buckets, float("inf")]
     per_bucket = [cells.get(repr(b), 0) for b in metric.buckets] + [cells.get("+Inf", 0)]

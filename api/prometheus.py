@@ -3,14 +3,13 @@
 Counters and histograms come from Redis, where every process writes them
 (`telemetry/metrics.py`); gauges are read at scrape time: queue depth by pipeline and priority
 (the length of each Celery list), queued and running jobs, live workers, and the last
-GPU readings that workers stored. Two pipelined round trips per scrape.
+GPU readings that workers stored (`jobstore.deployment_reader.DeploymentReader.snapshot`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 
 import redis.asyncio as aredis
 from prometheus_client import CollectorRegistry, generate_latest
@@ -22,190 +21,26 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
-from pydantic import BaseModel
 
-from broker.kombu_redis import priority_lists
-from broker.queues import queue_name
-from jobs import keys
-from jobs.device_models import ModelEntry, split_member
 from jobs.settings import Settings
-from jobstore import quotas
-from jobstore.codec import text_list, text_map, time_seconds
-from jobstore.quotas import READS, Quota
+from jobstore.deployment_reader import DeploymentReader, Snapshot
+from jobstore.quotas import Quota
 from telemetry.metrics import RECORDED, MetricDef
 
 WORKER_LABELS = ("worker", "kind", "pipeline", "device", "host")
 GPU_LABELS = ("host", "device", "uuid", "name")
-DEVICE_KEEP_S = 3600
-"""Readings older than this leave the device index (their hashes expired long before)."""
-
-
-@dataclass
-class Snapshot:
-    """What one scrape read from Redis."""
-
-    recorded: dict[str, dict[str, str]] = field(default_factory=dict)
-    depth: dict[tuple[str, str, str], int] = field(default_factory=dict)
-    queued: dict[str, int] = field(default_factory=dict)
-    running: int = 0
-    workers: list[tuple[dict[str, str], float]] = field(default_factory=list)
-    devices: list[dict[str, str]] = field(default_factory=list)
-    backends: list[dict[str, str]] = field(default_factory=list)
-    """The last readings of each worker's backend (an LLM engine's own gauges)."""
-    batches: dict[str, int] = field(default_factory=dict)
-    """Active batches by status."""
-    batch_lines: dict[str, int] = field(default_factory=dict)
-    """Lines of the active batches by state: waiting, in_flight, completed, failed."""
-    held: dict[str, int] = field(default_factory=dict)
-    """Jobs held by fair share, by `pipeline|priority`."""
-    keys: list[Quota] = field(default_factory=list)
-    """Usage and limits of each key shown (`quotas.shown_keys`), by owner (`Quota.owner`)."""
-    models: list[LoadedModel] = field(default_factory=list)
-    """The models loaded on each device (`keys.device_models`), of live workers."""
-    at: float = 0.0
-    """When it was read (Redis's clock, unix seconds)."""
 
 
 class MetricsReader:
     """What `/metrics` reads, built once per process (routes never hold the client)."""
 
     def __init__(self, client: aredis.Redis, settings: Settings) -> None:
-        self._r = client
+        self._reader = DeploymentReader(client)
         self._settings = settings
 
     async def snapshot(self, per_key: bool = True) -> Snapshot:
         """The deployment now; `per_key`: with each key's usage (it names owners)."""
-        return await read_snapshot(self._r, self._settings, per_key)
-
-
-async def read_snapshot(r: aredis.Redis, settings: Settings, per_key: bool = True) -> Snapshot:
-    snap = Snapshot()
-    pipelines = settings.enabled_pipelines
-    lists = [
-        (name, config.kind, priority, key)
-        for name, config in pipelines.items()
-        for priority, key in priority_lists(queue_name(name)).items()
-    ]
-    now = time_seconds(await r.time())  # heartbeats and readings are in Redis's time
-    snap.at = now
-    pipe = r.pipeline(transaction=False)
-    for metric in RECORDED:
-        pipe.hgetall(keys.metric(metric.name))
-    for *_, key in lists:
-        pipe.llen(key)
-    for kind in settings.enabled_kinds:
-        pipe.scard(keys.queued(kind))
-    pipe.zcard(keys.RUNNING)
-    # A worker's hash lives 5 heartbeats; older entries (killed workers) have nothing left.
-    recent = now - 6 * settings.lease.heartbeat_s - 1
-    pipe.zrangebyscore(keys.WORKERS, recent, "+inf", withscores=True)
-    pipe.zremrangebyscore(keys.DEVICES, "-inf", now - DEVICE_KEEP_S)
-    pipe.zrange(keys.DEVICES, 0, -1)
-    pipe.zremrangebyscore(keys.BACKENDS, "-inf", now - DEVICE_KEEP_S)
-    pipe.zrange(keys.BACKENDS, 0, -1)
-    results = iter(await pipe.execute())
-    snap.recorded = {metric.name: next(results) for metric in RECORDED}
-    snap.depth = {(n, kind, pri): int(next(results)) for n, kind, pri, _ in lists}
-    snap.queued = {kind: int(next(results)) for kind in settings.enabled_kinds}
-    snap.running = int(next(results))
-    workers: list[tuple[str, float]] = next(results)
-    next(results)
-    devices: list[str] = next(results)
-    next(results)
-    backends: list[str] = next(results)
-    pipe = r.pipeline(transaction=False)
-    for name, _ in workers:
-        pipe.hgetall(keys.worker(name))
-    for device in devices:
-        pipe.hgetall(keys.device(device))
-    for worker in backends:
-        pipe.hgetall(keys.backend(worker))
-    found = await pipe.execute()
-    snap.workers = [
-        ({"worker": name, **info}, now - beat)
-        for (name, beat), info in zip(workers, found, strict=False)
-        if info
-    ]
-    snap.devices = [info for info in found[len(workers) : len(workers) + len(devices)] if info]
-    snap.backends = [info for info in found[len(workers) + len(devices) :] if info]
-    live = {name for name, beat in workers if now - beat <= settings.lease.heartbeat_s * 3}
-    snap.models = await read_models(r, live)
-    await _read_batches(r, snap)
-    if per_key:
-        await _read_keys(r, snap, settings)
-    snap.held = {k: int(v) for k, v in text_map(await r.hgetall(keys.HELD)).items()}
-    return snap
-
-
-class LoadedModel(BaseModel):
-    """A model loaded in a worker, as its device counts it (`workers.residency`)."""
-
-    pipeline: str
-    host: str
-    device: str
-    worker: str
-    bytes: int
-    resident: bool
-    loaded_at: float
-    idle_since: float | None
-    """When it last had no job (None while it has work)."""
-
-
-async def read_models(r: aredis.Redis, live: set[str]) -> list[LoadedModel]:
-    """The models of every device, of the workers in `live`."""
-    devices = sorted(split_member(d) for d in text_list(await r.smembers(keys.MODEL_DEVICES)))
-    pipe = r.pipeline(transaction=False)
-    for host, device in devices:
-        pipe.hgetall(keys.device_models(host, device))
-    models = []
-    for (host, device), entries in zip(devices, await pipe.execute(), strict=True):
-        for worker, raw in sorted(text_map(entries).items()):
-            if worker not in live:
-                continue
-            entry = ModelEntry.model_validate_json(raw)
-            models.append(
-                LoadedModel(
-                    **entry.model_dump(exclude={"idle_since"}), host=host, device=device,
-                    worker=worker, idle_since=entry.idle_since or None,
-                )
-            )  # fmt: skip
-    return models
-
-
-async def _read_keys(r: aredis.Redis, snap: Snapshot, settings: Settings) -> None:
-    shown = settings.quotas.shown_keys
-    if not shown:
-        return
-    owners = sorted(text_list(await r.smembers(keys.OWNERS)))[:shown]
-    window = int(snap.at // settings.quotas.window_s)
-    pipe = r.pipeline(transaction=False)
-    for owner in owners:
-        quotas.reads(pipe, owner, window)
-    found = await pipe.execute()
-    for i, owner in enumerate(owners):
-        replies = found[READS * i : READS * (i + 1)]
-        snap.keys.append(quotas.from_reads(settings.quotas, replies, owner))
-
-
-async def _read_batches(r: aredis.Redis, snap: Snapshot) -> None:
-    ids = text_list(await r.smembers(keys.BATCHES_ACTIVE))
-    pipe = r.pipeline(transaction=False)
-    for batch_id in ids:
-        pipe.hmget(keys.batch(batch_id), ["status", "completed", "failed"])
-        pipe.llen(keys.batch_lines(batch_id))
-        pipe.hlen(keys.batch_inflight(batch_id))
-    found = await pipe.execute()
-    lines = dict.fromkeys(("waiting", "in_flight", "completed", "failed"), 0)
-    for i in range(len(ids)):
-        (status, completed, failed), waiting, in_flight = found[3 * i : 3 * i + 3]
-        if status is None:
-            continue
-        snap.batches[status] = snap.batches.get(status, 0) + 1
-        lines["waiting"] += int(waiting)
-        lines["in_flight"] += int(in_flight)
-        lines["completed"] += int(completed or 0)
-        lines["failed"] += int(failed or 0)
-    snap.batch_lines = lines
+        return await self._reader.snapshot(self._settings, per_key)
 
 
 def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:

@@ -252,13 +252,13 @@ def response_cache(owner: str, digest: str) -> str:
 
 def metric(name: str) -> str:
     """Hash: one metric's samples from every process, field = JSON label values (and
-    bucket); counters and histogram buckets grow with HINCRBY (see telemetry/metrics.py)."""
+    bucket); counters and histogram buckets grow with HINCRBY (see jobstore/metric_counts.py)."""
     return f"{PREFIX}:metric:{name}"
 
 
 def recent(minute: int) -> str:
     """Hash: counts of one minute (unix seconds // 60) for the admin overview's "last few
-    minutes" (see telemetry/recent.py), with a TTL."""
+    minutes" (see jobstore/recent_counts.py), with a TTL."""
     return f"{PREFIX}:recent:{minute}"
 
 

@@ -2,17 +2,19 @@
 clock) and what it says of itself (`keys.worker`: pipeline, device, slots, what it runs
 now), its start of its pipeline (`keys.pipeline_state`: loading, ready or failed, which
 `/readyz` reads), the cancel notices workers listen to, and the reaper's forgetting of
-long-silent ones."""
+long-silent ones. `LivenessStore` is the workers', the reaper's and `mmq up`'s;
+`AsyncLiveness` what `/readyz` reads."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import redis
+import redis.asyncio as aredis
+from redis.client import PubSub
 
 from jobs import keys
-from jobstore.codec import flat_pairs, text_list, text_map
+from jobstore.codec import flat_pairs, text_list, text_map, time_seconds
 
 
 class LivenessStore:
@@ -38,9 +40,9 @@ class LivenessStore:
         """Drop the heartbeats older than `since`; how many."""
         return int(self.r.zremrangebyscore(keys.WORKERS, "-inf", since))
 
-    def cancel_notices(self) -> Any:
+    def cancel_notices(self) -> PubSub:
         """A pub/sub subscribed to the cancel notices (job ids whose stop was asked)."""
-        pubsub = self.r.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub: PubSub = self.r.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         pubsub.subscribe(keys.CANCEL_CHANNEL)
         return pubsub
 
@@ -68,3 +70,33 @@ class LivenessStore:
     def keep_start(self, pipeline: str, ttl_s: int) -> None:
         """A start still loading: its record kept `ttl_s` more."""
         self.r.expire(keys.pipeline_state(pipeline), ttl_s)
+
+
+class AsyncLiveness:
+    def __init__(self, client: aredis.Redis) -> None:
+        self.r = client
+
+    async def ping(self) -> None:
+        """Returns once Redis answers (raises its error where it does not)."""
+        await self.r.ping()
+
+    async def live_workers(self, stale_s: float) -> list[str]:
+        """The workers whose last heartbeat is at most `stale_s` old (Redis's clock)."""
+        now = time_seconds(await self.r.time())
+        return text_list(await self.r.zrangebyscore(keys.WORKERS, now - stale_s, "+inf"))
+
+    async def kinds_of(self, workers: Sequence[str]) -> set[str]:
+        """The kinds that `workers` serve (as they say of themselves)."""
+        if not workers:
+            return set()
+        pipe = self.r.pipeline(transaction=False)
+        for name in workers:
+            pipe.hget(keys.worker(name), "kind")
+        return {kind for kind in await pipe.execute() if kind}
+
+    async def starts_of(self, pipelines: Sequence[str]) -> list[dict[str, str]]:
+        """The last start recorded of each of `pipelines`, in order (`LivenessStore.start_of`)."""
+        pipe = self.r.pipeline(transaction=False)
+        for name in pipelines:
+            pipe.hgetall(keys.pipeline_state(name))
+        return [text_map(state) for state in await pipe.execute()]

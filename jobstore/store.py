@@ -28,8 +28,9 @@ once per job (the script checks the current status), so each end is counted once
 script that ends the job returns the fields its metrics need (`Transition.read_back`).
 In workers and the reaper the samples go to the process's `MetricsTally` (written once per
 `metrics_flush_s`: no round trip per job); in the API they go to Redis in one pipelined
-round trip. The same writes add to the overview's per-minute counts (`telemetry/recent.py`). A
-submit refused with 429 is counted in the API (one round trip, on that path alone).
+round trip. The same writes add to the overview's per-minute counts
+(`jobstore/recent_counts.py`). A submit refused with 429 is counted in the API (one round
+trip, on that path alone).
 Metrics never fail a job: a Redis error while counting is logged.
 """
 
@@ -54,6 +55,7 @@ from jobs.schemas.base import CachePolicy
 from jobs.settings import Settings
 from jobs.webhooks import wants
 from jobstore import lua, quotas
+from jobstore import recent_counts as recent
 from jobstore.changes import (
     Lease,
     SubmitResult,
@@ -68,6 +70,7 @@ from jobstore.codec import (
     text_map,
     time_seconds,
 )
+from jobstore.metric_counts import MetricsTally, queue_samples
 from jobstore.store_base import (
     NOT_WAITED,
     Done,
@@ -78,12 +81,7 @@ from jobstore.store_base import (
     events_from,
     settle,
 )
-from telemetry import recent
-from telemetry.metrics import (
-    Sample,
-    queue,
-)
-from telemetry.tally import MetricsTally
+from telemetry.metrics import Sample
 
 log = logging.getLogger("mmq.store")
 
@@ -478,7 +476,7 @@ class AsyncJobStore(StoreBase):
             return
         try:
             pipe = self.r.pipeline(transaction=False)
-            queue(pipe, samples)
+            queue_samples(pipe, samples)
             for key, name, amount in cells:
                 pipe.hincrby(key, name, amount)
             for key in {key for key, _, _ in cells}:

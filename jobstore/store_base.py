@@ -17,6 +17,7 @@ from jobs.errors import NotDurable
 from jobs.models import Event, Job
 from jobs.settings import Settings
 from jobs.webhooks import wants
+from jobstore import recent_counts as recent
 from jobstore.changes import (
     ALL_FIELDS,
     SubmitResult,
@@ -32,7 +33,6 @@ from jobstore.codec import (
     event_from_entry,
 )
 from jobstore.durability import Durability
-from telemetry import recent
 from telemetry.metrics import (
     END_FIELDS,
     JOBS_REJECTED,

@@ -1,22 +1,19 @@
-"""Metrics that every process writes into Redis, so that one scrape of the API's
-`/metrics` sees the whole deployment (`api/prometheus.py` renders them for Prometheus).
+"""The metrics that every process counts, so that one scrape of the API's `/metrics` sees
+the whole deployment (`api/prometheus.py` renders them for Prometheus): their
+definitions, and the samples of a job's end and of a batch.
 
-Each metric is one hash, `keys.metric(name)`. A counter's fields are the JSON list of its
-label values; a histogram's fields are its label values plus either a bucket's upper
-bound (an observation adds 1 to the one bucket it falls in; the renderer makes them
-cumulative) or `"sum"`. Writes are queued on a Redis pipeline that the caller executes,
-so a job's end or a batch costs one round trip.
+A sample is (metric, label values, value). Where they are kept, and how they are added
+up, is the store's (`jobstore/metric_counts.py`); a field of a kept metric is
+`field_of` its label values (and a histogram's bucket, `bucket_of`, or `"sum"`).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
 
-from jobs import keys
 from jobs.models import timings_of
 from jobs.states import JobStatus
 
@@ -132,14 +129,6 @@ never the input or output)."""
 Sample = tuple[MetricDef, tuple[str, ...], float]
 
 
-class CommandQueue(Protocol):
-    """A sync or asyncio Redis pipeline: commands are queued, the caller executes."""
-
-    def hincrby(self, name: str, key: str, amount: int = 1) -> Any: ...
-
-    def hincrbyfloat(self, name: str, key: str, amount: float = 1.0) -> Any: ...
-
-
 @functools.lru_cache(maxsize=4096)  # label values are few (kinds, pipelines, statuses)
 def field_of(labels: tuple[str, ...], suffix: str | None = None) -> str:
     values = [*labels, suffix] if suffix is not None else list(labels)
@@ -151,17 +140,6 @@ def bucket_of(metric: MetricDef, value: float) -> str:
         if value <= bound:
             return repr(bound)
     return "+Inf"
-
-
-def queue(pipe: CommandQueue, samples: Iterable[Sample]) -> None:
-    """Queue the writes of `samples` on `pipe`."""
-    for metric, labels, value in samples:
-        key = keys.metric(metric.name)
-        if metric.histogram:
-            pipe.hincrby(key, field_of(labels, bucket_of(metric, value)), 1)
-            pipe.hincrbyfloat(key, field_of(labels, "sum"), value)
-        else:
-            pipe.hincrby(key, field_of(labels), int(value))
 
 
 def end_samples(fields: Mapping[str, str | None]) -> list[Sample]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import redis
 
 from jobs import keys
+from jobstore.metric_counts import MetricsTally
 from telemetry.metrics import BATCH_SIZE, JOBS_FINISHED, batch_samples, field_of
-from telemetry.tally import MetricsTally
 
 
 def test_counts_add_up_until_a_flush_writes_them(rclient: redis.Redis) -> None:

@@ -44,9 +44,9 @@ from host.devices import read_usage
 from host.model_memory import estimate
 from jobs.settings import Settings
 from jobstore.device_room import DeviceRoom
+from jobstore.metric_counts import MetricsTally
 from pipelines.base import Pipeline
 from telemetry.metrics import MODEL_LOAD_SECONDS, MODEL_LOADS, MODEL_UNLOADS
-from telemetry.tally import MetricsTally
 
 log = logging.getLogger(__name__)
 

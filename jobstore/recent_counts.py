@@ -1,7 +1,7 @@
 """The last few minutes, per minute, for the admin overview (`api/overview.py`).
 
-The counters of `telemetry/metrics.py` add up everything since the start, which is what a
-Prometheus scrape wants; a console wants "now": jobs/s, p50 and p95 of the last minutes,
+The counters (`jobstore/metric_counts.py`) add up everything since the start, which is what
+a Prometheus scrape wants; a console wants "now": jobs/s, p50 and p95 of the last minutes,
 429s. So the same end and reject samples are also counted into one small hash per minute
 (unix seconds // 60), `keys.recent(minute)`, that lives `KEEP_S`. Its fields are
 `telemetry.metrics.field_of` of:
@@ -13,11 +13,14 @@ Prometheus scrape wants; a console wants "now": jobs/s, p50 and p95 of the last 
 - `["rejected", kind, pipeline]`: submits refused with 429
 
 They ride on the writes the counters make anyway: the worker's tally flush
-(`telemetry/tally.py`), the API's pipelined end and reject writes (`jobstore/store.py`, metered).
+(`MetricsTally.count`), the API's pipelined end and reject writes (`jobstore/store.py`,
+metered). `read_counts` reads them back, summed over minutes.
 """
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from jobs import keys
@@ -31,6 +34,10 @@ HISTOGRAMS: dict[str, MetricDef] = {"queue_wait": QUEUE_WAIT, "end_to_end": END_
 
 Cell = tuple[str, str, int]
 """(hash key, field, count to add)."""
+
+Counts = Counter[tuple[str, ...]]
+"""Counts summed over minutes, by their field's values (`("ended", kind, pipeline,
+status)`...)."""
 
 
 def minute_of(ts: float) -> int:
@@ -56,3 +63,12 @@ def end_cells(fields: Mapping[str, str | None], samples: Iterable[Sample]) -> li
 
 def rejected_cell(kind: str, pipeline: str, now: float) -> Cell:
     return keys.recent(minute_of(now)), field_of(("rejected", kind, pipeline)), 1
+
+
+def add_up(minutes: Iterable[Mapping[str, str]]) -> Counts:
+    """The counts of each minute's hash (as HGETALL gives it), summed."""
+    counts: Counts = Counter()
+    for fields in minutes:
+        for name, value in fields.items():
+            counts[tuple(json.loads(name))] += int(value)
+    return counts

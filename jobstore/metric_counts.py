@@ -1,12 +1,20 @@
-"""Metric samples added up in a process and written to Redis once per interval.
+"""The metric counters in Redis that every process adds to, so that one scrape of the
+API's `/metrics` sees the whole deployment (`telemetry/metrics.py` defines them).
 
-A worker ends jobs and runs batches at a rate where a Redis round trip for each (a dozen
-HINCRBYs) costs more than the job itself: a no-op job's end went from one write to none.
-`MetricsTally.add` only adds, under a lock, to what this process owes Redis; a flusher
-thread writes it every `interval_s` in one MULTI/EXEC (all or nothing, so a failed write
-is kept and retried whole, never counted twice), and `stop` writes the rest. A scrape sees
-a job's end at most `interval_s` after it; a process killed with SIGKILL loses at most its
-last interval of counts, never a job.
+Each metric is one hash, `keys.metric(name)`. A counter's fields are the JSON list of its
+label values; a histogram's fields are its label values plus either a bucket's upper
+bound (an observation adds 1 to the one bucket it falls in; the renderer makes them
+cumulative) or `"sum"`.
+
+`queue_samples` queues the writes of samples on a Redis pipeline that the caller
+executes, so a job's end costs one round trip (the API). `MetricsTally` adds them up in
+a process and writes them once per interval (workers, the reaper, the scheduler): a
+worker ends jobs and runs batches at a rate where a Redis round trip for each (a dozen
+HINCRBYs) costs more than the job itself. `MetricsTally.add` only adds, under a lock, to
+what this process owes Redis; a flusher thread writes it every `interval_s` in one
+MULTI/EXEC (all or nothing, so a failed write is kept and retried whole, never counted
+twice), and `stop` writes the rest. A scrape sees a job's end at most `interval_s` after
+it; a process killed with SIGKILL loses at most its last interval of counts, never a job.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Iterable
+from typing import Protocol
 
 import redis
 
@@ -25,6 +34,25 @@ log = logging.getLogger(__name__)
 
 Cell = tuple[str, str]
 """(hash key, field) of one count or sum."""
+
+
+class CommandQueue(Protocol):
+    """A sync or asyncio Redis pipeline: commands are queued, the caller executes."""
+
+    def hincrby(self, name: str, key: str, amount: int = 1) -> object: ...
+
+    def hincrbyfloat(self, name: str, key: str, amount: float = 1.0) -> object: ...
+
+
+def queue_samples(pipe: CommandQueue, samples: Iterable[Sample]) -> None:
+    """Queue the writes of `samples` on `pipe`."""
+    for metric, labels, value in samples:
+        key = keys.metric(metric.name)
+        if metric.histogram:
+            pipe.hincrby(key, field_of(labels, bucket_of(metric, value)), 1)
+            pipe.hincrbyfloat(key, field_of(labels, "sum"), value)
+        else:
+            pipe.hincrby(key, field_of(labels), int(value))
 
 
 class MetricsTally:
@@ -55,7 +83,7 @@ class MetricsTally:
 
     def count(self, cells: Iterable[tuple[str, str, int]], ttl_s: int) -> None:
         """Add to (hash key, field) counts whose keys expire `ttl_s` after their last
-        write (the overview's per-minute counts, `telemetry/recent.py`)."""
+        write (the overview's per-minute counts, `jobstore/recent_counts.py`)."""
         with self._lock:
             for key, name, amount in cells:
                 self._counts[(key, name)] += amount
