@@ -7,20 +7,18 @@ import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from functools import partial
-from typing import Any
 
 import anyio
 import redis.asyncio as aredis
-from pydantic import BaseModel
+from pydantic import BaseModel, JsonValue
 from starlette.datastructures import UploadFile
 
-from jobs import keys
 from jobs.errors import InputError, NotFound, TooLarge
 from jobs.filerefs import file_ref_fields
 from jobs.schemas import schema_for
 from jobs.settings import Settings
-from jobstore.codec import text_list, text_map
-from jobstore.file_objects import PURPOSES, FileObject, new_file_id, save_object
+from jobstore.file_objects import PURPOSES, AsyncFileObjects, FileObject, new_file_id
+from jobstore.retention_index import AsyncUploads
 from security.netguard import NetPolicy, check_url
 from storage.base import (
     Storage,
@@ -47,7 +45,8 @@ class FileService:
     def __init__(self, settings: Settings, storage: Storage, client: aredis.Redis) -> None:
         self.settings = settings
         self.storage = storage
-        self.r = client
+        self.objects = AsyncFileObjects(client)
+        self.uploads = AsyncUploads(client)
         self.policy = NetPolicy.from_settings(settings.net)
 
     async def upload(self, owner: str, upload: UploadFile) -> FileInfo:
@@ -58,12 +57,12 @@ class FileService:
         content_type = check_content_type(upload.content_type, "file.content_type")
         key = upload_key(owner, upload.filename)
         # Noted before the write: a crash in between leaves an entry, not an orphan file.
-        await self.r.zadd(keys.UPLOADS, {key: time.time() + self.settings.storage.upload_ttl_s})
+        await self.uploads.note(key, time.time() + self.settings.storage.upload_ttl_s)
         put = partial(self.storage.put, key, upload.file, content_type, max_bytes=limit)
         try:
             info = await anyio.to_thread.run_sync(put)
         except BaseException:
-            await self.r.zrem(keys.UPLOADS, key)
+            await self.uploads.drop(key)
             raise
         return await self.describe(info)
 
@@ -93,52 +92,28 @@ class FileService:
             created_at=time.time(),
         )
         # As long as the upload is kept (the retention sweep deletes it after that).
-        await save_object(self.r, obj, int(self.settings.storage.upload_ttl_s))
+        await self.objects.save(obj, int(self.settings.storage.upload_ttl_s))
         return obj
 
     async def get_object(self, owner: str, file_id: str) -> FileObject:
         """`owner`'s file object `file_id`, else `NotFound`."""
-        fields = text_map(await self.r.hgetall(keys.file_object(file_id)))
-        if not fields or fields.get("owner") != owner:
+        obj = await self.objects.get(file_id)
+        if obj is None or obj.owner != owner:
             raise NotFound(f"no file {file_id!r}")
-        return FileObject.from_fields(fields)
+        return obj
 
     async def list_objects(
         self, owner: str, purpose: str | None, limit: int, after: str | None
     ) -> tuple[list[FileObject], bool]:
         """`owner`'s file objects, newest first, after the one named `after`; and whether
         there are more."""
-        index = keys.owner_files(owner)
-        start = 0
-        if after is not None:
-            rank = await self.r.zrevrank(index, after)
-            start = rank + 1 if isinstance(rank, int) else 0
-        found: list[FileObject] = []
-        more = False
-        while len(found) <= limit:
-            ids = text_list(await self.r.zrevrange(index, start, start + 99))
-            if not ids:
-                break
-            start += len(ids)
-            pipe = self.r.pipeline(transaction=False)
-            for file_id in ids:
-                pipe.hgetall(keys.file_object(file_id))
-            for raw in await pipe.execute():
-                fields = text_map(raw)
-                if fields and (purpose is None or fields.get("purpose") == purpose):
-                    found.append(FileObject.from_fields(fields))
-        if len(found) > limit:
-            found, more = found[:limit], True
-        return found, more
+        return await self.objects.page(owner, purpose, limit, after)
 
     async def delete_object(self, owner: str, file_id: str) -> None:
         obj = await self.get_object(owner, file_id)
         with contextlib.suppress(NotFound):
             await self.delete(obj.key)
-        pipe = self.r.pipeline(transaction=True)
-        pipe.delete(keys.file_object(file_id))
-        pipe.zrem(keys.owner_files(owner), file_id)
-        await pipe.execute()
+        await self.objects.delete(owner, file_id)
 
     async def read(self, key: str, max_bytes: int) -> bytes:
         """A stored file's bytes; `TooLarge` over `max_bytes`."""
@@ -168,16 +143,13 @@ class FileService:
     async def delete(self, key: str) -> None:
         if not await anyio.to_thread.run_sync(self.storage.delete, key):
             raise NotFound(f"no file {key!r}")
-        pipe = self.r.pipeline(transaction=True)
-        pipe.zrem(keys.UPLOADS, key)
-        pipe.delete(keys.upload_jobs(key))
-        await pipe.execute()
+        await self.uploads.forget(key)
 
     async def check_input_refs(
         self,
         owner: str,
         kind: str,
-        data: dict[str, Any],
+        data: dict[str, JsonValue],
         nested: Sequence[tuple[str, str]] = (),
     ) -> list[str]:
         """Check every file reference of a job input (its file fields, and the `nested`
@@ -204,12 +176,4 @@ class FileService:
 
     async def note_used(self, used: list[str], job_id: str) -> None:
         """Let each upload in `used` live as long as the job `job_id` does."""
-        if not used:
-            return
-        pipe = self.r.pipeline(transaction=False)
-        for key in used:
-            pipe.zscore(keys.UPLOADS, key)
-        scores = await pipe.execute()
-        for key, score in zip(used, scores, strict=True):
-            if score is not None:
-                await self.r.sadd(keys.upload_jobs(key), job_id)
+        await self.uploads.note_users(used, job_id)

@@ -2,7 +2,9 @@
 jobs' output folders (`keys.UPLOADS`, `keys.ARTIFACTS`), each scored by when the sweep
 should next look, the jobs that used each upload (`keys.upload_jobs`), and how long those
 jobs' records live on. An entry is written before its file, so a crash leaves at worst an
-entry without a file, never a file that nothing will delete."""
+entry without a file, never a file that nothing will delete. `RetentionIndex` is the
+sweep's and the workers'; `AsyncUploads` the API's (uploads, deletes, the jobs that use
+an upload)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import time
 from typing import Literal
 
 import redis
+import redis.asyncio as aredis
 
 from jobs import keys
 
@@ -55,3 +58,36 @@ class RetentionIndex:
         for job_id in job_ids:
             pipe.pttl(keys.job(job_id))
         return [int(ttl) for ttl in pipe.execute()]
+
+
+class AsyncUploads:
+    def __init__(self, client: aredis.Redis) -> None:
+        self.r = client
+
+    async def note(self, key: str, due_at: float) -> None:
+        """An upload, looked at from `due_at` on (call before writing its file)."""
+        await self.r.zadd(keys.UPLOADS, {key: due_at})
+
+    async def drop(self, key: str) -> None:
+        """An upload whose file was not written after all."""
+        await self.r.zrem(keys.UPLOADS, key)
+
+    async def forget(self, key: str) -> None:
+        """An upload deleted: out of the index, with the jobs that used it."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.zrem(keys.UPLOADS, key)
+        pipe.delete(keys.upload_jobs(key))
+        await pipe.execute()
+
+    async def note_users(self, used: list[str], job_id: str) -> None:
+        """Let each upload in `used` that is still indexed live as long as the job
+        `job_id` does (the sweep keeps an upload while a job that used it lives)."""
+        if not used:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for key in used:
+            pipe.zscore(keys.UPLOADS, key)
+        scores = await pipe.execute()
+        for key, score in zip(used, scores, strict=True):
+            if score is not None:
+                await self.r.sadd(keys.upload_jobs(key), job_id)
