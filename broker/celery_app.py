@@ -7,7 +7,6 @@ broker's Redis layout is `broker/kombu_redis.py`'s alone.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from celery import Celery
 
@@ -16,6 +15,8 @@ from broker.kombu_redis import PRIORITY_VALUES, TaskMessage
 from broker.queues import TASK_NAME, queue_name
 from jobs.models import Job
 from jobs.settings import Settings
+from jobstore.batch_records import BatchEvent
+from jobstore.changes import JobEvent
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -60,9 +61,12 @@ def job_message(app: Celery, job: Job) -> TaskMessage:
 WEBHOOK_TASK = "mmq.deliver_webhook"
 WEBHOOK_QUEUE = "mmq.webhooks"
 
+WebhookEvent = JobEvent | BatchEvent
+"""What a webhook delivery sends: a job's event, or a batch's end."""
+
 
 def enqueue_webhook(
-    app: Celery, job_id: str, url: str, event: dict[str, object], attempt: int = 1,
+    app: Celery, job_id: str, url: str, event: WebhookEvent, attempt: int = 1,
     countdown_s: float | None = None,
 ) -> None:  # fmt: skip
     """Send one webhook delivery (of one event) to the webhooks queue."""
@@ -74,10 +78,10 @@ def enqueue_webhook(
     )
 
 
-def webhook_sender(app: Celery) -> Callable[[str, str, dict[str, Any]], None]:
+def webhook_sender(app: Celery) -> Callable[[str, str, JobEvent], None]:
     """An event listener for the stores: enqueue a delivery of each event a webhook wants."""
 
-    def send(job_id: str, url: str, event: dict[str, Any]) -> None:
+    def send(job_id: str, url: str, event: JobEvent) -> None:
         enqueue_webhook(app, job_id, url, event)
 
     return send

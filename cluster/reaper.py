@@ -26,7 +26,7 @@ from jobs.models import Job
 from jobs.settings import Settings
 from jobs.states import JobStatus
 from jobstore import operations
-from jobstore.changes import Transition
+from jobstore.changes import ErrorInfo, Transition
 from jobstore.liveness import LivenessStore
 from jobstore.store import JobStore
 
@@ -71,7 +71,7 @@ class Reaper:
         """The change for a running job whose worker was lost: queued again with its
         message, or failed once it has used its attempts."""
         if job.attempts >= self.settings.lease.max_attempts:
-            error = {
+            error: ErrorInfo = {
                 "type": "worker_lost",
                 "message": f"the worker running this job was lost {job.attempts} times "
                 f"(max_attempts={self.settings.lease.max_attempts})",

@@ -12,13 +12,19 @@ import json
 import logging
 import random
 import time
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import httpx
 import redis
 from celery import Celery
 
-from broker.celery_app import WEBHOOK_QUEUE, WEBHOOK_TASK, enqueue_webhook, make_celery
+from broker.celery_app import (
+    WEBHOOK_QUEUE,
+    WEBHOOK_TASK,
+    WebhookEvent,
+    enqueue_webhook,
+    make_celery,
+)
 from common import redis_client
 from jobs.errors import InputError
 from jobs.settings import Settings
@@ -29,6 +35,28 @@ from security.signing import sign
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({408, 429})
+
+
+class DeliveryRecord(TypedDict):
+    """One attempt at a delivery, as `GET /v1/jobs/{id}/deliveries` lists it."""
+
+    webhook_id: str
+    """`job_id.event_id`: the `webhook-id` header, the same on every attempt."""
+    event_id: str
+    event_type: str
+    url: str
+    attempt: int
+    ts: float
+    status_code: int | None
+    """The receiver's answer; None where none came (refused, timeout, network)."""
+    error: str | None
+    ok: bool
+    final: NotRequired[bool]
+    """Set where the URL itself was refused: never retried."""
+    duration_ms: NotRequired[float]
+    retry: NotRequired[bool]
+    next_attempt_in_s: NotRequired[float]
+    """Where it is retried: after how long."""
 
 
 class Deliverer:
@@ -47,11 +75,11 @@ class Deliverer:
             follow_redirects=False,
         )
 
-    def deliver(self, job_id: str, url: str, event: dict[str, Any], attempt: int) -> str:
+    def deliver(self, job_id: str, url: str, event: WebhookEvent, attempt: int) -> str:
         body = json.dumps(event, separators=(",", ":")).encode()
         msg_id = f"{job_id}.{event['id']}"
         started = time.monotonic()
-        record: dict[str, Any] = {
+        record: DeliveryRecord = {
             "webhook_id": msg_id, "event_id": event["id"], "event_type": event["type"],
             "url": url, "attempt": attempt, "ts": time.time(), "status_code": None,
             "error": None, "ok": False,
@@ -70,7 +98,7 @@ class Deliverer:
     def _max_attempts(self) -> int:
         return self.settings.webhooks.max_attempts
 
-    def _attempt(self, url: str, msg_id: str, body: bytes, record: dict[str, Any]) -> float | None:
+    def _attempt(self, url: str, msg_id: str, body: bytes, record: DeliveryRecord) -> float | None:
         timestamp = int(time.time())
         headers = {
             "content-type": "application/json",
@@ -100,7 +128,7 @@ class Deliverer:
         return float(raw) if raw.isdigit() else None
 
     @staticmethod
-    def _should_retry(record: dict[str, Any]) -> bool:
+    def _should_retry(record: DeliveryRecord) -> bool:
         if record.get("final") or record["ok"]:
             return False
         status = record["status_code"]
@@ -124,7 +152,7 @@ def run_webhook_worker(settings: Settings) -> None:
     client = redis_client.connect(settings.redis_url)
     deliverer = Deliverer(settings, client, app)
 
-    def deliver_webhook(job_id: str, url: str, event: dict[str, Any], attempt: int) -> str:
+    def deliver_webhook(job_id: str, url: str, event: WebhookEvent, attempt: int) -> str:
         outcome = deliverer.deliver(job_id, url, event, attempt)
         log.info("webhook %s %s attempt %d: %s", job_id, event.get("id"), attempt, outcome)
         return outcome

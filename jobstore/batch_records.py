@@ -20,10 +20,11 @@ from __future__ import annotations
 import re
 import time
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, JsonValue
+from typing_extensions import TypedDict
 
 from jobs.models import WebhookSpec
 from jobstore.codec import dumps
@@ -67,6 +68,62 @@ def window_seconds(window: str) -> int | None:
     return seconds if seconds <= MAX_WINDOW_S else None
 
 
+class BatchError(TypedDict, total=False):
+    """Why a batch failed as a whole: an item of OpenAI's `errors.data`."""
+
+    code: str
+    message: str
+    param: str | None
+    line: int | None
+
+
+class BatchErrors(TypedDict):
+    object: Literal["list"]
+    data: list[BatchError]
+
+
+class RequestCounts(TypedDict):
+    total: int
+    completed: int
+    failed: int
+
+
+class OpenAIBatch(TypedDict):
+    """OpenAI's batch object (`Batch.openai`): what the API answers, and a batch
+    webhook's event data."""
+
+    id: str
+    object: Literal["batch"]
+    endpoint: str
+    errors: BatchErrors | None
+    input_file_id: str
+    completion_window: str
+    status: str
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    expires_at: int
+    in_progress_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCounts
+    metadata: dict[str, str] | None
+
+
+class BatchEvent(TypedDict):
+    """The event a batch's webhook receives when the batch ends (`end_event`)."""
+
+    id: str
+    batch_id: str
+    type: str
+    data: OpenAIBatch
+    ts: float
+
+
 class Batch(BaseModel):
     """A batch's record (a Redis hash; `fields` / `from_fields`)."""
 
@@ -91,7 +148,7 @@ class Batch(BaseModel):
     cancelled_at: float | None = None
     output_file_id: str | None = None
     error_file_id: str | None = None
-    errors: list[dict[str, Any]] = Field(default_factory=list)
+    errors: list[BatchError] = Field(default_factory=list)
     """Why the batch failed as a whole (the file unreadable, no valid line): OpenAI's
     `errors.data`."""
     webhook: WebhookSpec | None = None
@@ -108,7 +165,7 @@ class Batch(BaseModel):
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> Batch:
-        data: dict[str, Any] = {}
+        data: dict[str, JsonValue] = {}
         for key, value in fields.items():
             if key in {"metadata", "errors", "webhook"}:
                 data[key] = orjson.loads(value) if value else None
@@ -118,20 +175,8 @@ class Batch(BaseModel):
         data["errors"] = data.get("errors") or []
         return cls.model_validate(data)
 
-    def openai(self) -> dict[str, Any]:
+    def openai(self) -> OpenAIBatch:
         """OpenAI's batch object."""
-        stamps = {
-            name: int(value) if value is not None else None
-            for name, value in (
-                ("in_progress_at", self.in_progress_at),
-                ("finalizing_at", self.finalizing_at),
-                ("completed_at", self.completed_at),
-                ("failed_at", self.failed_at),
-                ("expired_at", self.expired_at),
-                ("cancelling_at", self.cancelling_at),
-                ("cancelled_at", self.cancelled_at),
-            )
-        }
         return {
             "id": self.id,
             "object": "batch",
@@ -144,7 +189,13 @@ class Batch(BaseModel):
             "error_file_id": self.error_file_id,
             "created_at": int(self.created_at),
             "expires_at": int(self.expires_at),
-            **stamps,
+            "in_progress_at": _seconds(self.in_progress_at),
+            "finalizing_at": _seconds(self.finalizing_at),
+            "completed_at": _seconds(self.completed_at),
+            "failed_at": _seconds(self.failed_at),
+            "expired_at": _seconds(self.expired_at),
+            "cancelling_at": _seconds(self.cancelling_at),
+            "cancelled_at": _seconds(self.cancelled_at),
             "request_counts": {
                 "total": self.total,
                 "completed": self.completed,
@@ -152,6 +203,10 @@ class Batch(BaseModel):
             },
             "metadata": self.metadata or None,
         }
+
+
+def _seconds(stamp: float | None) -> int | None:
+    return int(stamp) if stamp is not None else None
 
 
 class Line(BaseModel):
@@ -164,7 +219,7 @@ class Line(BaseModel):
     """The pipeline that runs it (its room decides when it is released)."""
     job: dict[str, Any]
     """The `JobCreate` body of its job (validated when the batch was created)."""
-    answer: dict[str, Any] = Field(default_factory=dict)
+    answer: dict[str, str] = Field(default_factory=dict)
     """What the answer's shape needs beyond the job (the request's `model`, an
     embedding's `encoding_format`)."""
 
@@ -174,7 +229,7 @@ class Line(BaseModel):
         return f"job_{batch_id.removeprefix('batch_')}_{self.line}"
 
 
-def end_event(batch: Batch) -> dict[str, Any] | None:
+def end_event(batch: Batch) -> BatchEvent | None:
     """The event a batch's webhook gets when it ends (`batch.completed`, `batch.failed`,
     `batch.cancelled`, `batch.expired`, as OpenAI names them), or None when its webhook
     does not want it."""

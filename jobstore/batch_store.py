@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import redis
 import redis.asyncio as aredis
@@ -33,7 +32,7 @@ return 1
 WATCH_TRIES = 10
 
 
-def _set_if_args(sources: Sequence[BatchStatus], fields: dict[str, Any]) -> str:
+def _set_if_args(sources: Sequence[BatchStatus], fields: dict[str, str]) -> str:
     return dumps({"sources": [str(s) for s in sources], "fields": fields})
 
 
@@ -212,7 +211,7 @@ class AsyncBatchStore:
         return found, len(ids) > limit
 
     async def set_if(
-        self, batch_id: str, sources: Sequence[BatchStatus], fields: dict[str, Any]
+        self, batch_id: str, sources: Sequence[BatchStatus], fields: dict[str, str]
     ) -> bool:
         """Write `fields` only while the batch's status is one of `sources`."""
         change = _set_if_args(sources, fields)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple, NotRequired, TypedDict
 
 from broker.kombu_redis import PRIORITY_VALUES, TaskMessage
 from jobs import keys
@@ -21,6 +21,51 @@ LeaseMode = Literal["", "check", "absent", "acquire"]
 
 ALL_FIELDS = ("*",)
 """`Transition.read_back` for every field of the job."""
+
+
+class ErrorInfo(TypedDict):
+    """Why a job failed, as a worker or the reaper writes it: the job's `error` field, its
+    error event's data and its failed status event's `error` (`jobs.models.JobErrorInfo`
+    reads it back)."""
+
+    type: str
+    """`invalid_input` (never retried), `pipeline_error`, `worker_lost`."""
+    message: str
+    field: NotRequired[str | None]
+    """For `invalid_input`: the input field at fault."""
+
+
+class StatusData(TypedDict, total=False):
+    """What a status event says beside its `status` (`Transition.event_data`)."""
+
+    worker: str
+    """`running`: the worker that took the job."""
+    reason: str
+    """`queued` again: `worker_lost` or `preempted`; `expired` (and `canceled` at a
+    deadline): `deadline`."""
+    attempts: int
+    """`queued` again after a lost worker: the runs it has had."""
+    error: ErrorInfo
+    """`failed`: why."""
+
+
+class JobEvent(TypedDict):
+    """A job's event as JSON (`jobs.models.Event`): what a webhook receives."""
+
+    id: str
+    job_id: str
+    type: str
+    data: dict[str, Any]
+    """Its status, output, error, or a pipeline's partial or progress: any JSON object."""
+    ts: float
+
+
+class PreEvent(NamedTuple):
+    """An output or error event that a transition writes just before its status event."""
+
+    type: EventType
+    data: dict[str, Any]
+    """The job's output (any JSON object its pipeline makes), or its `ErrorInfo`."""
 
 
 @dataclass(frozen=True)
@@ -72,11 +117,11 @@ class Transition:
     target: JobStatus
     sources: frozenset[JobStatus]
     fields: dict[str, str] = field(default_factory=dict)
-    event_data: dict[str, Any] = field(default_factory=dict)
+    event_data: StatusData = field(default_factory=StatusData)
     lease_mode: LeaseMode = ""
     lease: Lease | None = None
     kind: str = ""
-    pre_event: tuple[EventType, dict[str, Any]] | None = None
+    pre_event: PreEvent | None = None
     """An output or error event written atomically just before the status event."""
     webhook: WebhookSpec | None = None
     read_back: tuple[str, ...] = ()
@@ -95,15 +140,24 @@ class Transition:
         raw = result.read_back.get("webhook")
         return WebhookSpec.model_validate_json(raw) if raw else None
 
-    def written_events(self, result: TransitionResult, now: float) -> list[dict[str, Any]]:
-        """The events a successful transition wrote, as dicts."""
+    def written_events(self, result: TransitionResult, now: float) -> list[JobEvent]:
+        """The events a successful transition wrote."""
         events = []
         if self.pre_event is not None:
             etype, data = self.pre_event
-            events.append(event_dict(result.pre_event_id, self.job_id, str(etype), data, now))
-        status = {"status": str(self.target), **self.event_data}
-        events.append(event_dict(result.event_id, self.job_id, "status", status, now))
-        return events
+            events.append(
+                JobEvent(
+                    id=result.pre_event_id, job_id=self.job_id, type=str(etype), data=data, ts=now
+                )
+            )
+        status = JobEvent(
+            id=result.event_id,
+            job_id=self.job_id,
+            type="status",
+            data={"status": str(self.target), **self.event_data},
+            ts=now,
+        )
+        return [*events, status]
 
     def script_args(self, settings: Settings, now: float) -> tuple[list[str], list[str]]:
         """The transition script's keys and its one argument."""
@@ -153,11 +207,11 @@ def transition(
     target: JobStatus,
     *,
     fields: dict[str, str] | None = None,
-    event_data: dict[str, Any] | None = None,
+    event_data: StatusData | None = None,
     lease_mode: LeaseMode = "",
     lease: Lease | None = None,
     sources: frozenset[JobStatus] | None = None,
-    pre_event: tuple[EventType, dict[str, Any]] | None = None,
+    pre_event: PreEvent | None = None,
     message: TaskMessage | None = None,
 ) -> Transition:
     """A transition of `job` to `target` from any status the table allows (or `sources`)."""
@@ -176,15 +230,9 @@ def transition(
     )
 
 
-def event_dict(
-    event_id: str, job_id: str, etype: str, data: dict[str, Any], ts: float
-) -> dict[str, Any]:
-    return {"id": event_id, "job_id": job_id, "type": etype, "data": data, "ts": ts}
-
-
 def webhook_events(
     change: Transition, result: TransitionResult, now: float
-) -> list[tuple[str, dict[str, Any]]]:
+) -> list[tuple[str, JobEvent]]:
     """(webhook url, event) for each event of a transition that its job's webhook wants."""
     spec = change.webhook_after(result) if result.ok else None
     if spec is None:

@@ -24,7 +24,15 @@ from typing import Any
 from broker.kombu_redis import TaskMessage
 from jobs.models import EventType, Job
 from jobs.states import JobStatus
-from jobstore.changes import ALL_FIELDS, Lease, Transition, transition
+from jobstore.changes import (
+    ALL_FIELDS,
+    ErrorInfo,
+    Lease,
+    PreEvent,
+    StatusData,
+    Transition,
+    transition,
+)
 from jobstore.codec import dumps
 
 QUEUED = frozenset({JobStatus.QUEUED})
@@ -61,7 +69,7 @@ def cancel_queued_by_id(job_id: str, kind: str) -> Transition:
     return _end_queued_by_id(job_id, kind, JobStatus.CANCELED, {})
 
 
-DEADLINE_PASSED = {"reason": "deadline"}
+DEADLINE_PASSED: StatusData = {"reason": "deadline"}
 """The data of an `expired` status event, and of the `canceled` one of a job canceled at
 its deadline (`cancel_at_deadline`)."""
 
@@ -84,7 +92,7 @@ def expire_by_id(job_id: str, kind: str) -> Transition:
 
 
 def _end_queued_by_id(
-    job_id: str, kind: str, target: JobStatus, event_data: dict[str, Any]
+    job_id: str, kind: str, target: JobStatus, event_data: StatusData
 ) -> Transition:
     return Transition(
         job_id=job_id,
@@ -103,18 +111,18 @@ def succeed(
     """The run holding `lease` ends the job with `output` (its output event first)."""
     return _end(
         job, JobStatus.SUCCEEDED, lease,
-        {"output": dumps(output), **(fields or {})}, (EventType.OUTPUT, output),
+        {"output": dumps(output), **(fields or {})}, PreEvent(EventType.OUTPUT, output),
     )  # fmt: skip
 
 
 def fail(
-    job: Job, lease: Lease, error: dict[str, Any], fields: dict[str, str] | None = None
+    job: Job, lease: Lease, error: ErrorInfo, fields: dict[str, str] | None = None
 ) -> Transition:
     """The run holding `lease` ends the job failed, with the reason (an error event first;
     the status event carries it too)."""
     change = _end(
         job, JobStatus.FAILED, lease,
-        {"error": dumps(error), **(fields or {})}, (EventType.ERROR, error),
+        {"error": dumps(error), **(fields or {})}, _error_event(error),
     )  # fmt: skip
     return replace(change, event_data={"error": error})
 
@@ -164,7 +172,7 @@ def requeue_preempted(job: Job, lease: Lease, message: TaskMessage) -> Transitio
     )
 
 
-def fail_lost(job: Job, error: dict[str, Any]) -> Transition:
+def fail_lost(job: Job, error: ErrorInfo) -> Transition:
     """A running job whose worker was lost once too often ends failed, with the reason."""
     return transition(
         job,
@@ -173,7 +181,7 @@ def fail_lost(job: Job, error: dict[str, Any]) -> Transition:
         lease_mode="absent",
         fields={"error": dumps(error), "finished_at": _now()},
         event_data={"error": error},
-        pre_event=(EventType.ERROR, error),
+        pre_event=_error_event(error),
     )
 
 
@@ -198,7 +206,7 @@ def _end(
     target: JobStatus,
     lease: Lease,
     fields: dict[str, str],
-    pre_event: tuple[EventType, dict[str, Any]] | None,
+    pre_event: PreEvent | None,
 ) -> Transition:
     return transition(
         job,
@@ -209,6 +217,10 @@ def _end(
         fields={"finished_at": _now(), **fields},
         pre_event=pre_event,
     )
+
+
+def _error_event(error: ErrorInfo) -> PreEvent:
+    return PreEvent(EventType.ERROR, {**error})
 
 
 def _now() -> str:

@@ -57,11 +57,11 @@ from jobs.webhooks import wants
 from jobstore import lua, quotas
 from jobstore import recent_counts as recent
 from jobstore.changes import (
+    JobEvent,
     Lease,
     SubmitResult,
     Transition,
     TransitionResult,
-    event_dict,
 )
 from jobstore.codec import (
     dumps,
@@ -265,8 +265,10 @@ class JobStore(StoreBase):
         if self.on_event is not None:
             for event_id, e in zip(ids, events, strict=True):
                 if event_id and e.webhook is not None and wants(e.webhook.events, e.type, e.data):
-                    as_dict = event_dict(event_id, e.job_id, str(e.type), e.data, e.ts)
-                    self.on_event(e.job_id, e.webhook.url, as_dict)
+                    event = JobEvent(
+                        id=event_id, job_id=e.job_id, type=str(e.type), data=e.data, ts=e.ts
+                    )
+                    self.on_event(e.job_id, e.webhook.url, event)
         return ids
 
     def append_event(

@@ -20,12 +20,12 @@ from jobs.webhooks import wants
 from jobstore import recent_counts as recent
 from jobstore.changes import (
     ALL_FIELDS,
+    JobEvent,
     SubmitResult,
     Transition,
     TransitionResult,
     decode_result,
     decode_submit,
-    event_dict,
     submit_args,
     webhook_events,
 )
@@ -42,7 +42,7 @@ from telemetry.metrics import (
     field_of,
 )
 
-EventListener = Callable[[str, str, dict[str, Any]], None]
+EventListener = Callable[[str, str, JobEvent], None]
 """(job_id, webhook url, event) -> None: hands an event to webhook delivery."""
 
 
@@ -109,7 +109,7 @@ class Done(Generic[Answer]):
     answer: Answer
     held: list[tuple[str, str]] = field(default_factory=list)
     """Notices the script held back, to publish."""
-    webhooks: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    webhooks: list[tuple[str, JobEvent]] = field(default_factory=list)
     """(url, event) to hand to `on_event`."""
     samples: list[Sample] = field(default_factory=list)
     cells: list[recent.Cell] = field(default_factory=list)
@@ -175,7 +175,13 @@ class StoreBase:
             done.unconfirmed = self._unconfirmed(wait, f"job {job.id}")
             # raw[1]: the queued event's id ('' where a resent script found the job made).
             if raw[1] and job.webhook is not None and self.on_event is not None:
-                queued = event_dict(raw[1], job.id, "status", {"status": "queued"}, job.created_at)
+                queued = JobEvent(
+                    id=raw[1],
+                    job_id=job.id,
+                    type="status",
+                    data={"status": "queued"},
+                    ts=job.created_at,
+                )
                 if wants(job.webhook.events, "status", queued["data"]):
                     done.webhooks.append((job.webhook.url, queued))
         elif result.outcome == "full" and self.metered:

@@ -23,7 +23,7 @@ from jobs.models import EventType, Job
 from jobs.schemas import validation_error_field
 from jobs.schemas.base import JobInput
 from jobstore import operations, quotas
-from jobstore.changes import Transition, TransitionResult
+from jobstore.changes import ErrorInfo, Transition, TransitionResult
 from jobstore.codec import dumps, job_from_fields
 from jobstore.store import JobStore, NewEvent
 from pipelines.base import Files
@@ -196,7 +196,7 @@ class JobRunner:
             return None
 
 
-def _error_info(error: BaseException | None) -> dict[str, Any]:
+def _error_info(error: BaseException | None) -> ErrorInfo:
     if isinstance(error, InputError):
         return {"type": "invalid_input", "message": error.message, "field": error.field}
     message = str(error) if error is not None else "unknown error"
