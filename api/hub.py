@@ -1,8 +1,8 @@
 """Pub/sub connections of an API process, fanned out to the requests that wait or stream.
 
-Workers publish a notice per event on `keys.EVENTS_CHANNEL` (or one JSON array of the
-notices of the events they wrote together), and each job's terminal
-status notice again, with the job, on `keys.ENDS_CHANNEL`. The hub always listens for
+Workers publish a notice per event on the events channel (or one JSON array of the
+notices of the events they wrote together), and each job's terminal status notice again,
+with the job, on the ends channel (`jobstore.notices`). The hub always listens for
 ends (requests that wait for a job's end need nothing else), and for every event only
 while some request follows a job's events, plus `events_linger_s` after the last one:
 an API that serves waiting requests alone never reads the rest. Idle subscribers cost
@@ -17,21 +17,21 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import orjson
 import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
-from jobs import keys
 from jobs.errors import Unavailable
 from jobs.models import Event
+from jobstore.notices import Channel, Notice, subscribe
 
 log = logging.getLogger(__name__)
 
-RESYNC: dict[str, Any] = {"type": "__resync__"}
+RESYNC: Notice = {"type": "__resync__"}
 """Put in every queue after the hub lost its connection: re-read from Redis."""
-TICK: dict[str, Any] = {"type": "__tick__"}
+TICK: Notice = {"type": "__tick__"}
 """Put in every follower's queue each half `keepalive_s`: one timer for every stream, where
 a timeout around each stream's wait cost a timer per event."""
 SUBSCRIBE_TIMEOUT_S = 10.0
@@ -41,7 +41,6 @@ T = TypeVar("T")
 Queue = asyncio.Queue
 Subscribers = dict[str, set[Queue[T]]]
 """job id -> the queues of its local subscribers."""
-Notice = dict[str, Any]
 Ends = Queue[Notice]
 """What a request waiting for a job's end reads: its end notice, or `RESYNC`."""
 Followed = Queue[Event | Notice]
@@ -54,7 +53,7 @@ class _Listener:
     def __init__(
         self,
         client: aredis.Redis,
-        channel: str,
+        channel: Channel,
         on_notice: Callable[[str], None],
         on_reconnect: Callable[[], None],
     ) -> None:
@@ -74,7 +73,7 @@ class _Listener:
             async with asyncio.timeout(SUBSCRIBE_TIMEOUT_S):
                 await self._ready.wait()
         except TimeoutError:
-            raise Unavailable(f"cannot subscribe to {self._channel} on Redis") from None
+            raise Unavailable(f"cannot subscribe to the {self._channel} channel on Redis") from None
 
     @property
     def listening(self) -> bool:
@@ -92,7 +91,7 @@ class _Listener:
         while True:
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self._channel)
+                await subscribe(pubsub, self._channel)
                 self._ready.set()
                 if connected_before:
                     self._on_reconnect()
@@ -118,13 +117,13 @@ class EventHub:
         self._followers: Subscribers[Event | Notice] = {}
         self._ends = _Listener(
             client,
-            keys.ENDS_CHANNEL,
+            "ends",
             functools.partial(_dispatch, self._waiters),
             functools.partial(_resync, self._waiters),
         )
         self._events = _Listener(
             client,
-            keys.EVENTS_CHANNEL,
+            "events",
             functools.partial(_dispatch_events, self._followers),
             functools.partial(_resync, self._followers),
         )

@@ -13,19 +13,18 @@ import hashlib
 import secrets
 import time
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from celery import Celery
-from pydantic import ValidationError
+from pydantic import JsonValue, ValidationError
 
 from api import event_feed, ratelimit
 from api.cache import ResponseCache
 from api.file_service import FileService
-from api.hub import EventHub
+from api.hub import Ends, EventHub
 from api.listing import JobFilter, list_jobs
 from broker.celery_app import job_message
 from broker.queues import pipeline_for
-from jobs import keys
 from jobs.errors import Conflict, InputError, NotFound, QueueFull, QuotaExceeded
 from jobs.models import Job, JobCreate
 from jobs.schemas import schema_for, validation_error_field
@@ -35,6 +34,7 @@ from jobs.states import JobStatus
 from jobstore import operations, quotas
 from jobstore.changes import SubmitResult
 from jobstore.codec import dumps, job_from_fields
+from jobstore.job_indexes import jobs_of
 from jobstore.quotas import Quota
 from jobstore.store import AsyncJobStore
 from security.netguard import NetPolicy, check_url
@@ -44,7 +44,7 @@ class Validated(NamedTuple):
     pipeline: str
     """The pipeline that runs the job (its queue)."""
     request: JobInput
-    input: dict[str, Any]
+    input: dict[str, JsonValue]
     """The input as stored: validated, with defaults filled in."""
 
 
@@ -288,9 +288,7 @@ class JobService:
         async with self._hub.subscribe_ends(job_id) as notices:
             return await self._wait_on(owner, await self.get(owner, job_id), notices, timeout_s)
 
-    async def _wait_on(
-        self, owner: str, job: Job, notices: asyncio.Queue[dict[str, Any]], timeout_s: float
-    ) -> Job:
+    async def _wait_on(self, owner: str, job: Job, notices: Ends, timeout_s: float) -> Job:
         timeout_s = max(0.0, min(timeout_s, self.settings.api.max_wait_s))
         deadline = time.monotonic() + timeout_s
         job_id = job.id
@@ -313,7 +311,7 @@ class JobService:
         self, keep: JobFilter, *, limit: int, cursor: str | None
     ) -> tuple[list[Job], str | None]:
         """Every owner's jobs (for admins), newest first, filtered."""
-        return await list_jobs(self._store, keys.ALL_JOBS, keep, limit=limit, cursor=cursor)
+        return await list_jobs(self._store, jobs_of(None), keep, limit=limit, cursor=cursor)
 
     async def get_any(self, job_id: str) -> Job:
         """The job whoever owns it (for admins), or NotFound."""
@@ -344,8 +342,7 @@ class JobService:
         self, owner: str, keep: JobFilter, *, limit: int, cursor: str | None
     ) -> tuple[list[Job], str | None]:
         """The owner's jobs, newest first, filtered; returns (page, next cursor)."""
-        index = keys.owner_jobs(owner)
-        return await list_jobs(self._store, index, keep, limit=limit, cursor=cursor)
+        return await list_jobs(self._store, jobs_of(owner), keep, limit=limit, cursor=cursor)
 
     async def submit_following(self, owner: str, body: JobCreate) -> tuple[Job, event_feed.Batches]:
         """Store and enqueue a job, and follow its events from its first (`follow`), for a
