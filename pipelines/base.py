@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar, Generic, Protocol, TypeVar
 
+from jobs.outputs import JobOutput, PartialData, StoredFile
 from jobs.schemas.base import JobInput
 from jobs.settings import PipelineConfig, Settings
+from storage.base import Data
 
 InputT = TypeVar("InputT", bound=JobInput)
 InputT_co = TypeVar("InputT_co", bound=JobInput, covariant=True)
@@ -52,7 +54,7 @@ class Files(Protocol):
         """A stream of the file that input field `field` references. Close it."""
         ...
 
-    def put_output(self, name: str, data: Any, content_type: str) -> dict[str, Any]:
+    def put_output(self, name: str, data: Data, content_type: str) -> StoredFile:
         """Store output `name` (bytes or a binary stream); returns its key, signed url,
         bytes, content_type and sha256 for the job's output."""
         ...
@@ -85,7 +87,7 @@ class Request(Protocol[InputT_co]):
         the caller stops working on it, the rest of the batch goes on."""
         ...
 
-    def partial(self, data: dict[str, Any]) -> None:
+    def partial(self, data: PartialData) -> None:
         """Emit a partial output (an ASR segment, a TTS chunk, LLM tokens)."""
         ...
 
@@ -97,7 +99,7 @@ class Request(Protocol[InputT_co]):
         """Add one of the kind's own timings (a field of `jobs.models.Timings`)."""
         ...
 
-    def succeed(self, output: dict[str, Any]) -> None:
+    def succeed(self, output: JobOutput) -> None:
         """Finish this request with its final output."""
         ...
 
@@ -167,7 +169,7 @@ class Pipeline(ABC, Generic[InputT, PreparedT]):
     def run(self, batch: Sequence[PreparedT]) -> None:
         """Run one batch and finish every request in it (succeed, fail or drop_canceled)."""
 
-    def merge_partials(self, first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any] | None:
+    def merge_partials(self, first: PartialData, then: PartialData) -> PartialData | None:
         """One partial output's data for two consecutive ones of a request, or None (the
         default) to keep them apart. The worker merges partials that wait while an earlier
         write is in flight (e.g. LLM tokens into one delta); nothing waits for a merge."""

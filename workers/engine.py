@@ -27,12 +27,13 @@ from typing import Any
 
 from jobs.errors import InputError
 from jobs.models import BATCH_IDS_MAX, BatchInfo, EventType
+from jobs.outputs import EventData, JobOutput, PartialData
 from jobs.schemas.base import JobInput
 from pipelines.base import BackendLost, Canceled, Files, Pipeline
 
 log = logging.getLogger(__name__)
 
-EventSink = Callable[[str, EventType, dict[str, Any], bool], None]
+EventSink = Callable[[str, EventType, EventData, bool], None]
 """(job_id, type, data, is_output) -> None: writes one event of a job."""
 
 BatchObserver = Callable[[str, int, float], None]
@@ -43,7 +44,7 @@ BatchObserver = Callable[[str, int, float], None]
 class Outcome:
     status: str
     """`succeeded`, `failed`, `canceled`, or `lost` (the backend went away: run it again)."""
-    output: dict[str, Any] | None = None
+    output: JobOutput | None = None
     error: BaseException | None = None
     timings: dict[str, float] = field(default_factory=dict)
     """The kind's own timings the pipeline recorded (`Request.record_timing`)."""
@@ -91,7 +92,7 @@ class WorkItem:
             return True
         return False
 
-    def partial(self, data: dict[str, Any]) -> None:
+    def partial(self, data: PartialData) -> None:
         self._emit(EventType.PARTIAL, data)
 
     def progress(self, step: int, total: int, **extra: Any) -> None:
@@ -102,7 +103,7 @@ class WorkItem:
             if self.outcome is None:
                 self.timings[name] = round(ms, 3)
 
-    def succeed(self, output: dict[str, Any]) -> None:
+    def succeed(self, output: JobOutput) -> None:
         self._finish(Outcome("succeeded", output=output))
 
     def fail(self, error: BaseException) -> None:
@@ -120,7 +121,7 @@ class WorkItem:
         self._finished.wait(timeout_s)
         return self.outcome
 
-    def _emit(self, etype: EventType, data: dict[str, Any]) -> None:
+    def _emit(self, etype: EventType, data: EventData) -> None:
         with self._emit_lock:
             if self.outcome is None:
                 self.sink(self.job_id, etype, data, True)

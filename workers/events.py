@@ -20,16 +20,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 import redis
 
 from jobs.models import EventType
+from jobs.outputs import PartialData
 from jobstore.store import JobStore, NewEvent
 
 log = logging.getLogger(__name__)
 
-Merge = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None]
+Merge = Callable[[PartialData, PartialData], PartialData | None]
 """(earlier partial's data, later partial's data) -> one partial's data, or None."""
 
 MAX_BATCH = 512
@@ -123,7 +123,8 @@ def merged(batch: list[NewEvent], merge: Merge | None) -> list[NewEvent]:
             same_run = before.type is EventType.PARTIAL and before.lease_token == event.lease_token
             joined = merge(before.data, event.data) if same_run else None
             if joined is not None:
-                out[at] = replace(before, data=joined)  # keeps its first token's time
+                # keeps its first token's time; the store takes a plain dict
+                out[at] = replace(before, data=dict(joined))
                 continue
         last[event.job_id] = len(out)
         out.append(event)

@@ -16,8 +16,9 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
+from jobs.outputs import StoredFile
 from jobs.settings import Settings
 from jobstore.retention_index import RetentionIndex
 from storage.base import Data, Storage, job_folder, job_key
@@ -56,7 +57,7 @@ class JobFiles:
         """A stream of the file that input field `field` references. Close it."""
         return self.fetcher.open(ref, owner=self.owner, field=field, cancel=self.cancel)
 
-    def put_output(self, name: str, data: Data, content_type: str) -> dict[str, Any]:
+    def put_output(self, name: str, data: Data, content_type: str) -> StoredFile:
         """Store output `name` of the job; returns what its output should show of it."""
         key = job_key(self.owner, self.job_id, name)
         self.index.note_artifacts(job_folder(self.owner, self.job_id))

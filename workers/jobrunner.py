@@ -13,13 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from pydantic import ValidationError
 
 from broker.kombu_redis import TaskMessage
 from jobs.errors import InputError, NotDurable
 from jobs.models import EventType, Job
+from jobs.outputs import EventData, JobOutput, Loading
 from jobs.schemas import validation_error_field
 from jobs.schemas.base import JobInput
 from jobstore import operations, quotas
@@ -99,8 +99,9 @@ class JobRunner:
 
         token = held.lease.token
 
-        def emit(job_id: str, etype: EventType, data: dict[str, Any], output: bool) -> None:
-            event = NewEvent(job_id, etype, data, output, job.webhook, lease_token=token)
+        def emit(job_id: str, etype: EventType, data: EventData, output: bool) -> None:
+            # The store takes the data as a plain dict: any pipeline's JSON object.
+            event = NewEvent(job_id, etype, dict(data), output, job.webhook, lease_token=token)
             self.events.emit(event)
 
         files = self.files_for(job, held.cancel) if self.files_for else None
@@ -129,17 +130,17 @@ class JobRunner:
     def _load_for(self, job: Job, emit: EventSink, held: Held) -> float:
         """The pipeline's model loaded (on demand); the milliseconds the job waited."""
         assert self.residency is not None
-        loading = {"status": "running", "loading": self.engine.pipeline.name}
+        loading: Loading = {"status": "running", "loading": self.engine.pipeline.name}
         return self.residency.acquire(
             lambda: emit(job.id, EventType.STATUS, loading, False), held.cancel
         )
 
-    def _remember(self, job: Job, request: JobInput, output: dict[str, Any]) -> None:
+    def _remember(self, job: Job, request: JobInput, output: JobOutput) -> None:
         """Keep a deterministic request's answer in the response cache (see
         `JobInput.cache_policy`); the API answers the same request from it."""
         policy = request.cache_policy(self.engine.pipeline.config)
         if policy is not None:
-            self.store.remember_answer(job.owner, policy, output)
+            self.store.remember_answer(job.owner, policy, dict(output))
 
     def _record(
         self, job: Job, held: Held, outcome: Outcome, request: JobInput | None = None
@@ -154,7 +155,7 @@ class JobRunner:
         if outcome.status == "succeeded":
             if outcome.timings:  # the kind's own (`jobs.models.Timings`)
                 ran_in["extra_timings"] = dumps(outcome.timings)
-            change = operations.succeed(job, lease, outcome.output or {}, ran_in)
+            change = operations.succeed(job, lease, dict(outcome.output or {}), ran_in)
             cost = request.cost_after(outcome.output or {}) if request is not None else 0
             if cost > 0:  # known only now (ASR: the audio's seconds)
                 charge = quotas.charge_after(

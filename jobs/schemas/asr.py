@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jobs.outputs import JobOutput
 from jobs.schemas.base import JobInput
 
 # The constraints of the fields that OpenAI's transcription form carries too
@@ -31,9 +32,10 @@ class AsrInput(JobInput):
     initial_prompt: Prompt | None = None
     temperature: Temperature = 0.0
 
-    def cost_after(self, output: dict[str, Any]) -> int:
+    def cost_after(self, output: JobOutput) -> int:
         """Seconds of audio, known once it is decoded: counted when the job succeeds."""
-        return math.ceil(float(output.get("duration") or 0))
+        duration = output.get("duration")
+        return math.ceil(duration) if isinstance(duration, int | float) else 0
 
 
 class AsrOptions(BaseModel):

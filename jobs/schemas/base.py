@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from jobs.errors import InputError
+from jobs.outputs import JobOutput
 from jobs.settings import Limits, PipelineConfig, Settings
 
 COUNT_MAX = 2**31 - 1
@@ -65,7 +65,7 @@ class JobInput(BaseModel):
         admitted (`jobstore.quotas.COST_UNITS`); 0 where it is known only at the end."""
         return 0
 
-    def cost_after(self, output: dict[str, Any]) -> int:
+    def cost_after(self, output: JobOutput) -> int:
         """What the job counts when it succeeds, where its cost was not known at
         admission (ASR: the audio's seconds)."""
         return 0

@@ -15,9 +15,11 @@ import logging
 import secrets
 import threading
 from collections.abc import Hashable, Sequence
-from typing import Any
+
+from PIL import Image
 
 from jobs.errors import InputError
+from jobs.outputs import BatchSizes, ImageFile, ImageOutput
 from jobs.schemas.image import ImageInput, ImageOptions
 from jobs.settings import PipelineConfig, Settings
 from pipelines.base import Canceled, Pipeline, Request
@@ -95,13 +97,13 @@ class ImagePipeline(Pipeline[ImageInput, Share]):
             generated = call.run()
         except Canceled:
             return
-        sizes = {"requests": len(shares), "images": sum(len(s.seeds) for s in shares)}
+        sizes: BatchSizes = {"requests": len(shares), "images": sum(len(s.seeds) for s in shares)}
         for share, result in generated.items():
             self._finish(share, result, sizes)
 
     # -- before the call ---------------------------------------------------------------
 
-    def _start_image(self, request: Request[ImageInput]) -> Any:
+    def _start_image(self, request: Request[ImageInput]) -> Image.Image | None:
         inp = request.input
         if inp.init_image is None:
             return None
@@ -139,7 +141,7 @@ class ImagePipeline(Pipeline[ImageInput, Share]):
 
     # -- after the call ----------------------------------------------------------------
 
-    def _finish(self, share: Share, result: Generated, sizes: dict[str, int]) -> None:
+    def _finish(self, share: Share, result: Generated, sizes: BatchSizes) -> None:
         request = share.request
         if request.drop_if_canceled():
             return
@@ -150,33 +152,40 @@ class ImagePipeline(Pipeline[ImageInput, Share]):
                 zip(result.images, share.seeds, result.nsfw, strict=True)
             )
         ]
-        request.succeed(
-            {
-                "images": images,
-                "seeds": share.seeds,
-                "width": inp.width,
-                "height": inp.height,
-                "steps": inp.steps,
-                "guidance_scale": inp.guidance_scale,
-                "scheduler": inp.scheduler or self.opts.default_scheduler,
-                "format": inp.format,
-                "batch": sizes,
-            }
-        )
+        output: ImageOutput = {
+            "images": images,
+            "seeds": share.seeds,
+            "width": inp.width,
+            "height": inp.height,
+            "steps": inp.steps,
+            "guidance_scale": inp.guidance_scale,
+            "scheduler": inp.scheduler or self.opts.default_scheduler,
+            "format": inp.format,
+            "batch": sizes,
+        }
+        request.succeed(output)
 
     def _store(
         self,
         request: Request[ImageInput],
         inp: ImageInput,
         i: int,
-        image: Any,
+        image: Image.Image,
         seed: int,
         nsfw: bool,
-    ) -> dict[str, Any]:
+    ) -> ImageFile:
         data = encode(image, inp.format)
         name = f"image-{i}.{EXTENSIONS[inp.format]}"
         stored = request.files.put_output(name, data, CONTENT_TYPES[inp.format])
-        stored.update(seed=seed, nsfw=nsfw)
+        found: ImageFile = {
+            "key": stored["key"],
+            "url": stored["url"],
+            "bytes": stored["bytes"],
+            "content_type": stored["content_type"],
+            "sha256": stored["sha256"],
+            "seed": seed,
+            "nsfw": nsfw,
+        }
         if inp.response_format == "b64_json":
-            stored["b64_json"] = base64.b64encode(data).decode()
-        return stored
+            found["b64_json"] = base64.b64encode(data).decode()
+        return found

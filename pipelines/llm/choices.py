@@ -12,16 +12,26 @@ choice under `choices` when there are several.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeGuard
 
+from jobs.outputs import (
+    ChoiceOutput,
+    IndexedChoice,
+    LlmChoices,
+    LlmDelta,
+    Logprobs,
+    PartialData,
+    ToolCall,
+    ToolCallDelta,
+)
 from pipelines.llm.client import Delta, Finish
 
 
 @dataclass
 class Choice:
     text: list[str] = field(default_factory=list)
-    calls: list[dict[str, Any]] = field(default_factory=list)
-    logprobs: Any = None
+    calls: list[ToolCall] = field(default_factory=list)
+    logprobs: Logprobs | None = None
     deltas: int = 0
 
     def add(self, delta: Delta) -> None:
@@ -33,26 +43,28 @@ class Choice:
         if delta.logprobs is not None:
             self.logprobs = join_logprobs(self.logprobs, delta.logprobs)
 
-    def output(self, reason: str | None, chat: bool) -> dict[str, Any]:
-        out: dict[str, Any] = {"text": "".join(self.text), "finish_reason": reason}
+    def output(self, reason: str | None) -> LlmChoices:
+        """The choice's output, as the top level of a one-choice job's output."""
+        out: LlmChoices = {"text": "".join(self.text), "finish_reason": reason}
         if self.calls:
             out["tool_calls"] = self.calls
-        if self.logprobs is not None:
-            out["logprobs"] = {"content": self.logprobs} if chat else self.logprobs
+        if isinstance(self.logprobs, list):  # chat's entries go under `content`
+            out["logprobs"] = {"content": self.logprobs}
+        elif self.logprobs is not None:
+            out["logprobs"] = self.logprobs
         return out
 
 
 class Choices:
     """Every choice of one generation."""
 
-    def __init__(self, n: int, chat: bool) -> None:
-        self.chat = chat
+    def __init__(self, n: int) -> None:
         self.choices = [Choice() for _ in range(n)]
 
-    def add(self, delta: Delta) -> dict[str, Any]:
+    def add(self, delta: Delta) -> LlmDelta:
         """Take one delta; returns its partial event's data."""
         choice = self.choices[delta.choice]
-        data: dict[str, Any] = {"index": choice.deltas, "text": delta.text}
+        data: LlmDelta = {"index": choice.deltas, "text": delta.text}
         if delta.choice:
             data["choice"] = delta.choice
         if delta.tool_calls:
@@ -66,26 +78,37 @@ class Choices:
     def deltas(self) -> int:
         return sum(c.deltas for c in self.choices)
 
-    def output(self, finish: Finish) -> dict[str, Any]:
-        outs = [c.output(finish.reasons.get(i), self.chat) for i, c in enumerate(self.choices)]
-        first = dict(outs[0])
+    def output(self, finish: Finish) -> LlmChoices:
+        outs = [c.output(finish.reasons.get(i)) for i, c in enumerate(self.choices)]
+        first = outs[0].copy()
         if len(outs) > 1:
-            first["choices"] = [{"index": i, **out} for i, out in enumerate(outs)]
+            first["choices"] = [_indexed(i, out) for i, out in enumerate(outs)]
         return first
 
 
-def merge_partials(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any] | None:
+def _indexed(index: int, out: ChoiceOutput) -> IndexedChoice:
+    return {"index": index, **out}
+
+
+def is_delta(data: PartialData) -> TypeGuard[LlmDelta]:
+    """Whether a partial is an LLM delta (`Choices.add`'s)."""
+    return "index" in data and "text" in data
+
+
+def merge_partials(first: LlmDelta, then: LlmDelta) -> LlmDelta | None:
     """Two deltas of the same choice that waited for a write, as one (the first one's
     index); None where they must stay apart (another choice, a tool call)."""
     if first.get("choice") != then.get("choice") or "tool_calls" in first or "tool_calls" in then:
         return None
-    merged = {**first, "text": first["text"] + then["text"]}
+    merged: LlmDelta = {**first, "text": first["text"] + then["text"]}
     if "logprobs" in first or "logprobs" in then:
-        merged["logprobs"] = join_logprobs(first.get("logprobs"), then.get("logprobs"))
+        logprobs = join_logprobs(first.get("logprobs"), then.get("logprobs"))
+        if logprobs is not None:
+            merged["logprobs"] = logprobs
     return merged
 
 
-def merge_call(calls: list[dict[str, Any]], delta: dict[str, Any]) -> None:
+def merge_call(calls: list[ToolCall], delta: ToolCallDelta) -> None:
     """Fold one streamed tool call delta into the calls so far: the first delta of a call
     (by `index`) brings its id, type and name; later ones add to its arguments."""
     index = int(delta.get("index", len(calls)))
@@ -99,7 +122,7 @@ def merge_call(calls: list[dict[str, Any]], delta: dict[str, Any]) -> None:
     call["function"]["arguments"] += function.get("arguments") or ""
 
 
-def join_logprobs(so_far: Any, more: Any) -> Any:
+def join_logprobs(so_far: Logprobs | None, more: Logprobs | None) -> Logprobs | None:
     """Log probabilities of consecutive deltas as one: lists (chat's entries) joined, and
     dicts of lists (the completions API's `tokens`, `token_logprobs`, …) joined per key."""
     if so_far is None:

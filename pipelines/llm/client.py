@@ -15,14 +15,16 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import orjson
+from typing_extensions import TypeIs
 
 from common.sse import SseParser
 from jobs.errors import InputError
+from jobs.outputs import ChatLogprobs, CompletionLogprobs, Logprobs, ToolCallDelta
 from jobs.schemas.llm import ChatFeatures, LlmInput
 from pipelines.llm.http import Broken, Pool
 
@@ -48,9 +50,9 @@ class Delta:
 
     text: str
     choice: int = 0
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallDelta] | None = None
     """OpenAI's tool call deltas, as the engine sent them."""
-    logprobs: Any = None
+    logprobs: Logprobs | None = None
     """The chunk's log probabilities as the engine sent them: a list of entries (chat), or
     a dict of lists (completions)."""
 
@@ -62,6 +64,27 @@ SAMPLING = {"presence_penalty", "frequency_penalty", "stop", "seed", "n"}
 """Fields that go to the engine where the request sets them to other than their default."""
 
 
+class EngineDelta(TypedDict, total=False):
+    """What a chat chunk's choice adds (OpenAI's `delta`)."""
+
+    role: str
+    content: str | None
+    tool_calls: list[ToolCallDelta] | None
+
+
+class EngineChoice(TypedDict, total=False):
+    """A choice of one chunk of the engine's stream: a chat chunk's `delta`, or a
+    completion chunk's `text`."""
+
+    index: int
+    delta: EngineDelta | None
+    text: str | None
+    logprobs: ChatLogprobs | CompletionLogprobs | None
+    finish_reason: str | None
+
+
+# The body is the engine's JSON, made of the input's pydantic dumps (its tools carry the
+# user's JSON schemas): typed by the models it comes from, not here.
 def request_body(inp: LlmInput, model: str) -> tuple[str, dict[str, Any]]:
     """(path, JSON body) of the engine request for `inp`: every field the request sets,
     in the engine's (OpenAI's) shape. The API has refused what the engine lacks."""
@@ -183,32 +206,41 @@ def _prompt_field(path: str) -> str:
     return "messages" if path.endswith("/chat/completions") else "prompt"
 
 
-def _delta_of(choice: dict[str, Any]) -> Delta | None:
+def _delta_of(choice: EngineChoice) -> Delta | None:
     """The choice's delta; None where it adds nothing (the role, the finish)."""
     if "delta" in choice:
         delta = choice["delta"] or {}
         text, calls = delta.get("content") or "", delta.get("tool_calls")
     else:
         text, calls = choice.get("text") or "", None
-    logprobs = choice.get("logprobs")
-    if isinstance(logprobs, dict) and "content" in logprobs:  # chat: {"content": [...]}
-        logprobs = logprobs["content"]
+    logprobs = _logprobs(choice.get("logprobs"))
     if not text and not calls and not logprobs:
         return None
     return Delta(text, choice.get("index", 0), calls or None, logprobs or None)
+
+
+def _logprobs(sent: ChatLogprobs | CompletionLogprobs | None) -> Logprobs | None:
+    """A chat chunk's entries (sent as `{"content": [...]}`), or the completions API's lists."""
+    if sent is not None and _is_chat(sent):
+        return sent["content"]
+    return sent
+
+
+def _is_chat(sent: ChatLogprobs | CompletionLogprobs) -> TypeIs[ChatLogprobs]:
+    return "content" in sent  # the completions API's lists have no `content`
 
 
 def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _raise_for(status: int, text: str, path: str, body: dict[str, Any]) -> None:
+def _raise_for(status: int, text: str, path: str, body: Collection[str]) -> None:
     message, param = _message(text)
     if status in (400, 413, 422):
         # vLLM answers 400 for a prompt longer than max_model_len, and for bad parameters,
         # naming the parameter where it can: a field of the request (OpenAI's names, which
         # are the input's), or else the prompt.
-        field = param if param in body else _prompt_field(path)
+        field = param if param is not None and param in body else _prompt_field(path)
         raise InputError(field, f"the engine refused the request: {message}")
     raise EngineRefused(f"the engine answered {status}: {message}")
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any
 
+from jobs.outputs import LlmOutput, LlmUsage, PartialData
 from jobs.schemas.llm import LlmInput, LlmOptions
 from jobs.settings import PipelineConfig, Settings, on_gpu
 from pipelines.base import BackendLost, EngineKnobs, Request, SimplePipeline
-from pipelines.llm.choices import Choices, merge_partials
+from pipelines.llm.choices import Choices, is_delta, merge_partials
 from pipelines.llm.client import Delta, EngineClient, EngineLost, request_body
 from pipelines.llm.gauges import engine_readings, read_metrics
 from pipelines.llm.images import inline_images
@@ -139,10 +139,12 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         if self._monitor.is_alive():
             self._monitor.join(MONITOR_INTERVAL_S * 4)
 
-    def merge_partials(self, first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any] | None:
+    def merge_partials(self, first: PartialData, then: PartialData) -> PartialData | None:
         """Tokens of a choice that waited for a write go out as one delta (the first one's
         index)."""
-        return merge_partials(first, then)
+        if is_delta(first) and is_delta(then):
+            return merge_partials(first, then)
+        return None
 
     def unload(self) -> None:
         self._ready.clear()
@@ -174,7 +176,7 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         if inp.file_refs():
             limit = self.settings.limits.llm_max_image_bytes
             inline_images(body["messages"], request.files.open_input, limit)
-        choices = Choices(inp.n, chat=inp.messages is not None)
+        choices = Choices(inp.n)
         with self._slots:
             restarts = self.server.restarts
             clock = TokenClock()
@@ -194,15 +196,20 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         if finish is None:  # canceled: closing the stream aborted the sequence
             return
         completion = finish.usage.get("completion_tokens", choices.deltas)
-        usage = {
+        usage: LlmUsage = {
             "prompt_tokens": finish.usage.get("prompt_tokens", 0),
             "completion_tokens": completion,
             "total_tokens": finish.usage.get("prompt_tokens", 0) + completion,
         }
         for name, ms in clock.timings(completion).items():
             request.record_timing(name, ms)
-        output = choices.output(finish)
-        request.succeed({**output, "usage": usage, "model": model, "cached": False})
+        result: LlmOutput = {
+            **choices.output(finish),
+            "usage": usage,
+            "model": model,
+            "cached": False,
+        }
+        request.succeed(result)
 
     def _engine_lost(self, restarts_seen: int) -> None:
         """After a broken stream: if the engine died, hold every request until the monitor
