@@ -7,7 +7,7 @@ Workers write the cache and the API reads it, both through the job store
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import JsonValue
 
 from jobs.models import Job
 from jobs.schemas.base import JobInput
@@ -22,15 +22,18 @@ class ResponseCache:
         self.settings = settings
         self.store = store
 
-    async def lookup(self, owner: str, pipeline: str, request: JobInput) -> dict[str, Any] | None:
-        """The cached answer to a deterministic request, if there is one."""
+    async def lookup(
+        self, owner: str, pipeline: str, request: JobInput
+    ) -> dict[str, JsonValue] | None:
+        """The cached answer to a deterministic request (a job's output, its kind's JSON),
+        if there is one."""
         policy = request.cache_policy(self.settings.pipelines[pipeline])
         if policy is None:
             return None
         answer = await self.store.cached_answer(owner, policy)
         return None if answer is None else {**answer, "cached": True}
 
-    async def answer(self, job: Job, output: dict[str, Any]) -> Job | None:
+    async def answer(self, job: Job, output: dict[str, JsonValue]) -> Job | None:
         """End a new job with a cached answer, through the usual transitions (it runs
         here, under a lease of its own, instead of on a worker); None where something
         else moved the job first (a cancel), so the caller reads it as it is."""

@@ -1,7 +1,8 @@
 """The OpenAPI document, published from what the routes validate with.
 
 FastAPI writes the document from each route's signature. Two things it cannot see from
-there are put right here, once, when the document is first asked for:
+there are put right here, once, when the document is first asked for, in the JSON that
+FastAPI made (typed as FastAPI types it: any OpenAPI document is JSON of its own):
 
 - `POST /v1/jobs` takes a `JobCreate` whose `input` is any object, then validates
   `input` with the input model of its `kind` (`JobService.validate`), so that each kind's
@@ -40,7 +41,7 @@ from jobs.settings import Settings
 
 def install(app: FastAPI, settings: Settings) -> None:
     """Serve the corrected document at `/openapi.json` (and in `/docs`)."""
-    generate: Callable[[], dict[str, Any]] = app.openapi
+    generate = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -108,9 +109,8 @@ def _operation(document: dict[str, Any], endpoint: Callable[..., Any]) -> dict[s
     }
     for path in document["paths"].values():
         for operation in path.values():
-            if operation.get("operationId") in ids:
-                found: dict[str, Any] = operation
-                return found
+            if isinstance(operation, dict) and operation.get("operationId") in ids:
+                return operation
     raise LookupError(f"no operation of {endpoint.__name__} in the document")
 
 

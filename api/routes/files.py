@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -15,6 +15,7 @@ from api.file_service import FileInfo, FileService
 from api.forms import multipart_body
 from api.openai import answers
 from api.openai.batch_models import FileDeleted, FileList, OpenAIFile, UploadedFile
+from api.openai.protocol import Responses
 from jobs.errors import InputError
 from jobs.schemas import validation_error_field
 from jobstore.file_objects import Purpose, is_file_id
@@ -57,7 +58,7 @@ FileId = Annotated[
         json_schema_extra={"pattern": f"^{SEGMENT}$"},
     ),
 ]
-DOWNLOAD: dict[int | str, dict[str, Any]] = {
+DOWNLOAD: Responses = {
     200: {
         "description": "The file's bytes, with the content type it was stored with.",
         "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
@@ -117,10 +118,10 @@ async def list_files(
     purpose: Annotated[str | None, Query(max_length=32)] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
     after: Annotated[str | None, Query(max_length=64)] = None,
-) -> dict[str, Any]:
+) -> FileList:
     """Your OpenAI file objects, newest first (OpenAI's `files.list`)."""
     found, more = await files.list_objects(owner, purpose, limit, after)
-    return answers.page([obj.openai() for obj in found], more)
+    return FileList.model_validate(answers.page([obj.openai() for obj in found], more))
 
 
 @router.get("/{file_id}/content", response_class=StreamingResponse, responses=DOWNLOAD)
@@ -138,7 +139,7 @@ async def file_content(
     return await _stream(files, obj.key)
 
 
-FILE_OBJECT: dict[int | str, dict[str, Any]] = {
+FILE_OBJECT: Responses = {
     200: {
         "model": OpenAIFile,
         "description": "The OpenAI file object; for a storage key, the file's bytes.",
