@@ -10,7 +10,8 @@ import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+
+from pydantic import JsonValue
 
 from harness.deploy import Deployment, serving, wait_until
 from host.redis_server import RedisServer
@@ -54,7 +55,7 @@ model = {sd}
 """Each built-in kind's pipeline on its tiny model (`pipeline_toml`)."""
 KIND_NAMES = ("llm", "image", "asr", "tts")
 
-VLLM_TEST_OPTIONS: dict[str, Any] = {"engine": "vllm", "extra_args": ["--enforce-eager"]}
+VLLM_TEST_OPTIONS: dict[str, JsonValue] = {"engine": "vllm", "extra_args": ["--enforce-eager"]}
 """The real vLLM (its CPU build) as the tests run it: `--enforce-eager` skips the
 torch.compile warm-up, most of a start on two cores."""
 VLLM_TEST_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -63,7 +64,7 @@ process: 25 s to a first answer here instead of 36 (one interpreter and its impo
 fewer), for the dozen engine starts of the suite. Its server and engine core stay apart."""
 
 
-def llm_toml(name: str, model: str, options: dict[str, Any], **pipeline: Any) -> str:
+def llm_toml(name: str, model: str, options: dict[str, JsonValue], **pipeline: JsonValue) -> str:
     """A `[pipelines.NAME]` table of the `llm` kind on `model`, with `pipeline`'s keys and
     its `options` (values written as JSON, which TOML reads the same for strings, numbers,
     booleans and lists; tables inline)."""
@@ -74,7 +75,7 @@ def llm_toml(name: str, model: str, options: dict[str, Any], **pipeline: Any) ->
     return "\n" + "\n".join(lines) + "\n"
 
 
-def _toml(value: Any) -> str:
+def _toml(value: JsonValue) -> str:
     """A value as TOML: JSON's spelling, but a table inline (`{"k" = v}`)."""
     if isinstance(value, dict):
         return "{" + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + "}"

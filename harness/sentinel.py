@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import TypedDict, cast
 
 import redis
 
@@ -18,6 +18,9 @@ from common.redis_client import NO_RETRY
 from host.redis_server import RedisServer, server_binary
 
 MASTER_NAME = "mymaster"
+SentinelMaster = TypedDict("SentinelMaster", {"num-other-sentinels": int, "num-slaves": int})
+"""What a sentinel says of its master (`SENTINEL MASTER`, as redis-py reads it): the
+counts that tell whether it sees the others."""
 QUORUM = 2
 DOWN_AFTER_MS = 2000
 FAILOVER_TIMEOUT_MS = 6000
@@ -123,7 +126,7 @@ class SentinelGroup:
 
     def _sentinels_see_all(self) -> bool:
         for port in self.sentinel_ports:
-            state = cast(dict[str, Any], self.sentinel(port).sentinel_master(MASTER_NAME))
+            state = cast(SentinelMaster, self.sentinel(port).sentinel_master(MASTER_NAME))
             if state["num-other-sentinels"] < 2 or state["num-slaves"] < 1:
                 return False
         return True

@@ -22,7 +22,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from harness.built import built_once
 
@@ -52,13 +52,47 @@ def write_tokenizer(path: Path) -> None:
     tokenizer.save_pretrained(str(path))
 
 
+class UnetShape(TypedDict, total=False):
+    """Keyword arguments of diffusers' `UNet2DConditionModel` that a shape sets."""
+
+    sample_size: int
+    layers_per_block: int
+    block_out_channels: tuple[int, ...]
+    down_block_types: tuple[str, ...]
+    up_block_types: tuple[str, ...]
+    cross_attention_dim: int
+    attention_head_dim: int
+    norm_num_groups: int
+
+
+class VaeShape(TypedDict, total=False):
+    """Keyword arguments of diffusers' `AutoencoderKL` that a shape sets."""
+
+    block_out_channels: tuple[int, ...]
+    layers_per_block: int
+    norm_num_groups: int
+    sample_size: int
+
+
+class TextShape(TypedDict, total=False):
+    """Keyword arguments of transformers' `CLIPTextConfig` that a shape sets."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    hidden_act: str
+    projection_dim: int
+
+
 @dataclass(frozen=True)
 class SdShape:
     """Keyword arguments of the UNet, the VAE and the CLIP text config."""
 
-    unet: dict[str, Any]
-    vae: dict[str, Any]
-    text: dict[str, Any]
+    unet: UnetShape
+    vae: VaeShape
+    text: TextShape
     half: bool
 
 

@@ -170,7 +170,8 @@ def _successors(tokenizer: Any, ids: dict[str, int], vocab: int) -> dict[int, in
     return chain
 
 
-def _preprocessor(mels: int) -> dict[str, Any]:
+def _preprocessor(mels: int) -> dict[str, str | int | float | bool]:
+    """The `preprocessor_config.json` of a Whisper with `mels` mel bins."""
     return {
         "feature_extractor_type": "WhisperFeatureExtractor",
         "feature_size": mels,
