@@ -45,7 +45,8 @@ class TuneDeployment:
 
     def __init__(self, raw: dict[str, Any], pipeline: str, workdir: Path) -> None:
         self.raw = raw
-        """The user's config as TOML data (empty without a file)."""
+        """The user's config as TOML data (empty without a file): kept as the user wrote
+        it, keys unknown to `Settings` included, so it stays a TOML document."""
         self.pipeline = pipeline
         self.workdir = workdir
         self.redis = RedisServer(workdir / "redis", persist=False)
@@ -80,9 +81,10 @@ class TuneDeployment:
         data["storage"] = {**data.get("storage", {}), "backend": "local", "local_shared": False}
         data["queue"] = {**data.get("queue", {}), "max_queued": 100_000, "max_queued_by_kind": {}}
         data["webhooks"] = {k: v for k, v in data.get("webhooks", {}).items() if k != "secret"}
-        pipes: dict[str, Any] = {}
-        for other, table in data.get("pipelines", {}).items():
-            pipes[other] = {**table, "enabled": other == self.pipeline}
+        pipes = {
+            other: {**table, "enabled": other == self.pipeline}
+            for other, table in data.get("pipelines", {}).items()
+        }
         if pipeline is not None:
             dumped = pipeline.model_dump(by_alias=True, exclude_none=True)
             pipes[self.pipeline] = {**pipes.get(self.pipeline, {}), **dumped, "enabled": True}

@@ -8,17 +8,55 @@ import difflib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import tomlkit
+from pydantic import JsonValue
 from rich.console import Console
 from rich.table import Table
 
 from harness.slo import Slo, parse_duration_ms
 from tuning.search import Outcome, Stats
-from tuning.space import Value, key
+from tuning.space import Candidate, Value, key
 
 TOP_PLOTTED = 4
+
+
+class TuneMeta(TypedDict):
+    """What was tuned, and how: `meta` of tune.json."""
+
+    pipeline: str
+    kind: str
+    slos: list[str]
+    levels: list[str]
+    space: dict[str, list[Value]]
+    repeats: int
+    seed: int
+    finished_at: str
+    host: str
+    cpu_count: int | None
+
+
+class CandidateResult(TypedDict):
+    knobs: Candidate
+    goodput_median: float
+    goodput_spread: list[float]
+    failed: str | None
+    runs: list[dict[str, JsonValue]]
+    """Each run's `Measurement`, its fields as JSON."""
+
+
+class TuneResult(TypedDict):
+    """tune.json: every candidate, and the outcome."""
+
+    meta: TuneMeta
+    verdict: str
+    budget_ran_out: bool
+    elapsed_s: float
+    current: Candidate
+    winner: Candidate | None
+    best: Candidate | None
+    candidates: list[CandidateResult]
 
 
 def table(outcome: Outcome, slos: Sequence[Slo]) -> Table:
@@ -107,9 +145,9 @@ def closest_to_slo(stats: Sequence[Stats]) -> tuple[Stats, str] | None:
     return (best[1], best[2]) if best else None
 
 
-def to_json(outcome: Outcome, meta: Mapping[str, Any]) -> dict[str, Any]:
+def to_json(outcome: Outcome, meta: TuneMeta) -> TuneResult:
     return {
-        "meta": dict(meta),
+        "meta": meta.copy(),
         "verdict": outcome.verdict,
         "budget_ran_out": outcome.budget_ran_out,
         "elapsed_s": outcome.elapsed_s,
@@ -129,7 +167,7 @@ def to_json(outcome: Outcome, meta: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: TuneResult) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
 

@@ -12,9 +12,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
+from pydantic import JsonValue
 from rich.console import Console
 
 from harness.slo import Slo, SloError, check_kind, parse_duration_ms, parse_slo
@@ -165,7 +165,7 @@ def run(args: TuneArgs, console: Console) -> int:
 
 
 def _search(
-    p: Plan, deployment: TuneDeployment, inputs: list[dict[str, Any]], console: Console
+    p: Plan, deployment: TuneDeployment, inputs: list[dict[str, JsonValue]], console: Console
 ) -> Outcome:
     started = time.monotonic()
     follow = "concurrency" not in p.space.knobs
@@ -195,7 +195,7 @@ def _search(
 def measure_candidate(
     p: Plan,
     deployment: TuneDeployment,
-    inputs: list[dict[str, Any]],
+    inputs: list[dict[str, JsonValue]],
     candidate: Candidate,
     repeat: int,
     follow: bool,
@@ -245,7 +245,7 @@ def measure_candidate(
     return result
 
 
-def _uploaded(deployment: TuneDeployment, workload: Workload) -> list[dict[str, Any]]:
+def _uploaded(deployment: TuneDeployment, workload: Workload) -> list[dict[str, JsonValue]]:
     """The inputs with each `@file` replaced by the key of its upload."""
     keys: dict[str, str] = {}
     with httpx.Client(base_url=deployment.base_url, timeout=120) as client:
@@ -261,7 +261,7 @@ def _uploaded(deployment: TuneDeployment, workload: Workload) -> list[dict[str, 
 
 
 def _save(p: Plan, outcome: Outcome, out: Path, console: Console) -> None:
-    meta = {
+    meta: report.TuneMeta = {
         "pipeline": p.args.pipeline,
         "kind": p.pipeline.kind,
         "slos": [str(s) for s in p.slos],

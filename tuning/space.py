@@ -18,7 +18,6 @@ import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import annotated_types
 from pydantic.fields import FieldInfo
@@ -179,7 +178,7 @@ def current_value(kind: str, config: PipelineConfig, name: str) -> Value:
 def apply(config: PipelineConfig, candidate: Mapping[str, Value], follow: bool) -> PipelineConfig:
     """`config` with the candidate's knobs; with `follow`, concurrency rises to at least
     max_batch x runners."""
-    fields: dict[str, Any] = {n: v for n, v in candidate.items() if n in ENGINE_KNOBS}
+    fields = {n: v for n, v in candidate.items() if n in ENGINE_KNOBS}
     options = dict(config.options)
     for name, value in candidate.items():
         if name not in fields:

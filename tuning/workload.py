@@ -19,9 +19,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
-from pydantic import ValidationError
+from pydantic import JsonValue, ValidationError
 
 from jobs.schemas import schema_for, validation_error_field
 from jobs.settings import Settings
@@ -48,7 +48,7 @@ class WorkloadError(ValueError):
 @dataclass
 class Workload:
     kind: str
-    inputs: list[dict[str, Any]]
+    inputs: list[dict[str, JsonValue]]
     uploads: dict[str, Path]
     """`@name` in an input -> the local file uploaded in its place."""
     describe: str
@@ -126,7 +126,7 @@ def schedule(level: Level, count: int, seed: int) -> tuple[list[int], list[float
 def from_file(path: Path, kind: str, settings: Settings) -> Workload:
     if not path.is_file():
         raise WorkloadError(f"workload file {path} does not exist")
-    inputs: list[tuple[str, dict[str, Any]]] = []
+    inputs: list[tuple[str, dict[str, JsonValue]]] = []
     errors: list[str] = []
     arrivals: list[float] = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
@@ -150,7 +150,7 @@ def from_file(path: Path, kind: str, settings: Settings) -> Workload:
 
 
 def from_inputs(texts: Sequence[str], kind: str, settings: Settings) -> Workload:
-    inputs: list[tuple[str, dict[str, Any]]] = []
+    inputs: list[tuple[str, dict[str, JsonValue]]] = []
     errors: list[str] = []
     for number, text in enumerate(texts, start=1):
         try:
@@ -164,7 +164,7 @@ def from_inputs(texts: Sequence[str], kind: str, settings: Settings) -> Workload
 
 def built_in(kind: str, settings: Settings, spec: BuiltIn, workdir: Path) -> Workload:
     """The kind's built-in jobs (raises WorkloadError for a kind that has none)."""
-    inputs: list[dict[str, Any]]
+    inputs: list[dict[str, JsonValue]]
     if kind == "tts":
         inputs = [
             {"text": _sentences(n, i), "format": "pcm"} for i, n in enumerate(spec.tts_sentences)
@@ -253,7 +253,7 @@ def speech_clip(seconds: float, workdir: Path) -> Path:
     return path
 
 
-def _job_input(line: Any, kind: str, base: Path) -> dict[str, Any]:
+def _job_input(line: Any, kind: str, base: Path) -> dict[str, JsonValue]:
     if not isinstance(line, dict):
         raise WorkloadError("a job is a JSON object")
     if "kind" in line and line["kind"] != kind:
@@ -272,7 +272,7 @@ def _job_input(line: Any, kind: str, base: Path) -> dict[str, Any]:
 
 def _checked(
     kind: str,
-    inputs: list[tuple[str, dict[str, Any]]],
+    inputs: list[tuple[str, dict[str, JsonValue]]],
     errors: list[str],
     settings: Settings,
     describe: str,
@@ -298,11 +298,11 @@ def _checked(
     return Workload(kind, jobs, uploads, describe)
 
 
-def _is_upload(value: object) -> bool:
+def _is_upload(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and value.startswith(UPLOAD_PREFIX)
 
 
-def _numbered(inputs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+def _numbered(inputs: list[dict[str, JsonValue]]) -> list[tuple[str, dict[str, JsonValue]]]:
     return [(f"built-in job {n}", job) for n, job in enumerate(inputs, start=1)]
 
 
