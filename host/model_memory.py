@@ -17,9 +17,9 @@ import json
 import logging
 import math
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from jobs.settings import PipelineConfig
 
@@ -66,16 +66,18 @@ def estimate(config: PipelineConfig, on_gpu: bool = True) -> Estimate:
     if path is None:
         why = f"no local files for {config.model!r}" if config.model else "no model path"
         return Estimate(0, f"unknown: {why}")
-    weights, how = weight_bytes(path, run_dtype_bytes(config.options, on_gpu))
+    dtypes = [str(config.options.get(name, "")) for name in ("dtype", "compute_type")]
+    weights, how = weight_bytes(path, run_dtype_bytes(dtypes, on_gpu))
     if weights == 0:
         return Estimate(0, f"unknown: no weight files in {path}")
     return Estimate(int(weights * OVERHEAD), f"{how} x {OVERHEAD}")
 
 
-def run_dtype_bytes(options: dict[str, Any], on_gpu: bool) -> int | None:
-    """Bytes per float parameter once loaded; None: as stored."""
-    for name in ("dtype", "compute_type"):
-        value = str(options.get(name, "")).lower()
+def run_dtype_bytes(dtypes: Iterable[str], on_gpu: bool) -> int | None:
+    """Bytes per float parameter once loaded, by the first of the options' `dtypes`
+    (`dtype`, then `compute_type`) that says; None: as stored."""
+    for dtype in dtypes:
+        value = dtype.lower()
         if value in RUN_DTYPE_BYTES:
             return RUN_DTYPE_BYTES[value]
         if value == "auto" and on_gpu:

@@ -19,11 +19,11 @@ import base64
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from jobs.errors import InputError
+from jobs.outputs import EmbedOutput
 from jobs.schemas.embed import EmbedInput, EmbedOptions
 from jobs.settings import on_gpu
 from pipelines.base import Pipeline, Request
@@ -107,7 +107,7 @@ class EmbedPipeline(Pipeline[EmbedInput, Texts]):
             if not item.request.drop_if_canceled():
                 item.request.succeed(self._output(item, mine))
 
-    def _output(self, item: Texts, vectors: np.ndarray) -> dict[str, Any]:
+    def _output(self, item: Texts, vectors: np.ndarray) -> EmbedOutput:
         dimensions = item.request.input.dimensions or self.dimensions
         if dimensions < vectors.shape[1]:
             vectors = vectors[:, :dimensions]

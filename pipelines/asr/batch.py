@@ -18,7 +18,7 @@ CTranslate2 batches only prompts of equal length, and a fixed length makes them 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from faster_whisper import WhisperModel
@@ -26,8 +26,9 @@ from faster_whisper.audio import pad_or_trim
 from faster_whisper.tokenizer import Tokenizer
 from faster_whisper.transcribe import TranscriptionOptions
 
+from jobs.outputs import Segment
 from pipelines.asr.options import DecodeOptions, transcription_options
-from pipelines.asr.results import Decoded, decoded_from
+from pipelines.asr.results import Decoded, RawSegment, decoded_from
 
 FRAMES_PER_SECOND = 100
 WINDOW_FRAMES = 3000
@@ -88,7 +89,7 @@ class Stream:
 
 def decode_step(
     model: WhisperModel, streams: list[Stream], context_tokens: int
-) -> list[list[dict[str, Any]]]:
+) -> list[list[Segment]]:
     """Decode the next window of every stream; returns each stream's new segments.
 
     CTranslate2 batches prompts only where the start token sits at the same position, so
@@ -102,7 +103,7 @@ def decode_step(
         else:
             key = ("context", len(stream.context(context_tokens)))
         groups.setdefault(key, []).append(stream)
-    found: dict[int, list[dict[str, Any]]] = {}
+    found: dict[int, list[Segment]] = {}
     for group in groups.values():
         contexts = [s.context(context_tokens) for s in group]
         for stream, segments in zip(group, _step(model, group, contexts), strict=True):
@@ -112,7 +113,7 @@ def decode_step(
 
 def _step(
     model: WhisperModel, streams: list[Stream], contexts: list[list[int]]
-) -> list[list[dict[str, Any]]]:
+) -> list[list[Segment]]:
     windows = [s.window() for s in streams]
     features = np.stack([w[0] for w in windows])
     encoded = model.encode(features)
@@ -181,6 +182,16 @@ def _generate_with_fallback(
     return [final[i] for i in range(len(streams))]
 
 
+class Search(TypedDict, total=False):
+    """CTranslate2's search options of one generate call: sampling, or beam search."""
+
+    beam_size: int
+    num_hypotheses: int
+    sampling_topk: int
+    sampling_temperature: float
+    patience: float
+
+
 def _generate(
     model: WhisperModel,
     encoded: Any,
@@ -191,7 +202,7 @@ def _generate(
     opts = streams[0].opts
     assert opts is not None
     if temperature > 0:
-        kwargs: dict[str, Any] = {
+        kwargs: Search = {
             "beam_size": 1,
             "num_hypotheses": opts.best_of,
             "sampling_topk": 0,
@@ -221,7 +232,7 @@ def _generate(
 
 def _advance(
     model: WhisperModel, stream: Stream, size: int, decoded: Decoded, encoded: Any
-) -> list[dict[str, Any]]:
+) -> list[Segment]:
     """Move the stream past its window; the window's segments (`generate_segments`)."""
     assert stream.tokenizer is not None and stream.opts is not None
     stream.windows += 1
@@ -239,7 +250,7 @@ def _advance(
     )
     if stream.opts.word_timestamps and segments:
         _add_words(model, stream, segments, encoded, size, single_ending, window_seek)
-    out = []
+    out: list[Segment] = []
     for segment in segments:
         text = stream.tokenizer.decode(segment["tokens"])
         if segment["start"] == segment["end"] or not text.strip():
@@ -256,7 +267,7 @@ def _advance(
 def _add_words(
     model: WhisperModel,
     stream: Stream,
-    segments: list[dict[str, Any]],
+    segments: list[RawSegment],
     encoded: Any,
     size: int,
     single_ending: bool,

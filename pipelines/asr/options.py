@@ -43,7 +43,7 @@ class DecodeOptions:
             vad_filter=request.vad_filter,
         )
 
-    def batch_key(self) -> tuple[Any, ...]:
+    def batch_key(self) -> tuple[str, int, tuple[float, ...]]:
         """Options that must be equal inside one generate call; language, task, prompt
         and VAD are per window, so requests that differ only in them still batch."""
         return ("asr", self.beam_size, self.temperatures)
@@ -52,6 +52,7 @@ class DecodeOptions:
         return replace(self, language=language)
 
 
+# Values of every type: whatever faster-whisper's signature says.
 TRANSCRIBE_DEFAULTS: dict[str, Any] = {
     name: param.default
     for name, param in inspect.signature(WhisperModel.transcribe).parameters.items()

@@ -22,10 +22,10 @@ from __future__ import annotations
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
+from jobs.outputs import AsrOutput, Segment
 from jobs.schemas.asr import AsrInput, AsrOptions
 from pipelines.asr.batch import decode_step
 from pipelines.asr.decode import SAMPLE_RATE, decode_file
@@ -44,16 +44,16 @@ class Decoding:
     prepared: Prepared
     batch_size: int = 1
     """Requests of the batch it decoded in (1: alone)."""
-    segments: list[dict[str, Any]] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
 
-    def add(self, segment: dict[str, Any], started: float) -> None:
+    def add(self, segment: Segment, started: float) -> None:
         """Keep a decoded segment and send it out; the first one's time is a timing."""
         if not self.segments:
             self.request.record_timing("first_segment_ms", (time.monotonic() - started) * 1000)
         self.segments.append(self.prepared.restore(segment))
         self.request.partial({"segment": self.segments[-1]})
 
-    def output(self) -> dict[str, Any]:
+    def output(self) -> AsrOutput:
         stream = self.prepared.stream
         return {
             "text": "".join(s["text"] for s in self.segments).strip(),

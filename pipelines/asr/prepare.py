@@ -4,13 +4,13 @@ window; and back from the stream's times to the original audio's times."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from faster_whisper import WhisperModel
 from faster_whisper.vad import SpeechTimestampsMap, VadOptions, collect_chunks
 from faster_whisper.vad import get_speech_timestamps as speech_timestamps
 
+from jobs.outputs import Segment
 from pipelines.asr.batch import Stream
 from pipelines.asr.decode import SAMPLE_RATE
 from pipelines.asr.options import DecodeOptions
@@ -28,7 +28,7 @@ class Prepared:
     speech_map: SpeechTimestampsMap | None = None
     """Where VAD removed silence: maps the stream's times back to the original ones."""
 
-    def restore(self, segment: dict[str, Any]) -> dict[str, Any]:
+    def restore(self, segment: Segment) -> Segment:
         """The segment with times of the original audio (as `restore_speech_timestamps`)."""
         ts_map = self.speech_map
         if ts_map is None:

@@ -3,10 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from faster_whisper.tokenizer import Tokenizer
 from faster_whisper.transcribe import TranscriptionOptions, get_compression_ratio
+
+from jobs.outputs import Segment
+
+
+class RawWord(TypedDict):
+    word: str
+    start: float
+    end: float
+    probability: float
+
+
+class RawSegment(TypedDict):
+    """A segment as faster-whisper splits a window (`_split_segments_by_timestamps`, and
+    `add_word_timestamps` for its words)."""
+
+    seek: int
+    start: float
+    end: float
+    tokens: list[int]
+    words: NotRequired[list[RawWord]]
 
 
 @dataclass(frozen=True)
@@ -43,12 +63,12 @@ class Decoded:
         return replace(pick, temperature=temperature)
 
     def segment(
-        self, segment_id: int, seek: int, segment: dict[str, Any], text: str, limit_s: float
-    ) -> dict[str, Any]:
+        self, segment_id: int, seek: int, segment: RawSegment, text: str, limit_s: float
+    ) -> Segment:
         """A segment as the job's partial events and output show it. Whisper may place
         a last timestamp in the padding past the audio: times are capped at `limit_s`."""
         end = min(float(segment["end"]), limit_s)
-        out: dict[str, Any] = {
+        out: Segment = {
             "id": segment_id,
             "seek": seek,
             "start": round(min(float(segment["start"]), end), 3),

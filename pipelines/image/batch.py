@@ -13,8 +13,9 @@ state) and its images are discarded.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 import torch
 from PIL import Image
@@ -51,6 +52,26 @@ class Preview:
     max_side: int = 64
 
 
+Tensors = dict[str, torch.Tensor]
+
+
+class CallArgs(TypedDict, total=False):
+    """The keyword arguments of one diffusers call (text-to-image, or image-to-image)."""
+
+    prompt: list[str]
+    negative_prompt: list[str] | None
+    num_inference_steps: int
+    guidance_scale: float
+    generator: list[torch.Generator]
+    callback_on_step_end: Callable[[Diffuser, int, torch.Tensor, Tensors], Tensors]
+    callback_on_step_end_tensor_inputs: list[str]
+    output_type: str
+    width: int
+    height: int
+    image: list[Image.Image | None]
+    strength: float
+
+
 class BatchCall:
     """Runs `shares` (same batch key) through `pipe` as one call."""
 
@@ -78,10 +99,10 @@ class BatchCall:
                 generated.nsfw.append(bool(flag))
         return result
 
-    def _kwargs(self) -> dict[str, Any]:
+    def _kwargs(self) -> CallArgs:
         first = self.shares[0].input
         negatives = [share.input.negative_prompt or "" for share in self.rows]
-        kwargs: dict[str, Any] = {
+        kwargs: CallArgs = {
             "prompt": [share.input.prompt for share in self.rows],
             "negative_prompt": negatives if any(negatives) else None,
             "num_inference_steps": first.steps,
@@ -92,9 +113,10 @@ class BatchCall:
             "output_type": "pil",
         }
         if first.init_image is None:
-            kwargs.update(width=first.width, height=first.height)
+            kwargs["width"], kwargs["height"] = first.width, first.height
         else:
-            kwargs.update(image=[share.init_image for share in self.rows], strength=first.strength)
+            kwargs["image"] = [share.init_image for share in self.rows]
+            kwargs["strength"] = first.strength
         return kwargs
 
     def _tensor_inputs(self) -> list[str]:
@@ -103,7 +125,7 @@ class BatchCall:
 
     # -- after each step -------------------------------------------------------------
 
-    def _on_step(self, pipe: Diffuser, i: int, t: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+    def _on_step(self, pipe: Diffuser, i: int, t: torch.Tensor, tensors: Tensors) -> Tensors:
         for share in self.shares:
             if share.live and share.request.drop_if_canceled():
                 share.live = False
@@ -123,7 +145,7 @@ class BatchCall:
         for share in self.shares:
             if not share.live:
                 continue
-            extra: dict[str, Any] = {}
+            extra: dict[str, str] = {}
             if want_preview and latents is not None:
                 uri = latent_preview(latents[self.first_row[share]], self.preview.max_side)
                 if uri is not None:

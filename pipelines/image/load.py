@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import diffusers
 import torch
@@ -73,13 +73,22 @@ class Loaded:
         return cls.from_config(self.scheduler_config, **spec.kwargs)
 
 
+class PretrainedArgs(TypedDict, total=False):
+    """What `from_pretrained` is told beside the model."""
+
+    dtype: torch.dtype
+    variant: str
+    safety_checker: None
+    """None: no safety checker."""
+
+
 def load_model(config: PipelineConfig, opts: ImageOptions, max_side: int) -> Loaded:
     """Load `config.model` (a hub id or a local directory) with the options applied."""
     if not config.model:
         raise ValueError("an image pipeline needs `model`: a hub id or a local directory")
     device = torch_device(config.device)
     dtype = torch_dtype(opts, device)
-    kwargs: dict[str, Any] = {"dtype": dtype}
+    kwargs: PretrainedArgs = {"dtype": dtype}
     if opts.variant:
         kwargs["variant"] = opts.variant
     if not opts.safety_checker:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import BinaryIO, NotRequired, TypedDict
 
 from jobs.errors import InputError, TooLarge
 from jobs.schemas.llm import DATA_URL
@@ -23,7 +23,27 @@ MAGIC: list[tuple[bytes, str]] = [
 ]
 
 
-def inline_images(messages: list[dict[str, Any]], open_input: OpenInput, max_bytes: int) -> None:
+class ImageUrl(TypedDict):
+    url: str
+    detail: NotRequired[str]
+
+
+class Part(TypedDict, total=False):
+    """A part of a message's content: `text`, or an `image_url`."""
+
+    type: str
+    text: str
+    image_url: ImageUrl
+
+
+class Message(TypedDict, total=False):
+    """A chat message as the engine takes it (OpenAI's; the fields this module reads)."""
+
+    role: str
+    content: str | list[Part] | None
+
+
+def inline_images(messages: list[Message], open_input: OpenInput, max_bytes: int) -> None:
     """Replace each image part's file key or URL in `messages` (an engine request's, in
     place) by the image's data URL. An `InputError` names the part's field when the
     file is missing, too large or not a png, jpeg, gif or webp image."""

@@ -119,23 +119,32 @@ def model_shape(model: str, options: LlmOptions, on_gpu: bool) -> ModelShape:
     config = json.loads((path / "config.json").read_text())
     if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
         config = {**config, **config["text_config"]}  # a multimodal model's language part
-    weights, _ = weight_bytes(path, run_dtype_bytes({"dtype": options.dtype}, on_gpu))
-    return shape_from_config(config, _dtype_bytes(config, options.dtype, on_gpu), weights)
+    weights, _ = weight_bytes(path, run_dtype_bytes([options.dtype], on_gpu))
+    stored = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    return shape_from_config(config, _dtype_bytes(stored, options.dtype, on_gpu), weights)
 
 
+# config.json is the model's own JSON, read as it is: its names differ from one
+# architecture to the next (`num_hidden_layers`, `n_layer`...).
 def shape_from_config(config: dict[str, Any], dtype_bytes: int, weights: int) -> ModelShape:
     """A ModelShape from a transformers config.json's fields."""
-    try:
-        layers = int(_first(config, "num_hidden_layers", "n_layer", "num_layers"))
-        heads = int(_first(config, "num_attention_heads", "n_head"))
-        hidden = int(_first(config, "hidden_size", "n_embd", "d_model"))
-    except KeyError as exc:
-        raise ShapeUnknown(f"config.json has no {exc.args[0]}") from None
+
+    def first(*names: str) -> int | None:
+        """The first of `names` that the config sets, as a number."""
+        found = next((config[name] for name in names if config.get(name) is not None), None)
+        return None if found is None else int(found)
+
+    def required(*names: str) -> int:
+        found = first(*names)
+        if found is None:
+            raise ShapeUnknown(f"config.json has no {names[0]}")
+        return found
+
+    layers = required("num_hidden_layers", "n_layer", "num_layers")
+    heads = required("num_attention_heads", "n_head")
+    hidden = required("hidden_size", "n_embd", "d_model")
     kv_heads = int(config.get("num_key_value_heads") or (1 if config.get("multi_query") else heads))
-    positions = _first(
-        config, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length",
-        default=None,
-    )  # fmt: skip
+    positions = first("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
     return ModelShape(
         layers=layers,
         heads=heads,
@@ -146,23 +155,14 @@ def shape_from_config(config: dict[str, Any], dtype_bytes: int, weights: int) ->
         vocab=int(config.get("vocab_size") or 0),
         dtype_bytes=dtype_bytes,
         weight_bytes=weights,
-        max_positions=int(positions) if positions else None,
+        max_positions=positions or None,
     )
 
 
-def _first(config: dict[str, Any], *names: str, **default: Any) -> Any:
-    for name in names:
-        if config.get(name) is not None:
-            return config[name]
-    if "default" in default:
-        return default["default"]
-    raise KeyError(names[0])
-
-
-def _dtype_bytes(config: dict[str, Any], dtype: str, on_gpu: bool) -> int:
-    """Bytes per KV element: the options' dtype, else the config's (16-bit on a GPU)."""
+def _dtype_bytes(stored: str, dtype: str, on_gpu: bool) -> int:
+    """Bytes per KV element: the options' dtype, else the config's `stored` one (16-bit on
+    a GPU)."""
     if dtype.lower() in RUN_DTYPE_BYTES:
         return RUN_DTYPE_BYTES[dtype.lower()]
-    stored = str(config.get("dtype") or config.get("torch_dtype") or "float32")
     size = CONFIG_DTYPE_BYTES.get(stored.removeprefix("torch."), 4)
     return min(size, 2) if on_gpu else size

@@ -27,11 +27,11 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from jobs.errors import InputError
+from jobs.outputs import TtsChunk, TtsOutput, TtsSummary
 from jobs.schemas.tts import TtsInput, TtsOptions
 from jobs.settings import PipelineConfig, Settings
 from pipelines.base import Pipeline, Request
@@ -115,7 +115,8 @@ class TtsPipeline(Pipeline[TtsInput, Plan]):
         spec = FORMATS[inp.format]
         data = encode_file(audio.samples(), audio.rate, inp.format)
         stored = request.files.put_output(f"speech.{spec.extension}", data, spec.content_type)
-        request.succeed({"audio": stored, **audio.summary(plan.voice, len(plan.sentences))})
+        output: TtsOutput = {"audio": stored, **audio.summary(plan.voice, len(plan.sentences))}
+        request.succeed(output)
 
 
 @contextlib.contextmanager
@@ -161,7 +162,7 @@ class _Speech:
         self._record("synthesis_ms")
         return self
 
-    def summary(self, voice: str, sentences: int) -> dict[str, Any]:
+    def summary(self, voice: str, sentences: int) -> TtsSummary:
         """The job's output, beside the stored file."""
         return {
             "format": self.format,
@@ -185,7 +186,7 @@ class _Speech:
             return
         self.chunks.append(samples)
         self.total += samples.size
-        data: dict[str, Any] = {
+        data: TtsChunk = {
             "seq": self.seq,
             "sentence": sentence,
             "text": text,
