@@ -55,6 +55,9 @@ that adds up. One try each; the caller's own loop is the retry. Said for the mas
 connections too, where it is redis-py's default today: a command is never sent twice."""
 NO_ASYNC_RETRY = AsyncRetry(NoBackoff(), 0)
 
+RedisOptions = dict[str, str | int | float | Retry | AsyncRetry | None]
+"""redis-py connection options by their names: the db, credentials, seconds, a retry."""
+
 FAILOVER_ERRORS: tuple[type[Exception], ...] = (
     RedisConnectionError,  # also MasterNotFoundError, BusyLoadingError ("LOADING")
     RedisTimeoutError,
@@ -85,7 +88,7 @@ class SentinelUrl:
     socket_timeout_s: float | None = None
     socket_connect_timeout_s: float = SENTINEL_TIMEOUT_S
 
-    def master_kwargs(self, asynchronous: bool = False) -> dict[str, Any]:
+    def master_kwargs(self, asynchronous: bool = False) -> RedisOptions:
         """Connection options for the master (redis-py's names)."""
         return {
             "db": self.db,
@@ -96,7 +99,7 @@ class SentinelUrl:
             "retry": NO_ASYNC_RETRY if asynchronous else NO_RETRY,
         }
 
-    def sentinel_kwargs(self, asynchronous: bool = False) -> dict[str, Any]:
+    def sentinel_kwargs(self, asynchronous: bool = False) -> RedisOptions:
         """Connection options for the sentinels (redis-py's names)."""
         timeout_s = self.socket_timeout_s or SENTINEL_TIMEOUT_S
         return {
@@ -224,7 +227,7 @@ class BlockingSentinelConnectionPool(
     wait (up to `timeout`) for a free connection instead of failing at once."""
 
 
-RESEND_ON_BROKEN: dict[str, Any] = {
+RESEND_ON_BROKEN: dict[str, AsyncRetry | list[type[Exception]]] = {
     "retry": AsyncRetry(ExponentialBackoff(cap=1.0, base=0.05), 3),
     "retry_on_error": [RedisConnectionError],
 }

@@ -12,7 +12,6 @@ import fcntl
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 LOCK_FILE = "mmq-up.lock"
 
@@ -25,9 +24,10 @@ class DataDirLock:
     def __init__(self, data_dir: Path) -> None:
         self.path = data_dir / LOCK_FILE
         self._fd: int | None = None
-        self._info: dict[str, Any] = {}
+        self._info: dict[str, str | int | None] = {}
+        """What the lock file says: the holder's pid, Redis and API URLs."""
 
-    def acquire(self, **info: Any) -> DataDirLock:
+    def acquire(self, **info: str | None) -> DataDirLock:
         """Take the lock (raises DataDirInUse, naming the holder) and note `info`."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)  # not inherited by children
@@ -40,7 +40,7 @@ class DataDirLock:
         self.note(pid=os.getpid(), **info)
         return self
 
-    def note(self, **info: Any) -> None:
+    def note(self, **info: str | int | None) -> None:
         """Add `info` (the Redis URL, once known) to what the lock file says."""
         if self._fd is None:
             return

@@ -52,6 +52,8 @@ class Device:
         """The `CUDA_VISIBLE_DEVICES` of a worker pinned here: empty hides every GPU."""
         return "" if self.kind == "cpu" else self.uuid
 
+    # JSON that `mmq devices --json` printed, maybe on another host or version: the
+    # fields this one does not know are left out.
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Device:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
@@ -94,7 +96,7 @@ class Topology:
         payload = {"driver": self.driver, "note": self.note, "devices": self.dict_devices()}
         return json.dumps(payload, indent=2)
 
-    def dict_devices(self) -> list[dict[str, Any]]:
+    def dict_devices(self) -> list[dict[str, str | int | bool | None]]:
         return [asdict(d) for d in self.devices]
 
     @classmethod

@@ -22,7 +22,7 @@ import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -30,7 +30,14 @@ from host.devices import GIB, Device, Topology
 from host.model_memory import Estimate, estimate
 from jobs.settings import PipelineConfig, Settings
 
-KNOBS = ("concurrency", "max_batch", "max_wait_ms", "runners")
+
+class Knobs(TypedDict, total=False):
+    """The engine's knobs a placement sets for its workers, over the pipeline's."""
+
+    concurrency: int
+    max_batch: int
+    max_wait_ms: float
+    runners: int
 
 
 class PlacementError(Exception):
@@ -51,8 +58,17 @@ class PlaceEntry(BaseModel):
     max_wait_ms: float | None = Field(default=None, ge=0)
     runners: int | None = Field(default=None, ge=1)
 
-    def overrides(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in KNOBS if getattr(self, k) is not None}
+    def overrides(self) -> Knobs:
+        knobs: Knobs = {}
+        if self.concurrency is not None:
+            knobs["concurrency"] = self.concurrency
+        if self.max_batch is not None:
+            knobs["max_batch"] = self.max_batch
+        if self.max_wait_ms is not None:
+            knobs["max_wait_ms"] = self.max_wait_ms
+        if self.runners is not None:
+            knobs["runners"] = self.runners
+        return knobs
 
 
 class PlacementFile(BaseModel):
@@ -78,7 +94,7 @@ class Assignment:
     device: Device
     instance: int
     estimate: Estimate
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: Knobs = field(default_factory=Knobs)
     on_demand: bool = False
     """Its model is loaded on demand: the device's on-demand models take turns."""
 
@@ -101,7 +117,7 @@ class _Request:
     config: PipelineConfig
     device: str
     instances: int
-    overrides: dict[str, Any]
+    overrides: Knobs
 
 
 def plan_placement(
@@ -189,7 +205,7 @@ def _assign(plan: Plan, request: _Request, device: Device) -> None:
                 device,
                 instance,
                 guess,
-                dict(request.overrides),
+                request.overrides.copy(),
                 on_demand=config.residency == "on_demand",
             )
         )
@@ -256,9 +272,11 @@ def check_fit(plan: Plan, topology: Topology) -> None:
         )
 
 
-def apply_overrides(config: PipelineConfig, device: str | None, **knobs: Any) -> PipelineConfig:
+def apply_overrides(
+    config: PipelineConfig, device: str | None, **knobs: float | None
+) -> PipelineConfig:
     """The pipeline as one worker runs it: on `device`, with the placement's knobs."""
-    update = {k: v for k, v in knobs.items() if v is not None}
+    update: dict[str, float | str] = {k: v for k, v in knobs.items() if v is not None}
     if device is not None:
         update["device"] = device
     return PipelineConfig.model_validate({**config.model_dump(by_alias=True), **update})

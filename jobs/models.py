@@ -27,6 +27,8 @@ class Event(BaseModel):
     id: str
     job_id: str
     type: EventType
+    # As stored: a status, an output, an error, or a pipeline's partial or progress
+    # (`jobs.outputs` has the built-in kinds' shapes; another pipeline has its own).
     data: dict[str, Any]
     ts: float
 
@@ -141,7 +143,7 @@ class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     kind: str = Field(min_length=1, max_length=64)
-    input: dict[str, Any]
+    input: dict[str, Any]  # the kind's input model validates it (`jobs.schemas`)
     priority: Priority = "normal"
     metadata: dict[MetadataKey, MetadataValue] = Field(default_factory=dict, max_length=32)
     """Up to 32 pairs of your own, kept with the job: keys up to 64 characters, values up
@@ -167,6 +169,8 @@ class Job(BaseModel):
     status: JobStatus
     owner: str
     priority: JobPriority
+    # Any kind's JSON, kept as it is: the input as submitted (the kind's input model
+    # checks it), the output as its pipeline made it (`jobs.outputs.JobOutput`).
     input: dict[str, Any]
     output: dict[str, Any] | None = None
     error: JobErrorInfo | None = None

@@ -423,6 +423,8 @@ class PipelineConfig(BaseModel):
     max_queue_s: float | None = Field(default=None, gt=0, le=MAX_QUEUE_S)
     """The longest its jobs wait for a worker unless the request says (`max_queue_s`,
     `deadline`): past it a queued job ends `expired`. Unset: as long as it takes."""
+    # A table of the config file in whatever shape its pipeline's options model takes
+    # (`options_as` validates it; a pipeline of another package may read it as it is).
     options: dict[str, Any] = Field(default_factory=dict)
     """Pipeline-specific options."""
 

@@ -9,6 +9,7 @@ from jobs.states import ends_job
 EVENT_CHOICES = frozenset({"terminal", "status", "partial", "progress", "output", "error", "all"})
 
 
+# `data` is the event's as the store holds it: any pipeline's JSON object.
 def wants(events: list[str], etype: str, data: dict[str, Any]) -> bool:
     """Whether a webhook subscribed to `events` gets an event of `etype` with `data`."""
     if "all" in events or etype in events:

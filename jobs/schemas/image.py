@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -18,7 +18,8 @@ class SchedulerSpec(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     cls: str
-    kwargs: dict[str, Any] = Field(default_factory=dict)
+    kwargs: dict[str, bool | int | float | str] = Field(default_factory=dict)
+    """Its config's switches (`use_karras_sigmas`...)."""
 
 
 SCHEDULERS: dict[str, SchedulerSpec] = {

@@ -115,6 +115,7 @@ class JsonSchema(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    """A JSON Schema object."""
     strict: bool | None = None
 
 
