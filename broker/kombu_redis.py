@@ -40,9 +40,9 @@ import socket
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 from urllib.parse import parse_qsl, quote, urlsplit
 
 import redis
@@ -54,6 +54,7 @@ from kombu.utils.json import loads as kombu_loads
 
 from broker.queues import TASK_NAME
 from common import redis_client
+from common.redis_client import SentinelUrl
 
 KOMBU_VERSIONS = (">=5.6", "<5.8")
 """The kombu releases whose Redis layout this module matches (pyproject pins the same)."""
@@ -82,7 +83,16 @@ end
 """Lua: what kombu's producer does with a message (scripts that queue a job call it)."""
 
 
-def transport_options(visibility_timeout_s: float) -> dict[str, Any]:
+class TransportOptions(TypedDict):
+    """kombu's Redis transport options for this layout."""
+
+    visibility_timeout: float
+    priority_steps: list[int]
+    sep: str
+    queue_order_strategy: str
+
+
+def transport_options(visibility_timeout_s: float) -> TransportOptions:
     """Celery's `broker_transport_options` for this layout."""
     return {
         "visibility_timeout": visibility_timeout_s,
@@ -92,35 +102,47 @@ def transport_options(visibility_timeout_s: float) -> dict[str, Any]:
     }
 
 
+class SentinelOptions(TypedDict, total=False):
+    """The transport options of a broker found through Redis Sentinel (kombu's
+    `SentinelChannel`); none for any other broker."""
+
+    master_name: str
+    socket_connect_timeout: float
+    socket_timeout: float
+    sentinel_kwargs: dict[str, Any]
+    """redis-py's `Sentinel` connection options (`SentinelUrl.sentinel_kwargs`), handed
+    through kombu to redis-py as they are."""
+
+
 class BrokerSettings(NamedTuple):
     """Celery's `broker_url`, `broker_transport`, the transport options beyond
     `transport_options` and `broker_failover_strategy` (None: kombu's)."""
 
     url: str
     transport: str
-    options: dict[str, Any]
-    failover_strategy: Any = None
+    options: SentinelOptions
+    failover_strategy: Callable[[Sequence[str]], Iterator[str]] | None = None
 
 
-def sentinel_broker(
-    sentinels: Sequence[tuple[str, int]],
-    master_name: str,
-    db: int,
-    password: str | None,
-    username: str | None = None,
-    connection_options: dict[str, Any] | None = None,
-    sentinel_options: dict[str, Any] | None = None,
-) -> BrokerSettings:
-    """Broker settings for a master found through `sentinels`. kombu takes the sentinels
+def sentinel_broker(target: SentinelUrl) -> BrokerSettings:
+    """Broker settings for a master found through sentinels. kombu takes the sentinels
     as alternate URLs (`sentinel://h1:p1/db;sentinel://h2:p2/db`), each with the
     master's credentials, and the rest as transport options."""
+    username, password = target.username, target.password
     auth = ""
     if username or password:
         auth = f"{quote(username or '', safe='')}:{quote(password or '', safe='')}@"
-    url = ";".join(f"sentinel://{auth}{_netloc_host(h)}:{port}/{db}" for h, port in sentinels)
-    options = {"master_name": master_name, **(connection_options or {})}
-    if sentinel_options:
-        options["sentinel_kwargs"] = sentinel_options
+    url = ";".join(
+        f"sentinel://{auth}{_netloc_host(h)}:{port}/{target.db}" for h, port in target.sentinels
+    )
+    options: SentinelOptions = {
+        "master_name": target.master_name,
+        "socket_connect_timeout": target.socket_connect_timeout_s,
+    }
+    if target.socket_timeout_s is not None:
+        options["socket_timeout"] = target.socket_timeout_s
+    if sentinel_kwargs := target.sentinel_kwargs():
+        options["sentinel_kwargs"] = sentinel_kwargs
     return BrokerSettings(url, SENTINEL_TRANSPORT, options, stay_on_first_url)
 
 
@@ -149,6 +171,57 @@ def stay_on_first_url(alternates: Sequence[str]) -> Iterator[str]:
     return itertools.repeat(urlsplit(alternates[0]).hostname or "") if alternates else iter(())
 
 
+class TaskHeaders(TypedDict, total=False):
+    """The headers of a Celery task message (protocol 2, `AMQP.as_task_v2`) that mmq reads
+    or sets; the others go through as Celery made them."""
+
+    task: str
+    id: str
+    root_id: str
+    argsrepr: str
+
+
+class DeliveryInfo(TypedDict):
+    exchange: str
+    routing_key: str
+
+
+class TaskProperties(TypedDict, total=False):
+    """A task message's properties: Celery's (`correlation_id`, `reply_to`), and those
+    that kombu's producer adds."""
+
+    correlation_id: str
+    reply_to: str
+    delivery_mode: int
+    delivery_info: DeliveryInfo
+    priority: int
+    body_encoding: str
+    delivery_tag: str
+
+
+Envelope = TypedDict(
+    "Envelope",
+    {
+        "body": str,
+        "content-encoding": str,
+        "content-type": str,
+        "headers": TaskHeaders,
+        "properties": TaskProperties,
+    },
+)
+"""A message as kombu's Redis transport keeps it (JSON): in a queue's list, and first in
+an `unacked` record."""
+
+
+class TaskTemplate(NamedTuple):
+    """What Celery makes of a run-job task (`_task_template`), whatever its id and job."""
+
+    headers: TaskHeaders
+    properties: TaskProperties
+    rest: list[object]
+    """The body after the args: the kwargs and Celery's embedded options."""
+
+
 class TaskMessage(NamedTuple):
     """A task message as kombu's Redis transport stores it: its list and its envelope."""
 
@@ -168,18 +241,18 @@ def priority_lists(queue: str) -> dict[str, str]:
 
 ORIGIN = f"gen{os.getpid()}@{socket.gethostname()}"
 
-_TEMPLATES: weakref.WeakKeyDictionary[Celery, tuple[dict[str, Any], dict[str, Any], list[Any]]] = (
-    weakref.WeakKeyDictionary()
-)
+_TEMPLATES: weakref.WeakKeyDictionary[Celery, TaskTemplate] = weakref.WeakKeyDictionary()
 
 
-def _task_template(app: Celery) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+def _task_template(app: Celery) -> TaskTemplate:
     """Headers, properties and the body after the args of a run-job task, built once per
     app by Celery (protocol 2); only the task id and the job id differ between tasks."""
     template = _TEMPLATES.get(app)
     if template is None:
         task = app.amqp.as_task_v2("", TASK_NAME, args=[""], origin=ORIGIN, ignore_result=None)
-        template = _TEMPLATES[app] = (task.headers, task.properties, list(task.body[1:]))
+        template = _TEMPLATES[app] = TaskTemplate(
+            task.headers, task.properties, list(task.body[1:])
+        )
     return template
 
 
@@ -191,7 +264,7 @@ def task_message(app: Celery, job_id: str, queue: str, priority: str) -> TaskMes
     task_id = str(uuid.uuid4())
     args = [job_id]
     body = json.dumps([args, *rest]).encode()
-    envelope = {
+    envelope: Envelope = {
         "body": base64.b64encode(body).decode(),
         "content-encoding": "utf-8",
         "content-type": "application/json",
@@ -209,12 +282,12 @@ def task_message(app: Celery, job_id: str, queue: str, priority: str) -> TaskMes
     return TaskMessage(priority_list(queue, step), json.dumps(envelope))
 
 
-def job_id_of(envelope: dict[str, Any]) -> str | None:
+def job_id_of(envelope: Envelope) -> str | None:
     """The job id argument of a run-job task message; None for any other message."""
     try:
         if envelope["headers"].get("task") != TASK_NAME:
             return None
-        body = envelope["body"]
+        body: str | bytes = envelope["body"]
         if envelope.get("properties", {}).get("body_encoding") == "base64":
             body = base64.b64decode(body)
         args = json.loads(body)[0]
@@ -284,7 +357,7 @@ class QoS(kombu_redis.QoS):
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
         self._noted: set[str] = set()
 
-    def note(self, payloads: Sequence[dict[str, Any]]) -> None:
+    def note(self, payloads: Sequence[Envelope]) -> None:
         """Record these messages in `unacked` as kombu's `append` does, in one pipeline;
         their `append` then only does the in-memory bookkeeping."""
         now = time.time()
@@ -441,14 +514,7 @@ def broker_for(url: str) -> BrokerSettings:
     scheme = redis_client.scheme_of(url)
     if scheme == "sentinel":
         target = redis_client.parse_sentinel_url(url)
-        timeouts = {"socket_connect_timeout": target.socket_connect_timeout_s}
-        if target.socket_timeout_s is not None:
-            timeouts["socket_timeout"] = target.socket_timeout_s
-        return sentinel_broker(
-            target.sentinels, target.master_name, target.db, target.password,
-            username=target.username, connection_options=timeouts,
-            sentinel_options=target.sentinel_kwargs(),
-        )  # fmt: skip
+        return sentinel_broker(target)
     redis_client.check_url(url)
     if scheme == "unix":
         return socket_broker(url)
