@@ -10,17 +10,16 @@ with a Redis of its own in a temporary directory (benches, tunes). The config is
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TypedDict
 
 import httpx
 import redis
@@ -28,8 +27,7 @@ import redis
 from common.procs import die_with_parent, free_port
 from host.launcher import mmq_command
 from host.redis_server import RedisServer
-from jobs import keys
-from jobstore.codec import text_list
+from jobstore.job_lookup import JobLookup
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,6 +51,14 @@ impl = "harness.pipelines:SleepPipeline"
 max_batch = 1
 concurrency = 1
 """
+
+
+class ConfigValues(TypedDict, total=False):
+    """The knobs of the tests' echo pipeline (`TEST_CONFIG`)."""
+
+    echo_max_batch: int
+    echo_max_wait_ms: int
+    echo_concurrency: int
 
 
 @dataclass
@@ -89,7 +95,7 @@ class Deployment:
     redis_url: str
     tmp: Path
     env_overrides: dict[str, str] = field(default_factory=dict)
-    config_values: dict[str, Any] = field(default_factory=dict)
+    config_values: ConfigValues = field(default_factory=lambda: ConfigValues())
     procs: list[Proc] = field(default_factory=list)
     api_port: int = 0
     config: str = ""
@@ -101,7 +107,7 @@ class Deployment:
     Redis, config file, data dir and API port alone."""
 
     def __post_init__(self) -> None:
-        values = {"echo_max_batch": 8, "echo_max_wait_ms": 50, "echo_concurrency": 8}
+        values = ConfigValues(echo_max_batch=8, echo_max_wait_ms=50, echo_concurrency=8)
         values.update(self.config_values)
         base = TEST_CONFIG.format(**values) if self.test_pipelines else ""
         self.config_path = self.tmp / "mmq.toml"
@@ -279,7 +285,7 @@ def running(
     env: dict[str, str],
     workers: Sequence[str],
     config: str = "",
-    config_values: dict[str, Any] | None = None,
+    config_values: ConfigValues | None = None,
     *,
     test_pipelines: bool = True,
     reaper: bool = True,
@@ -289,7 +295,12 @@ def running(
     (pipeline names; a name given twice starts two instances) started and ready;
     everything stopped after."""
     dep = Deployment(
-        redis_url, tmp, env, config_values or {}, config=config, test_pipelines=test_pipelines
+        redis_url,
+        tmp,
+        env,
+        config_values or ConfigValues(),
+        config=config,
+        test_pipelines=test_pipelines,
     )
     with serving(dep):
         dep.start_api()
@@ -343,7 +354,9 @@ def _healthy(base_url: str) -> bool:
         return False
 
 
-def wait_until(check: Any, proc: Proc | None = None, timeout_s: float = 20.0) -> None:
+def wait_until(
+    check: Callable[..., object], proc: Proc | None = None, timeout_s: float = 20.0
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():
@@ -357,19 +370,17 @@ def wait_until(check: Any, proc: Proc | None = None, timeout_s: float = 20.0) ->
 
 def status_events(r: redis.Redis, job_id: str) -> list[str]:
     """The statuses of a job's status events, in order, from its stream."""
-    entries = cast(list[tuple[str, dict[str, str]]], r.xrange(keys.job_events(job_id)))
-    return [json.loads(e["data"])["status"] for _, e in entries if e["type"] == "status"]
+    return JobLookup(r).status_events(job_id)
 
 
 def running_on(r: redis.Redis, proc: Proc, prefix: str = "") -> list[str]:
     """The running jobs (ids starting with `prefix`) that the worker process `proc` holds,
     as their records name it."""
-    running = text_list(r.zrange(keys.RUNNING, 0, -1))
+    jobs = JobLookup(r)
     return [
         job_id
-        for job_id in running
-        if job_id.startswith(prefix)
-        and str(r.hget(keys.job(job_id), "worker") or "").endswith(f".{proc.process.pid}")
+        for job_id in jobs.running()
+        if job_id.startswith(prefix) and jobs.worker_of(job_id).endswith(f".{proc.process.pid}")
     ]
 
 

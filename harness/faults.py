@@ -16,18 +16,18 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 import redis
+from pydantic import JsonValue
 
 from common import redis_client
-from harness.deploy import Deployment, serving, status_events
-from jobs import keys
+from harness.deploy import Deployment, serving
 from jobs.states import TERMINAL_VALUES
 from jobstore.api_keys import create_key
+from jobstore.job_lookup import JobLookup
 
-BODIES: tuple[dict[str, Any], ...] = (
+BODIES: tuple[dict[str, JsonValue], ...] = (
     {"kind": "echo", "input": {"text": "fault"}},
     {"kind": "sleep", "input": {"steps": 1, "step_ms": 1}},
 )
@@ -105,22 +105,18 @@ class Tally:
 
 def settle(r: redis.Redis, job_ids: list[str], timeout_s: float = 90.0) -> Tally:
     """Wait (up to `timeout_s`) until every job has ended, then count."""
+    jobs = JobLookup(r)
     deadline = time.monotonic() + timeout_s
     pending = list(job_ids)
     while pending and time.monotonic() < deadline:
-        pipe = r.pipeline(transaction=False)
-        for job_id in pending:
-            pipe.hget(keys.job(job_id), "status")
-        statuses = pipe.execute()
-        pending = [
-            j for j, s in zip(pending, statuses, strict=True) if _text(s) not in TERMINAL_VALUES
-        ]
+        statuses = jobs.statuses(pending)
+        pending = [j for j, s in zip(pending, statuses, strict=True) if s not in TERMINAL_VALUES]
         if pending:
             time.sleep(0.25)
     tally = Tally(accepted=len(job_ids))
     for job_id in job_ids:
-        status = _text(r.hget(keys.job(job_id), "status"))
-        events = status_events(r, job_id)
+        (status,) = jobs.statuses([job_id])
+        events = jobs.status_events(job_id)
         if status == "succeeded":
             tally.succeeded += 1
         elif status in TERMINAL_VALUES:
@@ -131,10 +127,6 @@ def settle(r: redis.Redis, job_ids: list[str], timeout_s: float = 90.0) -> Tally
         tally.run_twice += events.count("running") > 1
         tally.ended_twice += sum(events.count(s) for s in TERMINAL_VALUES) > 1
     return tally
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value or "")
 
 
 @dataclass

@@ -120,6 +120,7 @@ def record(
 
     from harness.slo import SloError, parse_duration_ms
     from mmq.settings import command_settings, with_redis
+    from tuning.record import RecordedLine
     from tuning.record import record as run_record
 
     console = Console(stderr=True)
@@ -132,7 +133,7 @@ def record(
         kind = settings.pipelines[pipeline].kind
     console.print(f"recording accepted jobs to {out} (Ctrl-C stops)", highlight=False)
 
-    def said(line: dict[str, object]) -> None:
+    def said(line: RecordedLine) -> None:
         console.print(f"{line['at']:>8}s  {line['kind']}/{line['pipeline']}", highlight=False)
 
     done = run_record(

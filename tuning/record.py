@@ -23,16 +23,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
+
+from pydantic import JsonValue
 
 from common.redis_client import connect
-from jobs import keys
 from jobs.errors import InputError
 from jobs.filerefs import file_ref_fields
 from jobs.models import Job
 from jobs.schemas import schema_for
 from jobs.settings import Settings
-from jobstore.codec import job_from_fields, text_map
+from jobstore import notices
+from jobstore.job_lookup import JobLookup
+from jobstore.notices import Notice
 from storage.factory import make_storage
 from storage.fetch import InputFetcher
 from tuning.workload import UPLOAD_PREFIX
@@ -40,6 +43,17 @@ from tuning.workload import UPLOAD_PREFIX
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5
+
+
+class RecordedLine(TypedDict):
+    """One job of a workload file (`tuning.workload`)."""
+
+    kind: str
+    pipeline: str
+    input: dict[str, JsonValue]
+    priority: str
+    at: float
+    """Seconds since the first job recorded."""
 
 
 @dataclass
@@ -73,12 +87,12 @@ class Recorder:
             self.pipeline is None or job.pipeline == self.pipeline
         )
 
-    def line(self, job: Job) -> dict[str, Any]:
+    def line(self, job: Job) -> RecordedLine:
         """The job's workload line (raises InputError when an input file cannot be read)."""
         self.seen.add(job.id)
         if self.first_at is None:
             self.first_at = job.created_at
-        job_input = dict(job.input)
+        job_input: dict[str, JsonValue] = dict(job.input)
         for name in file_ref_fields(schema_for(job.kind, self.settings)):
             ref = job_input.get(name)
             if isinstance(ref, str) and ref:
@@ -112,14 +126,14 @@ def record(
     pipeline: str | None = None,
     duration_s: float | None = None,
     max_jobs: int | None = None,
-    on_line: Callable[[dict[str, Any]], None] | None = None,
+    on_line: Callable[[RecordedLine], None] | None = None,
     stop: Callable[[], bool] = lambda: False,
 ) -> Recorded:
     """Record until `duration_s` passes, `max_jobs` are written or `stop()` says so."""
     recorder = Recorder(settings, out, kind=kind, pipeline=pipeline)
     client = connect(str(settings.redis_url))
-    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]  # redis-py: unannotated
-    pubsub.subscribe(keys.EVENTS_CHANNEL)
+    jobs = JobLookup(client)
+    pubsub = notices.listen(client, "events")
     deadline = time.monotonic() + duration_s if duration_s else None
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
@@ -131,10 +145,9 @@ def record(
                 if message is None:
                     continue
                 for job_id in _queued(str(message["data"])):
-                    fields = text_map(client.hgetall(keys.job(job_id)))
-                    if not fields:
+                    job = jobs.get(job_id)
+                    if job is None:
                         continue  # ended and expired already
-                    job = job_from_fields(fields)
                     if job.id in recorder.seen:
                         continue
                     if not recorder.wants(job):
@@ -161,10 +174,10 @@ def record(
 
 def _queued(raw: str) -> list[str]:
     """The ids of the jobs whose `queued` event a notice (or array of notices) carries."""
-    parsed = json.loads(raw)
-    notices = parsed if isinstance(parsed, list) else [parsed]
+    parsed: Notice | list[Notice] = json.loads(raw)
+    found = parsed if isinstance(parsed, list) else [parsed]
     return [
         str(n["job_id"])
-        for n in notices
+        for n in found
         if n.get("type") == "status" and n.get("data", {}).get("status") == "queued"
     ]
