@@ -54,7 +54,7 @@ from kombu.utils.json import loads as kombu_loads
 
 from broker.queues import TASK_NAME
 from common import redis_client
-from common.redis_client import SentinelUrl
+from common.redis_client import RedisOptions, SentinelUrl
 
 KOMBU_VERSIONS = (">=5.6", "<5.8")
 """The kombu releases whose Redis layout this module matches (pyproject pins the same)."""
@@ -109,7 +109,7 @@ class SentinelOptions(TypedDict, total=False):
     master_name: str
     socket_connect_timeout: float
     socket_timeout: float
-    sentinel_kwargs: dict[str, Any]
+    sentinel_kwargs: RedisOptions
     """redis-py's `Sentinel` connection options (`SentinelUrl.sentinel_kwargs`), handed
     through kombu to redis-py as they are."""
 

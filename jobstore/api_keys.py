@@ -10,7 +10,7 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import redis
 import redis.asyncio as aredis
@@ -19,6 +19,16 @@ from jobs import keys
 from jobstore.codec import text_map
 
 KEY_PREFIX = "mmq_"
+
+
+class KeyRecord(TypedDict):
+    """What `keys.API_KEYS` keeps of a key (JSON), under its hash."""
+
+    owner: str
+    """Its name: the owner of its jobs."""
+    created_at: float
+    admin: NotRequired[bool]
+    """Whether it also reaches the `/v1/admin` routes."""
 
 
 def hash_key(key: str) -> str:
@@ -35,8 +45,8 @@ def create_key(client: redis.Redis, owner: str, *, admin: bool = False) -> str:
     if not owner or len(owner) > 64 or not owner.replace("-", "").replace("_", "").isalnum():
         raise ValueError("a key name is 1-64 letters, digits, '-' or '_'")
     key = new_key()
-    record = json.dumps({"owner": owner, "created_at": time.time(), "admin": admin})
-    client.hset(keys.API_KEYS, hash_key(key), record)
+    record: KeyRecord = {"owner": owner, "created_at": time.time(), "admin": admin}
+    client.hset(keys.API_KEYS, hash_key(key), json.dumps(record))
     return key
 
 
@@ -83,7 +93,7 @@ def revoke_key(client: redis.Redis, key_id: str) -> KeyInfo | None:
     return _info(hashed, json.loads(stored[hashed]))
 
 
-def _info(hashed: str, record: dict[str, object]) -> KeyInfo:
+def _info(hashed: str, record: KeyRecord) -> KeyInfo:
     created = record.get("created_at", 0)
     return KeyInfo(
         hashed[:KEY_ID_CHARS],
@@ -93,8 +103,11 @@ def _info(hashed: str, record: dict[str, object]) -> KeyInfo:
     )
 
 
-async def find_key(client: aredis.Redis, key: str) -> dict[str, Any] | None:
-    """The stored record of `key` (owner, admin, id...), None for a key not stored; read
-    by the API (`api.callers`) for every request that sends one."""
-    record = await client.hget(keys.API_KEYS, hash_key(key))
-    return None if record is None else dict(json.loads(record))
+async def find_key(client: aredis.Redis, key: str) -> KeyRecord | None:
+    """The stored record of `key`, None for a key not stored; read by the API
+    (`api.callers`) for every request that sends one."""
+    raw = await client.hget(keys.API_KEYS, hash_key(key))
+    if raw is None:
+        return None
+    record: KeyRecord = json.loads(raw)
+    return record

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import orjson
+from pydantic import JsonValue
 
 from jobs.models import Event, EventType, Job
 
@@ -35,7 +36,7 @@ def job_to_fields(job: Job) -> dict[str, str]:
 
 
 def job_from_fields(fields: dict[str, str]) -> Job:
-    data: dict[str, Any] = {}
+    data: dict[str, JsonValue] = {}
     for key, value in fields.items():
         if key in _JSON_FIELDS:
             data[key] = orjson.loads(value) if value else None

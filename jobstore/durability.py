@@ -76,9 +76,9 @@ class Durability:
         )
 
 
-def server_problem(level: str, info: dict[str, Any]) -> str | None:
-    """Why a server (its `INFO persistence` and `INFO memory`/`CONFIG` fields) cannot serve
-    mmq at `level`, or None."""
+def server_problem(level: str, info: dict[str, str | int | float]) -> str | None:
+    """Why a server (its `INFO persistence` and `INFO memory`/`CONFIG` fields, as redis-py
+    parses them) cannot serve mmq at `level`, or None."""
     policy = str(info.get("maxmemory_policy", "noeviction"))
     if policy != "noeviction":
         return (

@@ -19,7 +19,7 @@ ends.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 import redis
 from pydantic import BaseModel, Field, field_validator
@@ -49,6 +49,17 @@ class KeyLimits(BaseModel):
     @classmethod
     def _known_kinds(cls, costs: dict[str, int] | None) -> dict[str, int] | None:
         return None if costs is None else check_costs(costs)
+
+
+class OwnLimits(TypedDict, total=False):
+    """A key's own limits as `keys.LIMITS` keeps them (JSON of `KeyLimits`, its unset
+    fields left out), read by the submit script too."""
+
+    max_queued: int
+    requests: int
+    max_running: int
+    costs: dict[str, int]
+    weight: float
 
 
 class CostUse(BaseModel):
@@ -81,7 +92,7 @@ class Quota(BaseModel):
     """Per kind with a cost limit or a cost this window."""
 
 
-def cost_limits(defaults: QuotaSettings, own: dict[str, Any]) -> dict[str, int]:
+def cost_limits(defaults: QuotaSettings, own: OwnLimits) -> dict[str, int]:
     """Per kind, the cost limit in effect (the key's own over the defaults)."""
     return {**defaults.costs, **(own.get("costs") or {})}
 
@@ -151,6 +162,6 @@ def set_limits(client: redis.Redis, owner: str, limits: KeyLimits) -> None:
         client.hset(keys.LIMITS, owner, fields)
 
 
-def _loads(raw: str | bytes) -> dict[str, Any]:
-    value = json.loads(raw)
+def _loads(raw: str | bytes) -> OwnLimits:
+    value: OwnLimits = json.loads(raw)
     return value if isinstance(value, dict) else {}
