@@ -15,7 +15,6 @@ import re
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import av
 import jiwer
@@ -23,6 +22,7 @@ import numpy as np
 from av.audio.stream import AudioStream
 
 from harness.deploy import Deployment, flush, serving
+from jobs.outputs import Segment
 
 SHORT = (
     "The quick brown fox jumps over the lazy dog.",
@@ -149,23 +149,23 @@ def wer(ref: str, hyp: str) -> float:
     return float(jiwer.wer(normalise(ref), normalise(hyp)))
 
 
-def segment_problems(segments: list[dict[str, Any]], duration_s: float) -> list[str]:
+def segment_problems(segments: list[Segment], duration_s: float) -> list[str]:
     """What is wrong with a transcript's segments: ids not 1.., times out of order or
     outside the audio. Empty when they are in order."""
     problems = []
-    previous: dict[str, Any] = {"id": 0, "start": 0.0, "end": 0.0}
+    previous_id, previous_end = 0, 0.0
     for segment in segments:
         start, end = segment["start"], segment["end"]
-        if segment["id"] != previous["id"] + 1:
-            problems.append(f"id {segment['id']} after {previous['id']}")
+        if segment["id"] != previous_id + 1:
+            problems.append(f"id {segment['id']} after {previous_id}")
         if not 0 <= start <= end <= duration_s + 0.5:
             problems.append(f"segment {segment['id']}: {start}..{end} of {duration_s}")
-        if start < previous["end"] - 0.02:
-            problems.append(f"segment {segment['id']} starts at {start} before {previous['end']}")
+        if start < previous_end - 0.02:
+            problems.append(f"segment {segment['id']} starts at {start} before {previous_end}")
         for word in segment.get("words") or []:
             if not start - 0.02 <= word["start"] <= word["end"] <= end + 0.02:
                 problems.append(f"word {word} outside {start}..{end}")
-        previous = segment
+        previous_id, previous_end = segment["id"], end
     return problems
 
 

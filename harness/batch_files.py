@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
+from pydantic import JsonValue
+
+from mmq.wire import JobRequest
 
 
-def job_line(custom_id: str, kind: str, **inp: Any) -> dict[str, Any]:
+class BatchLine(TypedDict):
+    """A line of a batch's input file (`api.openai.batch_lines`)."""
+
+    custom_id: str
+    method: str
+    url: str
+    body: JobRequest
+
+
+def job_line(custom_id: str, kind: str, **inp: JsonValue) -> BatchLine:
     """A line that submits a job of `kind` (mmq's `/v1/jobs` endpoint)."""
-    body = {"kind": kind, "input": inp}
+    body: JobRequest = {"kind": kind, "input": inp}
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/jobs", "body": body}
 
 

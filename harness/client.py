@@ -7,8 +7,10 @@ from typing import Any
 
 import httpx
 import redis
+from pydantic import JsonValue
 
 from jobstore.api_keys import create_key
+from mmq.wire import Job, JobRequest
 
 
 class Api:
@@ -19,23 +21,29 @@ class Api:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.http = httpx.Client(base_url=base_url, headers=headers, timeout=30)
 
-    def submit(self, kind: str, priority: str = "normal", **inp: Any) -> dict[str, Any]:
-        r = self.http.post("/v1/jobs", json={"kind": kind, "input": inp, "priority": priority})
+    def submit(self, kind: str, priority: str = "normal", **inp: JsonValue) -> Job:
+        body: JobRequest = {"kind": kind, "input": inp, "priority": priority}
+        r = self.http.post("/v1/jobs", json=body)
         assert r.status_code == 202, r.text
-        return dict(r.json())
+        return _job(r)
 
-    def get(self, job_id: str) -> dict[str, Any]:
+    def get(self, job_id: str) -> Job:
         r = self.http.get(f"/v1/jobs/{job_id}")
         assert r.status_code == 200, r.text
-        return dict(r.json())
+        return _job(r)
 
-    def wait(self, job_id: str, timeout_s: float = 30) -> dict[str, Any]:
+    def wait(self, job_id: str, timeout_s: float = 30) -> Job:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             r = self.http.get(f"/v1/jobs/{job_id}", headers={"Prefer": "wait=5"})
             if r.status_code == 200:
-                return dict(r.json())
+                return _job(r)
         raise TimeoutError(f"job {job_id} did not end in {timeout_s}s")
+
+
+def _job(answer: httpx.Response) -> Job:
+    job: Job = answer.json()
+    return job
 
 
 def new_owner(redis_url: str, base_url: str, name: str) -> Api:

@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
+from pydantic import JsonValue
 
 from common.sse import aparse_lines
 from harness.slo import Sample
 from jobs.states import ends_job
+from mmq.wire import Event, Job, JobRequest, Timings
 
 T = TypeVar("T")
 
@@ -182,44 +184,45 @@ class Trace:
     first_s: float | None = None
     """The first `partial` event (ASR segment, TTS audio, LLM text)."""
     total_s: float = 0.0
-    output: dict[str, Any] = field(default_factory=dict)
-    timings: dict[str, Any] = field(default_factory=dict)
+    output: dict[str, JsonValue] = field(default_factory=dict)
+    """The job's output (its kind's JSON)."""
+    timings: Timings = field(default_factory=Timings)
     error: str | None = None
 
 
 async def run_job(
-    client: httpx.AsyncClient, kind: str, inp: dict[str, Any], timeout_s: float = 900.0
+    client: httpx.AsyncClient, kind: str, inp: dict[str, JsonValue], timeout_s: float = 900.0
 ) -> Trace:
     """Submit a job and follow its events over SSE until it ends (or `timeout_s`)."""
     try:
         async with asyncio.timeout(timeout_s):
-            return await _follow(client, kind, inp)
+            return await _follow(client, {"kind": kind, "input": inp})
     except TimeoutError:
         return Trace(error=f"no end within {timeout_s:g}s")
 
 
-async def _follow(client: httpx.AsyncClient, kind: str, inp: dict[str, Any]) -> Trace:
+async def _follow(client: httpx.AsyncClient, body: JobRequest) -> Trace:
     trace = Trace()
     start = time.perf_counter()
     try:
-        r = await client.post("/v1/jobs", json={"kind": kind, "input": inp})
+        r = await client.post("/v1/jobs", json=body)
         if r.status_code != 202:
             return Trace(error=f"submit {r.status_code}: {r.text[:200]}")
         job_id = r.json()["id"]
         async with client.stream("GET", f"/v1/jobs/{job_id}/events") as response:
             async for message in aparse_lines(response.aiter_lines()):
-                event = json.loads(message.data)
-                etype, data = event["type"], event["data"]
-                if etype == "partial" and trace.first_s is None:
+                event: Event = json.loads(message.data)
+                if event["type"] == "partial" and trace.first_s is None:
                     trace.first_s = time.perf_counter() - start
-                elif etype == "output":
-                    trace.output = data
-                elif ends_job(etype, data):
-                    if data["status"] != "succeeded":
-                        trace.error = f"{data['status']}: {data.get('error')}"[:300]
+                elif event["type"] == "output":
+                    trace.output = event["data"]
+                elif event["type"] == "status" and ends_job(event["type"], event["data"]):
+                    status = event["data"]
+                    if status["status"] != "succeeded":
+                        trace.error = f"{status['status']}: {status.get('error')}"[:300]
                     break
         trace.total_s = time.perf_counter() - start
-        job = (await client.get(f"/v1/jobs/{job_id}")).json()
+        job: Job = (await client.get(f"/v1/jobs/{job_id}")).json()
         trace.timings = job.get("timings") or {}
     except (httpx.HTTPError, ValueError, KeyError) as exc:
         trace.error = f"{type(exc).__name__}: {exc}"[:300]

@@ -4,12 +4,12 @@ a job of a real kind was counted by every process on its path."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.deploy import Deployment, wait_until
+from mmq.wire import Job
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -40,7 +40,7 @@ JOB_HISTOGRAMS = ("queue_wait", "time_to_first_output", "end_to_end")
 
 def check_job_counted(
     dep: Deployment,
-    run: Callable[[], dict[str, Any]],
+    run: Callable[[], Job],
     kind: str,
     pipeline: str,
     histograms: tuple[str, ...] = JOB_HISTOGRAMS,

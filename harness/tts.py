@@ -9,7 +9,7 @@ import json
 import re
 import wave
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import av
 import httpx
@@ -18,6 +18,8 @@ import numpy as np
 
 from harness.deploy import Deployment, Proc, wait_until
 from harness.models.coqui import build_tiny_vits, build_tiny_xtts
+from jobs.outputs import TtsChunk
+from mmq.wire import Event
 
 TTS_PIPELINE = """
 [pipelines.tts]
@@ -81,9 +83,9 @@ def start_workers(dep: Deployment, pipeline: str, count: int, timeout_s: float =
     return procs
 
 
-def events(http: httpx.Client, job_id: str) -> list[dict[str, Any]]:
+def events(http: httpx.Client, job_id: str) -> list[Event]:
     """Every event of an ended job, from its SSE stream."""
-    found: list[dict[str, Any]] = []
+    found: list[Event] = []
     with http.stream("GET", f"/v1/jobs/{job_id}/events") as response:
         for line in response.iter_lines():
             if line.startswith("data: "):
@@ -91,8 +93,9 @@ def events(http: httpx.Client, job_id: str) -> list[dict[str, Any]]:
     return found
 
 
-def partial_pcm(found: list[dict[str, Any]]) -> np.ndarray:
-    chunks = [base64.b64decode(e["data"]["audio"]) for e in found if e["type"] == "partial"]
+def partial_pcm(found: list[Event]) -> np.ndarray:
+    partials = [cast(TtsChunk, e["data"]) for e in found if e["type"] == "partial"]
+    chunks = [base64.b64decode(chunk["audio"]) for chunk in partials]
     return np.frombuffer(b"".join(chunks), dtype="<i2")
 
 

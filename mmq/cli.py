@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -24,10 +24,12 @@ from mmq.settings import (
 from mmq.tune import record, tune
 
 if TYPE_CHECKING:
+    from pydantic import JsonValue
     from rich.console import Console
 
     from host.placement import Plan
     from mmq.client import Client
+    from mmq.wire import Job
 
 app = typer.Typer(help="mmq: multimodal inference jobs on Redis and Celery workers.")
 
@@ -380,7 +382,7 @@ def submit(
     _exit_for(job, console, shown=follow and not as_json)
 
 
-def _local_files(payload: dict[str, object]) -> dict[str, Path]:
+def _local_files(payload: dict[str, JsonValue]) -> dict[str, Path]:
     """The input fields whose value is a file on this machine (uploaded, then named by
     their stored key): an absolute path, or one that starts with `./`, `../` or `~`."""
     found = {}
@@ -392,7 +394,7 @@ def _local_files(payload: dict[str, object]) -> dict[str, Path]:
     return found
 
 
-def _show_submitted(job: dict[str, Any], console: Console, as_json: bool, waits: bool) -> None:
+def _show_submitted(job: Job, console: Console, as_json: bool, waits: bool) -> None:
     import json
 
     if as_json:
@@ -404,9 +406,7 @@ def _show_submitted(job: dict[str, Any], console: Console, as_json: bool, waits:
         console.print_json(data=job)
 
 
-def _wait_for(
-    client: Client, job: dict[str, Any], console: Console, follow: bool, as_json: bool
-) -> dict[str, Any]:
+def _wait_for(client: Client, job: Job, console: Console, follow: bool, as_json: bool) -> Job:
     from mmq.follow import follow_job, follow_json
 
     if not follow:
@@ -416,7 +416,7 @@ def _wait_for(
     return follow_job(client, job, console)
 
 
-def _write_output(client: Client, job: dict[str, Any], path: Path, console: Console) -> None:
+def _write_output(client: Client, job: Job, path: Path, console: Console) -> None:
     from rich.markup import escape
 
     from mmq.results import write_result
@@ -429,20 +429,20 @@ def _write_output(client: Client, job: dict[str, Any], path: Path, console: Cons
     console.print(f"[bold]wrote[/] {escape(str(path))} ({written} bytes)", soft_wrap=True)
 
 
-def _exit_for(job: dict[str, Any], console: Console, shown: bool) -> None:
+def _exit_for(job: Job, console: Console, shown: bool) -> None:
     """Exit 1 unless the job succeeded, saying why unless its events said so already."""
     if job["status"] == "succeeded":
         return
     from rich.markup import escape
 
-    error = job.get("error") or {}
+    error = job.get("error")
     if not shown:
         why = f"{error.get('type')}: {error.get('message')}" if error else "no error given"
         console.print(f"[bold red]job {job['status']}[/]: {escape(why)}", soft_wrap=True)
     raise typer.Exit(1)
 
 
-def _parse_input(raw: str, fields: list[str]) -> dict[str, object]:
+def _parse_input(raw: str, fields: list[str]) -> dict[str, JsonValue]:
     import json
 
     text = Path(raw[1:]).read_text() if raw.startswith("@") else raw

@@ -19,37 +19,49 @@ import mimetypes
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, TypedDict, Unpack
 from urllib.parse import quote
 
 import httpx
 
 from common.sse import SseMessage, aparse_lines, parse_lines
+from jobs.outputs import StoredFile
 from jobs.states import TERMINAL_VALUES, ends_job
+from mmq.wire import Event, Job, JobRequest
 
-JobDict = dict[str, Any]
+if TYPE_CHECKING:
+    from pydantic import JsonValue
 
 
 class MmqAPIError(Exception):
     """An error answer of the API: `status`, `type`, `message`, `param`."""
 
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        error = body.get("error", {}) if isinstance(body, dict) else {}
+    def __init__(self, status: int, body: JsonValue) -> None:
+        error = body.get("error") if isinstance(body, dict) else None
+        if not isinstance(error, dict):
+            error = {}  # not the API's error format: a proxy's answer
+        param = error.get("param")
         self.status = status
         self.type = str(error.get("type", "http_error"))
-        self.param = error.get("param")
+        self.param = param if isinstance(param, str) else None
         self.message = str(error.get("message", body))
         super().__init__(f"{status} {self.type}: {self.message}")
 
 
-def _check(response: httpx.Response) -> JobDict:
+def _check(response: httpx.Response) -> None:
+    """Raise MmqAPIError for an error answer."""
     if response.status_code >= 400:
         try:
             body = response.json()
         except ValueError:
             body = {"error": {"message": response.text}}
         raise MmqAPIError(response.status_code, body)
-    return dict(response.json())
+
+
+def _job(response: httpx.Response) -> Job:
+    _check(response)
+    job: Job = response.json()
+    return job
 
 
 class Deadline(TypedDict, total=False):
@@ -63,17 +75,23 @@ class Deadline(TypedDict, total=False):
 
 def _submit_request(
     kind: str,
-    input: dict[str, Any],
+    input: dict[str, JsonValue],
     priority: str,
     metadata: dict[str, str] | None,
     idempotency_key: str | None,
     wait_s: float | None,
     deadline: Deadline,
-) -> tuple[dict[str, Any], dict[str, str]]:
-    body: dict[str, Any] = {"kind": kind, "input": input, "priority": priority}
+) -> tuple[JobRequest, dict[str, str]]:
+    body: JobRequest = {"kind": kind, "input": input, "priority": priority}
     if metadata:
         body["metadata"] = metadata
-    body |= {k: v for k, v in deadline.items() if v not in (None, False)}
+    # A field that is None, 0 or False is not sent.
+    if (at := deadline.get("deadline")) is not None and at != 0:
+        body["deadline"] = at
+    if (max_queue_s := deadline.get("max_queue_s")) is not None and max_queue_s != 0:
+        body["max_queue_s"] = max_queue_s
+    if deadline.get("cancel_at_deadline"):
+        body["cancel_at_deadline"] = True
     headers = {}
     if idempotency_key:
         headers["Idempotency-Key"] = idempotency_key
@@ -82,12 +100,13 @@ def _submit_request(
     return body, headers
 
 
-def _event(message: SseMessage) -> dict[str, Any]:
-    return dict(json.loads(message.data))
+def _event(message: SseMessage) -> Event:
+    event: Event = json.loads(message.data)
+    return event
 
 
-def _is_end(event: dict[str, Any]) -> bool:
-    return ends_job(str(event.get("type")), event.get("data") or {})
+def _is_end(event: Event) -> bool:
+    return ends_job(event["type"], event["data"])
 
 
 def _prefer_wait(deadline: float | None, step_s: float) -> dict[str, str]:
@@ -95,7 +114,7 @@ def _prefer_wait(deadline: float | None, step_s: float) -> dict[str, str]:
     return {"Prefer": f"wait={max(0.0, left):g}"}
 
 
-def _waited_enough(job: JobDict, deadline: float | None) -> bool:
+def _waited_enough(job: Job, deadline: float | None) -> bool:
     ended = job["status"] in TERMINAL_VALUES
     return ended or (deadline is not None and time.monotonic() >= deadline)
 
@@ -128,44 +147,45 @@ class Client:
         self.http.close()
 
     def submit(
-        self, kind: str, input: dict[str, Any], *, priority: str = "normal",
+        self, kind: str, input: dict[str, JsonValue], *, priority: str = "normal",
         metadata: dict[str, str] | None = None, idempotency_key: str | None = None,
         wait_s: float | None = None, **deadline: Unpack[Deadline],
-    ) -> JobDict:  # fmt: skip
+    ) -> Job:  # fmt: skip
         body, headers = _submit_request(
             kind, input, priority, metadata, idempotency_key, wait_s, deadline
         )
-        return _check(self.http.post("/v1/jobs", json=body, headers=headers))
+        return _job(self.http.post("/v1/jobs", json=body, headers=headers))
 
-    def get(self, job_id: str) -> JobDict:
-        return _check(self.http.get(f"/v1/jobs/{job_id}"))
+    def get(self, job_id: str) -> Job:
+        return _job(self.http.get(f"/v1/jobs/{job_id}"))
 
-    def wait(self, job_id: str, timeout_s: float | None = None, step_s: float = 20) -> JobDict:
+    def wait(self, job_id: str, timeout_s: float | None = None, step_s: float = 20) -> Job:
         """The job once it has ended (or as it is when `timeout_s` runs out)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             headers = _prefer_wait(deadline, step_s)
-            job = _check(self.http.get(f"/v1/jobs/{job_id}", headers=headers))
+            job = _job(self.http.get(f"/v1/jobs/{job_id}", headers=headers))
             if _waited_enough(job, deadline):
                 return job
 
-    def cancel(self, job_id: str) -> JobDict:
-        return _check(self.http.post(f"/v1/jobs/{job_id}/cancel"))
+    def cancel(self, job_id: str) -> Job:
+        return _job(self.http.post(f"/v1/jobs/{job_id}/cancel"))
 
     def download(self, key: str) -> bytes:
         """A stored file's bytes (an output's `key`), through the API with this client's key."""
         return _content(self.http.get(_file_path(key)))
 
-    def upload(self, path: str | Path) -> dict[str, Any]:
+    def upload(self, path: str | Path) -> StoredFile:
         """Upload a local file (`POST /v1/files`); its `key` names it in a job's input."""
         path = Path(path)
         ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
         with path.open("rb") as stream:
-            return _check(self.http.post("/v1/files", files={"file": (path.name, stream, ctype)}))
+            response = self.http.post("/v1/files", files={"file": (path.name, stream, ctype)})
+        _check(response)
+        stored: StoredFile = response.json()
+        return stored
 
-    def events(
-        self, job_id: str, after: str | None = None, *, retries: int = 5
-    ) -> Iterator[dict[str, Any]]:
+    def events(self, job_id: str, after: str | None = None, *, retries: int = 5) -> Iterator[Event]:
         """Every event of the job after `after`, until it ends; reconnects with
         Last-Event-ID after a dropped connection, so no event is lost or repeated."""
         last, failures = after, 0
@@ -207,37 +227,35 @@ class AsyncClient:
         await self.http.aclose()
 
     async def submit(
-        self, kind: str, input: dict[str, Any], *, priority: str = "normal",
+        self, kind: str, input: dict[str, JsonValue], *, priority: str = "normal",
         metadata: dict[str, str] | None = None, idempotency_key: str | None = None,
         wait_s: float | None = None, **deadline: Unpack[Deadline],
-    ) -> JobDict:  # fmt: skip
+    ) -> Job:  # fmt: skip
         body, headers = _submit_request(
             kind, input, priority, metadata, idempotency_key, wait_s, deadline
         )
-        return _check(await self.http.post("/v1/jobs", json=body, headers=headers))
+        return _job(await self.http.post("/v1/jobs", json=body, headers=headers))
 
-    async def get(self, job_id: str) -> JobDict:
-        return _check(await self.http.get(f"/v1/jobs/{job_id}"))
+    async def get(self, job_id: str) -> Job:
+        return _job(await self.http.get(f"/v1/jobs/{job_id}"))
 
-    async def wait(
-        self, job_id: str, timeout_s: float | None = None, step_s: float = 20
-    ) -> JobDict:
+    async def wait(self, job_id: str, timeout_s: float | None = None, step_s: float = 20) -> Job:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             headers = _prefer_wait(deadline, step_s)
-            job = _check(await self.http.get(f"/v1/jobs/{job_id}", headers=headers))
+            job = _job(await self.http.get(f"/v1/jobs/{job_id}", headers=headers))
             if _waited_enough(job, deadline):
                 return job
 
-    async def cancel(self, job_id: str) -> JobDict:
-        return _check(await self.http.post(f"/v1/jobs/{job_id}/cancel"))
+    async def cancel(self, job_id: str) -> Job:
+        return _job(await self.http.post(f"/v1/jobs/{job_id}/cancel"))
 
     async def download(self, key: str) -> bytes:
         return _content(await self.http.get(_file_path(key)))
 
     async def events(
         self, job_id: str, after: str | None = None, *, retries: int = 5
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[Event]:
         last, failures = after, 0
         while True:
             headers = {"Last-Event-ID": last} if last else {}

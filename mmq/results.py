@@ -13,39 +13,43 @@ import base64
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
-from mmq.client import Client, JobDict
+from jobs.outputs import ImageOutput, StoredFile, TtsOutput
+from mmq.client import Client
+from mmq.wire import Job
 
-Output = dict[str, Any]
-
-
-def _stored(client: Client, ref: Output) -> bytes:
-    """A stored output's bytes: inline when the job carries them, else downloaded."""
-    if ref.get("b64_json"):
-        return base64.b64decode(ref["b64_json"])
-    return client.download(str(ref["key"]))
+if TYPE_CHECKING:
+    from pydantic import JsonValue
 
 
-def _json(output: Output) -> bytes:
+def _downloaded(client: Client, ref: StoredFile) -> bytes:
+    return client.download(ref["key"])
+
+
+def _json(output: dict[str, JsonValue]) -> bytes:
     return (json.dumps(output, indent=2, ensure_ascii=False) + "\n").encode()
 
 
-def _text(client: Client, output: Output) -> bytes:
+def _text(client: Client, output: dict[str, JsonValue]) -> bytes:
     if "text" not in output or output.get("tool_calls") or output.get("choices"):
         return _json(output)  # tool calls and several choices are not plain text
     return (str(output["text"]).rstrip("\n") + "\n").encode()
 
 
-def _audio(client: Client, output: Output) -> bytes:
-    return _stored(client, output["audio"])
+def _audio(client: Client, output: dict[str, JsonValue]) -> bytes:
+    return _downloaded(client, cast(TtsOutput, output)["audio"])
 
 
-def _first_image(client: Client, output: Output) -> bytes:
-    return _stored(client, output["images"][0])
+def _first_image(client: Client, output: dict[str, JsonValue]) -> bytes:
+    """Inline (`b64_json`) where the job carries it, else downloaded."""
+    image = cast(ImageOutput, output)["images"][0]
+    if image.get("b64_json"):
+        return base64.b64decode(image["b64_json"])
+    return _downloaded(client, image)
 
 
-RESULTS: dict[str, Callable[[Client, Output], bytes]] = {
+RESULTS: dict[str, Callable[[Client, dict[str, JsonValue]], bytes]] = {
     "tts": _audio,
     "image": _first_image,
     "asr": _text,
@@ -53,15 +57,15 @@ RESULTS: dict[str, Callable[[Client, Output], bytes]] = {
 }
 
 
-def result_bytes(client: Client, job: JobDict, path: Path) -> bytes:
+def result_bytes(client: Client, job: Job, path: Path) -> bytes:
     """What `--output path` holds for the succeeded `job`."""
-    output: Output = job.get("output") or {}
+    output = job.get("output") or {}
     if path.suffix.lower() == ".json":
         return _json(output)
     return RESULTS.get(str(job.get("kind")), _text)(client, output)
 
 
-def write_result(client: Client, job: JobDict, path: Path) -> int:
+def write_result(client: Client, job: Job, path: Path) -> int:
     """Write the job's result to `path`; returns the bytes written."""
     data = result_bytes(client, job, path)
     path.write_bytes(data)

@@ -13,17 +13,20 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import cast
 
 import httpx
 import psutil
+from pydantic import JsonValue
 
 from common.stats import percentile
 from harness.load import closed_loop, open_loop
 from harness.slo import Sample, Slo, meets_all
 from host.devices import read_usage
+from jobs.outputs import LlmOutput
+from mmq.wire import Job, JobRequest
 from tuning.workload import Level, schedule
 
 TERMINAL = frozenset({"succeeded", "failed", "canceled", "expired"})
@@ -87,11 +90,11 @@ class Measurement:
         kept = [lv for lv in self.levels if lv.sustained]
         return max(kept, key=lambda lv: lv.goodput) if kept else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JsonValue]:
         return {**asdict(self), "goodput": self.goodput}
 
 
-def sample_of(job: Mapping[str, Any], e2e_ms: float) -> Sample:
+def sample_of(job: Job, e2e_ms: float) -> Sample:
     timings = job.get("timings") or {}
     first = timings.get("time_to_first_output_ms")
     metrics: dict[str, float | None] = {
@@ -101,9 +104,11 @@ def sample_of(job: Mapping[str, Any], e2e_ms: float) -> Sample:
         **dict.fromkeys(FIRST_OUTPUT_METRICS, first),
     }
     if job.get("status") != "succeeded":
-        error = job.get("error") or {}
-        return Sample(False, metrics, f"{job.get('status')}: {error.get('type', '?')}")
-    usage = (job.get("output") or {}).get("usage") or {}
+        error = job.get("error")
+        why = error.get("type", "?") if error else "?"
+        return Sample(False, metrics, f"{job.get('status')}: {why}")
+    output = cast(LlmOutput, job.get("output") or {})  # an LLM's output counts its tokens
+    usage = output.get("usage") or {}
     return Sample(True, metrics, tokens=int(usage.get("completion_tokens") or 0))
 
 
@@ -129,7 +134,7 @@ class _Tally:
 async def run_level(
     base_url: str,
     kind: str,
-    inputs: Sequence[dict[str, Any]],
+    inputs: Sequence[dict[str, JsonValue]],
     level: Level,
     slos: Sequence[Slo],
     seed: int,
@@ -142,7 +147,7 @@ async def run_level(
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as client:
 
         async def one(index: int) -> None:
-            body = {"kind": kind, "input": inputs[order[index]]}
+            body: JobRequest = {"kind": kind, "input": inputs[order[index]]}
             tally.record(await _request(client, body, request_timeout_s))
 
         if level.concurrency:
@@ -184,14 +189,14 @@ def summarize(
     )
 
 
-async def _request(client: httpx.AsyncClient, body: dict[str, Any], timeout_s: float) -> Sample:
+async def _request(client: httpx.AsyncClient, body: JobRequest, timeout_s: float) -> Sample:
     started = time.monotonic()
     try:
         async with asyncio.timeout(timeout_s):
             answer = await client.post("/v1/jobs", json=body, headers={"Prefer": f"wait={WAIT_S}"})
             if answer.status_code not in (200, 202):
                 return Sample(False, {}, f"HTTP {answer.status_code}")
-            job = answer.json()
+            job: Job = answer.json()
             while job.get("status") not in TERMINAL:
                 answer = await client.get(
                     f"/v1/jobs/{job['id']}", headers={"Prefer": f"wait={WAIT_S}"}
