@@ -1,7 +1,8 @@
 """The JSON of mmq's job API as its clients send and read it: the Python client
 (`mmq.client`), `mmq submit`, the harness and the tune. TypedDicts, so a job or an
 event is the plain dict that `json.loads` made (and nothing heavier is imported to read
-one); the API's own models (`api.views.JobView`, `jobs.models.Event`) say the same.
+one: the store's types, `jobstore.changes`, are not); the API's own models
+(`api.views.JobView`, `jobs.models.Event`) say the same.
 
 A kind's input, output and partial data are its own JSON: its input model and its
 pipeline decide their shape, and a deployment may add kinds of its own, so on the job
@@ -32,11 +33,13 @@ class JobRequest(TypedDict):
 
 
 class JobError(TypedDict):
+    """Why a job failed: the job's `error`, and an error event's data."""
+
     type: str
     """`invalid_input` (never retried), `pipeline_error`, `worker_lost`..."""
     message: str
-    field: str | None
-    """For `invalid_input`: the input field at fault."""
+    field: NotRequired[str | None]
+    """For `invalid_input`: the input field at fault (a job always shows it)."""
 
 
 class Timings(TypedDict, total=False):
