@@ -218,7 +218,8 @@ class Line(BaseModel):
     pipeline: str
     """The pipeline that runs it (its room decides when it is released)."""
     job: dict[str, Any]
-    """The `JobCreate` body of its job (validated when the batch was created)."""
+    """The `JobCreate` body of its job (`kind`, `input`, `metadata`; validated when the
+    batch was created, its input any kind's JSON)."""
     answer: dict[str, str] = Field(default_factory=dict)
     """What the answer's shape needs beyond the job (the request's `model`, an
     embedding's `encoding_format`)."""
@@ -254,7 +255,8 @@ def output_line(
     batch_id: str, line: int, custom_id: str, status_code: int, body: dict[str, Any], job_id: str
 ) -> str:
     """A line of the output file (status 200) or of the error file (a job that did not
-    succeed), in OpenAI's shape."""
+    succeed), in OpenAI's shape; `body` is what the line's endpoint answers (any JSON
+    object: an OpenAI answer, a job's view, an error)."""
     response = {"status_code": status_code, "request_id": job_id, "body": body}
     record = {
         "id": request_id(batch_id, line),

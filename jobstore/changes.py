@@ -12,6 +12,7 @@ from typing import Any, Literal, NamedTuple, NotRequired, TypedDict
 from broker.kombu_redis import PRIORITY_VALUES, TaskMessage
 from jobs import keys
 from jobs.models import EventType, Job, WebhookSpec
+from jobs.outputs import JobOutput
 from jobs.settings import Settings
 from jobs.states import JobStatus, allowed_sources, check_transition
 from jobs.webhooks import wants
@@ -64,8 +65,7 @@ class PreEvent(NamedTuple):
     """An output or error event that a transition writes just before its status event."""
 
     type: EventType
-    data: dict[str, Any]
-    """The job's output (any JSON object its pipeline makes), or its `ErrorInfo`."""
+    data: JobOutput | ErrorInfo
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,11 @@ class Transition:
             etype, data = self.pre_event
             events.append(
                 JobEvent(
-                    id=result.pre_event_id, job_id=self.job_id, type=str(etype), data=data, ts=now
+                    id=result.pre_event_id,
+                    job_id=self.job_id,
+                    type=str(etype),
+                    data={**data},
+                    ts=now,
                 )
             )
         status = JobEvent(

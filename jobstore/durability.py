@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.asyncio.client import Pipeline as AsyncPipeline
+from redis.client import Pipeline
 from redis.exceptions import ResponseError
 
 from jobs.errors import NotDurable
@@ -37,7 +39,7 @@ class Durability:
     def waits(self) -> bool:
         return self.level != "memory"
 
-    def queue_wait(self, pipe: Any, timeout_ms: int | None = None) -> None:
+    def queue_wait(self, pipe: Pipeline | AsyncPipeline, timeout_ms: int | None = None) -> None:
         """Add the command that waits for this connection's writes to `pipe` (a sync or
         asyncio pipeline; not for `memory`)."""
         timeout = self.timeout_ms if timeout_ms is None else timeout_ms

@@ -19,10 +19,10 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import replace
-from typing import Any
 
 from broker.kombu_redis import TaskMessage
 from jobs.models import EventType, Job
+from jobs.outputs import JobOutput
 from jobs.states import JobStatus
 from jobstore.changes import (
     ALL_FIELDS,
@@ -106,7 +106,7 @@ def _end_queued_by_id(
 
 
 def succeed(
-    job: Job, lease: Lease, output: dict[str, Any], fields: dict[str, str] | None = None
+    job: Job, lease: Lease, output: JobOutput, fields: dict[str, str] | None = None
 ) -> Transition:
     """The run holding `lease` ends the job with `output` (its output event first)."""
     return _end(
@@ -122,7 +122,7 @@ def fail(
     the status event carries it too)."""
     change = _end(
         job, JobStatus.FAILED, lease,
-        {"error": dumps(error), **(fields or {})}, _error_event(error),
+        {"error": dumps(error), **(fields or {})}, PreEvent(EventType.ERROR, error),
     )  # fmt: skip
     return replace(change, event_data={"error": error})
 
@@ -181,11 +181,11 @@ def fail_lost(job: Job, error: ErrorInfo) -> Transition:
         lease_mode="absent",
         fields={"error": dumps(error), "finished_at": _now()},
         event_data={"error": error},
-        pre_event=_error_event(error),
+        pre_event=PreEvent(EventType.ERROR, error),
     )
 
 
-def answer_from_cache(job: Job, output: dict[str, Any]) -> tuple[Transition, Transition]:
+def answer_from_cache(job: Job, output: JobOutput) -> tuple[Transition, Transition]:
     """A new job answered from the response cache: it starts and succeeds through the
     usual changes, under a lease of its own, without a worker (apply them in order; the
     second reads the whole job back)."""
@@ -217,10 +217,6 @@ def _end(
         fields={"finished_at": _now(), **fields},
         pre_event=pre_event,
     )
-
-
-def _error_event(error: ErrorInfo) -> PreEvent:
-    return PreEvent(EventType.ERROR, {**error})
 
 
 def _now() -> str:

@@ -23,6 +23,8 @@ from typing import Annotated, Any, TypedDict
 
 import redis
 from pydantic import BaseModel, Field, field_validator
+from redis.asyncio.client import Pipeline as AsyncPipeline
+from redis.client import Pipeline
 
 from jobs import keys
 from jobs.settings import COST_UNITS, QuotaSettings, check_costs
@@ -97,7 +99,7 @@ def cost_limits(defaults: QuotaSettings, own: OwnLimits) -> dict[str, int]:
     return {**defaults.costs, **(own.get("costs") or {})}
 
 
-def reads(pipe: Any, owner: str, window: int) -> None:
+def reads(pipe: Pipeline | AsyncPipeline, owner: str, window: int) -> None:
     """Queue on a Redis pipeline (sync or async) what `from_reads` reads back."""
     pipe.hget(keys.LIMITS, owner)
     pipe.hmget(keys.usage(owner), ["queued", "running"])

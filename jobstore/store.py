@@ -46,11 +46,13 @@ from typing import Any, Self
 
 import redis
 import redis.asyncio as aredis
+from redis.commands.core import AsyncScript, Script
 
 from broker.kombu_redis import TaskMessage
 from common import redis_client
 from jobs import keys
 from jobs.models import Event, EventType, Job, WebhookSpec
+from jobs.outputs import JobOutput
 from jobs.schemas.base import CachePolicy
 from jobs.settings import Settings
 from jobs.webhooks import wants
@@ -73,6 +75,7 @@ from jobstore.codec import (
 from jobstore.metric_counts import MetricsTally, queue_samples
 from jobstore.store_base import (
     NOT_WAITED,
+    Answer,
     Done,
     EventListener,
     StoreBase,
@@ -93,6 +96,8 @@ class NewEvent:
     job_id: str
     type: EventType
     data: dict[str, Any]
+    """Any JSON object: a pipeline's partial or progress (`jobs.outputs.EventData`), or a
+    status; stored as it is."""
     first_output: bool = False
     """Whether it is an output (partial or progress): the job's first one sets its
     `first_output_at`."""
@@ -195,7 +200,7 @@ class JobStore(StoreBase):
         pipe.execute()
 
     def _run(
-        self, script: Any, key_list: list[str], args: list[str], wait_ms: int | None
+        self, script: Script, key_list: list[str], args: list[str], wait_ms: int | None
     ) -> tuple[Any, Any]:
         """`script`'s reply, and that of the wait for this connection's writes at
         `redis.durability` (up to `wait_ms`; `NOT_WAITED` where None), in one round trip."""
@@ -211,7 +216,7 @@ class JobStore(StoreBase):
                 return settled
         raise AssertionError("settle answers on the second attempt")
 
-    def _follow_up(self, job_id: str, done: Done[Any]) -> None:
+    def _follow_up(self, job_id: str, done: Done[Answer]) -> None:
         """What a write implies, confirmed or not: the notices it held back published, its
         metrics counted, its webhook events handed on."""
         self._publish(done.held)
@@ -280,7 +285,8 @@ class JobStore(StoreBase):
         first_output: bool,
         webhook: WebhookSpec | None = None,
     ) -> str:
-        """Append one event (see `append_events`); returns its stream id."""
+        """Append one event (see `append_events`, and `NewEvent.data`); returns its stream
+        id."""
         return self.append_events([NewEvent(job_id, etype, data, first_output, webhook)])[0]
 
     def renew_lease(self, job_id: str, lease: Lease) -> bool:
@@ -310,7 +316,7 @@ class JobStore(StoreBase):
         key_list = [keys.job(job_id), message.list_key]
         return bool(self._resend(keys=key_list, args=[message.envelope]))
 
-    def remember_answer(self, owner: str, policy: CachePolicy, output: dict[str, Any]) -> None:
+    def remember_answer(self, owner: str, policy: CachePolicy, output: JobOutput) -> None:
         """Keep a deterministic request's answer in the response cache for `policy.ttl_s`
         (`JobInput.cache_policy`); the API answers the same request from it."""
         key = keys.response_cache(owner, policy.digest)
@@ -440,7 +446,7 @@ class AsyncJobStore(StoreBase):
         await pipe.execute()
 
     async def _run(
-        self, script: Any, key_list: list[str], args: list[str], wait_ms: int | None
+        self, script: AsyncScript, key_list: list[str], args: list[str], wait_ms: int | None
     ) -> tuple[Any, Any]:
         """As `JobStore._run`."""
         if wait_ms is None:
@@ -455,7 +461,7 @@ class AsyncJobStore(StoreBase):
                 return settled
         raise AssertionError("settle answers on the second attempt")
 
-    async def _follow_up(self, job_id: str, done: Done[Any]) -> None:
+    async def _follow_up(self, job_id: str, done: Done[Answer]) -> None:
         """As `JobStore._follow_up`; `on_event` runs in a thread (it may block)."""
         await self._publish(done.held)
         await self._count(done.samples, done.cells, job_id)
@@ -493,11 +499,14 @@ class AsyncJobStore(StoreBase):
         return None if owner is None else str(owner)
 
     async def cached_answer(self, owner: str, policy: CachePolicy) -> dict[str, Any] | None:
-        """The response cache's answer to a request of this `policy`, if it has one."""
+        """The response cache's answer to a request of this `policy`, if it has one: a job's
+        output as `remember_answer` stored it (any kind's JSON)."""
         raw = await self.r.get(keys.response_cache(owner, policy.digest))
         return None if raw is None else dict(json.loads(raw))
 
     async def deliveries(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's webhook delivery attempts, as the webhook worker records them
+        (`cluster.webhooks.DeliveryRecord`, a layer above this one)."""
         return [json.loads(raw) for raw in await self.r.lrange(keys.deliveries(job_id), 0, -1)]
 
     async def quota_state(self, owner: str, window: int) -> list[Any]:
