@@ -15,8 +15,7 @@ from broker.kombu_redis import PRIORITY_VALUES, TaskMessage
 from broker.queues import TASK_NAME, queue_name
 from jobs.models import Job
 from jobs.settings import Settings
-from jobstore.batch_records import BatchEvent
-from jobstore.changes import JobEvent
+from jobs.wire import BatchEvent, JobEvent
 
 
 def make_celery(settings: Settings) -> Celery:

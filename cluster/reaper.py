@@ -25,8 +25,9 @@ from jobs.errors import NotDurable
 from jobs.models import Job
 from jobs.settings import Settings
 from jobs.states import JobStatus
+from jobs.wire import JobError
 from jobstore import operations
-from jobstore.changes import ErrorInfo, Transition
+from jobstore.changes import Transition
 from jobstore.liveness import LivenessStore
 from jobstore.store import JobStore
 
@@ -71,7 +72,7 @@ class Reaper:
         """The change for a running job whose worker was lost: queued again with its
         message, or failed once it has used its attempts."""
         if job.attempts >= self.settings.lease.max_attempts:
-            error: ErrorInfo = {
+            error: JobError = {
                 "type": "worker_lost",
                 "message": f"the worker running this job was lost {job.attempts} times "
                 f"(max_attempts={self.settings.lease.max_attempts})",

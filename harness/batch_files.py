@@ -8,7 +8,7 @@ from typing import Any, TypedDict
 import httpx
 from pydantic import JsonValue
 
-from mmq.wire import JobRequest
+from jobs.wire import JobRequest
 
 
 class BatchLine(TypedDict):

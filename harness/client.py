@@ -9,8 +9,8 @@ import httpx
 import redis
 from pydantic import JsonValue
 
+from jobs.wire import Job, JobRequest
 from jobstore.api_keys import create_key
-from mmq.wire import Job, JobRequest
 
 
 class Api:

@@ -28,7 +28,7 @@ from pydantic import JsonValue
 from common.sse import aparse_lines
 from harness.slo import Sample
 from jobs.states import ends_job
-from mmq.wire import Event, Job, JobRequest, Timings
+from jobs.wire import Event, Job, JobRequest, Timings
 
 T = TypeVar("T")
 

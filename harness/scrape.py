@@ -9,7 +9,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.deploy import Deployment, wait_until
-from mmq.wire import Job
+from jobs.wire import Job
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -19,7 +19,7 @@ import numpy as np
 from harness.deploy import Deployment, Proc, wait_until
 from harness.models.coqui import build_tiny_vits, build_tiny_xtts
 from jobs.outputs import TtsChunk
-from mmq.wire import Event
+from jobs.wire import Event
 
 TTS_PIPELINE = """
 [pipelines.tts]

@@ -20,13 +20,13 @@ from __future__ import annotations
 import re
 import time
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from pydantic import BaseModel, Field, JsonValue
-from typing_extensions import TypedDict
 
 from jobs.models import WebhookSpec
+from jobs.wire import BatchError, BatchEvent, OpenAIBatch
 from jobstore.codec import dumps
 
 
@@ -66,62 +66,6 @@ def window_seconds(window: str) -> int | None:
         return None
     seconds = int(match.group(1)) * {"s": 1, "m": 60, "h": 3600}[match.group(2)]
     return seconds if seconds <= MAX_WINDOW_S else None
-
-
-class BatchError(TypedDict, total=False):
-    """Why a batch failed as a whole: an item of OpenAI's `errors.data`."""
-
-    code: str
-    message: str
-    param: str | None
-    line: int | None
-
-
-class BatchErrors(TypedDict):
-    object: Literal["list"]
-    data: list[BatchError]
-
-
-class RequestCounts(TypedDict):
-    total: int
-    completed: int
-    failed: int
-
-
-class OpenAIBatch(TypedDict):
-    """OpenAI's batch object (`Batch.openai`): what the API answers, and a batch
-    webhook's event data."""
-
-    id: str
-    object: Literal["batch"]
-    endpoint: str
-    errors: BatchErrors | None
-    input_file_id: str
-    completion_window: str
-    status: str
-    output_file_id: str | None
-    error_file_id: str | None
-    created_at: int
-    expires_at: int
-    in_progress_at: int | None
-    finalizing_at: int | None
-    completed_at: int | None
-    failed_at: int | None
-    expired_at: int | None
-    cancelling_at: int | None
-    cancelled_at: int | None
-    request_counts: RequestCounts
-    metadata: dict[str, str] | None
-
-
-class BatchEvent(TypedDict):
-    """The event a batch's webhook receives when the batch ends (`end_event`)."""
-
-    id: str
-    batch_id: str
-    type: str
-    data: OpenAIBatch
-    ts: float
 
 
 class Batch(BaseModel):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, NotRequired, TypedDict
+from typing import Any, Literal, NamedTuple, TypedDict
 
 from broker.kombu_redis import PRIORITY_VALUES, TaskMessage
 from jobs import keys
@@ -16,24 +16,13 @@ from jobs.outputs import JobOutput
 from jobs.settings import Settings
 from jobs.states import JobStatus, allowed_sources, check_transition
 from jobs.webhooks import wants
+from jobs.wire import JobError, JobEvent
 from jobstore.codec import dumps, flat_pairs, job_to_fields
 
 LeaseMode = Literal["", "check", "absent", "acquire"]
 
 ALL_FIELDS = ("*",)
 """`Transition.read_back` for every field of the job."""
-
-
-class ErrorInfo(TypedDict):
-    """Why a job failed, as a worker or the reaper writes it: the job's `error` field, its
-    error event's data and its failed status event's `error` (`jobs.models.JobErrorInfo`
-    reads it back)."""
-
-    type: str
-    """`invalid_input` (never retried), `pipeline_error`, `worker_lost`."""
-    message: str
-    field: NotRequired[str | None]
-    """For `invalid_input`: the input field at fault."""
 
 
 class StatusData(TypedDict, total=False):
@@ -46,26 +35,15 @@ class StatusData(TypedDict, total=False):
     deadline): `deadline`."""
     attempts: int
     """`queued` again after a lost worker: the runs it has had."""
-    error: ErrorInfo
+    error: JobError
     """`failed`: why."""
-
-
-class JobEvent(TypedDict):
-    """A job's event as JSON (`jobs.models.Event`): what a webhook receives."""
-
-    id: str
-    job_id: str
-    type: str
-    data: dict[str, Any]
-    """Its status, output, error, or a pipeline's partial or progress: any JSON object."""
-    ts: float
 
 
 class PreEvent(NamedTuple):
     """An output or error event that a transition writes just before its status event."""
 
     type: EventType
-    data: JobOutput | ErrorInfo
+    data: JobOutput | JobError
 
 
 @dataclass(frozen=True)

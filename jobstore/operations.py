@@ -24,9 +24,9 @@ from broker.kombu_redis import TaskMessage
 from jobs.models import EventType, Job
 from jobs.outputs import JobOutput
 from jobs.states import JobStatus
+from jobs.wire import JobError
 from jobstore.changes import (
     ALL_FIELDS,
-    ErrorInfo,
     Lease,
     PreEvent,
     StatusData,
@@ -116,7 +116,7 @@ def succeed(
 
 
 def fail(
-    job: Job, lease: Lease, error: ErrorInfo, fields: dict[str, str] | None = None
+    job: Job, lease: Lease, error: JobError, fields: dict[str, str] | None = None
 ) -> Transition:
     """The run holding `lease` ends the job failed, with the reason (an error event first;
     the status event carries it too)."""
@@ -172,7 +172,7 @@ def requeue_preempted(job: Job, lease: Lease, message: TaskMessage) -> Transitio
     )
 
 
-def fail_lost(job: Job, error: ErrorInfo) -> Transition:
+def fail_lost(job: Job, error: JobError) -> Transition:
     """A running job whose worker was lost once too often ends failed, with the reason."""
     return transition(
         job,

@@ -56,10 +56,10 @@ from jobs.outputs import JobOutput
 from jobs.schemas.base import CachePolicy
 from jobs.settings import Settings
 from jobs.webhooks import wants
+from jobs.wire import JobEvent
 from jobstore import lua, quotas
 from jobstore import recent_counts as recent
 from jobstore.changes import (
-    JobEvent,
     Lease,
     SubmitResult,
     Transition,

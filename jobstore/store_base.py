@@ -17,10 +17,10 @@ from jobs.errors import NotDurable
 from jobs.models import Event, Job
 from jobs.settings import Settings
 from jobs.webhooks import wants
+from jobs.wire import JobEvent
 from jobstore import recent_counts as recent
 from jobstore.changes import (
     ALL_FIELDS,
-    JobEvent,
     SubmitResult,
     Transition,
     TransitionResult,

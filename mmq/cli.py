@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from host.placement import Plan
+    from jobs.wire import Job
     from mmq.client import Client
-    from mmq.wire import Job
 
 app = typer.Typer(help="mmq: multimodal inference jobs on Redis and Celery workers.")
 

@@ -27,7 +27,7 @@ import httpx
 from common.sse import SseMessage, aparse_lines, parse_lines
 from jobs.outputs import StoredFile
 from jobs.states import TERMINAL_VALUES, ends_job
-from mmq.wire import Event, Job, JobRequest
+from jobs.wire import Event, Job, JobRequest
 
 if TYPE_CHECKING:
     from pydantic import JsonValue

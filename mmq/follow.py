@@ -25,8 +25,8 @@ from jobs.outputs import (
     TtsChunk,
     TtsOutput,
 )
+from jobs.wire import Event, Job, JobError, ProgressData, StatusData
 from mmq.client import Client
-from mmq.wire import Event, Job, JobError, ProgressData, StatusData
 
 if TYPE_CHECKING:
     from pydantic import JsonValue
@@ -102,7 +102,7 @@ KindData = TypeVar("KindData")
 
 
 def _of_kind(hook: Callable[[Console, KindData, int], None]) -> Hook:
-    """`hook`, which reads its kind's data (`mmq.wire`), as a hook of the event's JSON."""
+    """`hook`, which reads its kind's data (`jobs.wire`), as a hook of the event's JSON."""
     return lambda console, data, streamed: hook(console, cast(KindData, data), streamed)
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from jobs.outputs import ImageOutput, StoredFile, TtsOutput
+from jobs.wire import Job
 from mmq.client import Client
-from mmq.wire import Job
 
 if TYPE_CHECKING:
     from pydantic import JsonValue

@@ -26,7 +26,7 @@ from harness.load import closed_loop, open_loop
 from harness.slo import Sample, Slo, meets_all
 from host.devices import read_usage
 from jobs.outputs import LlmOutput
-from mmq.wire import Job, JobRequest
+from jobs.wire import Job, JobRequest
 from tuning.workload import Level, schedule
 
 TERMINAL = frozenset({"succeeded", "failed", "canceled", "expired"})

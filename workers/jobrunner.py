@@ -22,8 +22,9 @@ from jobs.models import EventType, Job
 from jobs.outputs import EventData, JobOutput, Loading
 from jobs.schemas import validation_error_field
 from jobs.schemas.base import JobInput
+from jobs.wire import JobError
 from jobstore import operations, quotas
-from jobstore.changes import ErrorInfo, Transition, TransitionResult
+from jobstore.changes import Transition, TransitionResult
 from jobstore.codec import dumps, job_from_fields
 from jobstore.store import JobStore, NewEvent
 from pipelines.base import Files
@@ -197,7 +198,7 @@ class JobRunner:
             return None
 
 
-def _error_info(error: BaseException | None) -> ErrorInfo:
+def _error_info(error: BaseException | None) -> JobError:
     if isinstance(error, InputError):
         return {"type": "invalid_input", "message": error.message, "field": error.field}
     message = str(error) if error is not None else "unknown error"

@@ -1,8 +1,9 @@
 """The JSON of mmq's job API as its clients send and read it: the Python client
 (`mmq.client`), `mmq submit`, the harness and the tune. TypedDicts, so a job or an
 event is the plain dict that `json.loads` made (and nothing heavier is imported to read
-one: the store's types, `jobstore.changes`, are not); the API's own models
-(`api.views.JobView`, `jobs.models.Event`) say the same.
+one); the API's own models (`api.views.JobView`, `jobs.models.Event`) say the same. The
+store writes the same shapes: a job's error, the event a webhook receives, and OpenAI's
+batch object with its webhook's event.
 
 A kind's input, output and partial data are its own JSON: its input model and its
 pipeline decide their shape, and a deployment may add kinds of its own, so on the job
@@ -13,7 +14,9 @@ its type.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, NotRequired
+
+from typing_extensions import TypedDict  # pydantic reads the batch ones (jobstore.batch_records)
 
 if TYPE_CHECKING:
     from pydantic import JsonValue
@@ -151,3 +154,70 @@ class KindEvent(_EventBase):
 
 Event = StatusEvent | ProgressEvent | ErrorEvent | KindEvent
 """One event of a job (`jobs.models.Event`), told apart by its `type`."""
+
+
+class JobEvent(TypedDict):
+    """A job's event as JSON (`jobs.models.Event`): what a webhook receives."""
+
+    id: str
+    job_id: str
+    type: str
+    data: dict[str, Any]
+    """Its status, output, error, or a pipeline's partial or progress: any JSON object."""
+    ts: float
+
+
+class BatchError(TypedDict, total=False):
+    """Why a batch failed as a whole: an item of OpenAI's `errors.data`."""
+
+    code: str
+    message: str
+    param: str | None
+    line: int | None
+
+
+class BatchErrors(TypedDict):
+    object: Literal["list"]
+    data: list[BatchError]
+
+
+class RequestCounts(TypedDict):
+    total: int
+    completed: int
+    failed: int
+
+
+class OpenAIBatch(TypedDict):
+    """OpenAI's batch object (`Batch.openai`): what the API answers, and a batch
+    webhook's event data."""
+
+    id: str
+    object: Literal["batch"]
+    endpoint: str
+    errors: BatchErrors | None
+    input_file_id: str
+    completion_window: str
+    status: str
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    expires_at: int
+    in_progress_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCounts
+    metadata: dict[str, str] | None
+
+
+class BatchEvent(TypedDict):
+    """The event a batch's webhook receives when the batch ends (`end_event`)."""
+
+    id: str
+    batch_id: str
+    type: str
+    data: OpenAIBatch
+    ts: float
