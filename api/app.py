@@ -8,14 +8,13 @@ from contextlib import asynccontextmanager
 import anyio
 from fastapi import FastAPI
 
-from api import errors, openapi
+from api import error_handlers, openapi
 from api.batch_service import BatchService
 from api.cache import ResponseCache
 from api.callers import ApiKeys
 from api.deps import AppState
 from api.file_service import FileService
 from api.follows import FollowLimit
-from api.health import Health
 from api.hub import EventHub
 from api.jsonguard import RefuseUnstorableJson
 from api.limits import BodyLimits
@@ -28,6 +27,7 @@ from api.openai import speech as openai_speech
 from api.overview import OverviewReader
 from api.prometheus import MetricsReader
 from api.ratelimit import RateLimitHeaders
+from api.readiness import Health
 from api.routes import admin, console, events, files, health, jobs, metrics, whoami
 from api.service import JobService
 from broker.celery_app import make_celery, webhook_sender
@@ -96,7 +96,7 @@ def create_app(settings: Settings) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
     )
-    errors.install(app)
+    error_handlers.install(app)
     app.include_router(jobs.router)  # first: requests match routes in this order
     app.include_router(events.router)
     app.include_router(files.router)

@@ -13,9 +13,9 @@ from api.batch_service import BatchService
 from api.callers import ApiKeys
 from api.file_service import FileService
 from api.follows import FollowLimit
-from api.health import Health
 from api.overview import OverviewReader
 from api.prometheus import MetricsReader
+from api.readiness import Health
 from api.service import JobService
 from jobs.settings import Settings
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import Refusal, Refused
+from api.error_handlers import Refusal, Refused
 
 _SUSPECT = re.compile(rb"\\u[dD][89a-fA-F]|[0-9]{19}")
 """A surrogate's escape (a pair's too: the parse tells them apart), or a long number."""

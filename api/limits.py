@@ -12,7 +12,7 @@ from collections.abc import Callable
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import Refusal, Refused, send_error
+from api.error_handlers import Refusal, Refused, send_error
 
 
 class BodyLimits:

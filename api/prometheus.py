@@ -1,7 +1,7 @@
 """`GET /metrics`: the whole deployment in one Prometheus scrape of any API process.
 
 Counters and histograms come from Redis, where every process writes them
-(`telemetry/metrics.py`); gauges are read at scrape time: queue depth by pipeline and priority
+(`telemetry/metric_defs.py`); gauges are read at scrape time: queue depth by pipeline and priority
 (the length of each Celery list), queued and running jobs, live workers, and the last
 GPU readings that workers stored (`jobstore.deployment_reader.DeploymentReader.snapshot`).
 """
@@ -25,7 +25,7 @@ from prometheus_client.utils import floatToGoString
 from jobs.settings import Settings
 from jobstore.deployment_reader import DeploymentReader, Snapshot
 from jobstore.quotas import Quota
-from telemetry.metrics import RECORDED, MetricDef
+from telemetry.metric_defs import RECORDED, MetricDef
 
 WORKER_LABELS = ("worker", "kind", "pipeline", "device", "host")
 GPU_LABELS = ("host", "device", "uuid", "name")

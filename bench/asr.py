@@ -45,9 +45,9 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import REPO, percentile_ms, run_meta
-from harness import load
-from harness.deploy import private_deployment
 from jobs.settings import load_settings
+from tuning import load
+from tuning.deployment import private_deployment
 
 TARGETS = ("sequential", "threads", "mmq")
 GOALS = {"c1_p50_vs_sequential_max": 1.1, "throughput_vs_threads_min": 1.3, "p99_max": 0.7}
@@ -168,7 +168,7 @@ class Samples:
 
 
 def closed_loop(call: Transcribe, requests: int, concurrency: int, into: Samples) -> None:
-    """`requests` calls over `concurrency` closed-loop lanes (`harness.load`), each
+    """`requests` calls over `concurrency` closed-loop lanes (`tuning.load`), each
     lane's calls in a thread of its own."""
 
     async def one(_: int) -> None:

@@ -39,8 +39,8 @@ from rich.table import Table
 
 from bench.common import percentile_ms, run_level
 from bench.overhead import jsonable
-from harness.deploy import private_deployment
-from harness.load import run_job
+from tuning.deployment import private_deployment
+from tuning.load import run_job
 
 DEFAULT_OUT = Path("bench/results/asr_batching.json")
 THROUGHPUT_GOAL = 1.3

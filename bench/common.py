@@ -1,5 +1,5 @@
 """Shared pieces of the benchmarks: per-level summaries over the harness's driver
-(`harness.load`, whose names the benches import from here too), and their processes.
+(`tuning.load`, whose names the benches import from here too), and their processes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from common.stats import percentile
-from harness.load import Call, RequestResult, closed_loop, timed
+from tuning.load import Call, RequestResult, closed_loop, timed
 
 MAX_ERRORS_KEPT = 5
 

@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import percentile_ms, run_meta
-from harness.deploy import private_deployment
+from tuning.deployment import private_deployment
 
 console = Console(width=140)
 DEFAULT_OUT = Path("bench/results/embed.json")

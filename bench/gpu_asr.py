@@ -31,7 +31,7 @@ from bench.gpu_common import (
     latency_columns,
     ratio,
 )
-from harness.load import Trace, run_job
+from tuning.load import Trace, run_job
 
 COLUMNS = ["path", "audio_s_per_s", "total_p50_s", "total_p99_s", "first_p50_s", "batch_sizes"]
 COLUMNS += ["busy_pct", "mem_mib", "failed"]

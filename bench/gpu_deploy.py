@@ -24,12 +24,12 @@ import httpx
 import redis
 
 from common.procs import stop_groups
-from harness.deploy import Deployment as Processes
-from harness.deploy import Proc, wait_until
 from host.devices import discover
 from host.redis_server import RedisServer
 from host.up import pinned_env
 from jobs import keys
+from tuning.deployment import Deployment as Processes
+from tuning.deployment import Proc, wait_until
 
 LOAD_TIMEOUT_S = 900.0
 LOG_TAIL_CHARS = 3000

@@ -20,7 +20,7 @@ import httpx
 from bench.common import run_level
 from bench.gpu_common import Context, Plan, SectionResult, Table, latency_columns, ratio
 from bench.tts import TEXT
-from harness.load import Trace, run_job
+from tuning.load import Trace, run_job
 
 COLUMNS = ["path", "voice", "audio_s_per_s", "jobs_per_s", "total_p50_s", "total_p99_s"]
 COLUMNS += ["first_p50_s", "busy_pct", "mem_mib", "failed"]

@@ -50,7 +50,7 @@ from rich.table import Table
 
 from bench.common import percentile_ms
 from bench.overhead import jsonable
-from harness.deploy import Deployment, private_deployment
+from tuning.deployment import Deployment, private_deployment
 
 DEFAULT_OUT = Path("bench/results/image.json")
 PIPELINE = "bench-image"

@@ -52,7 +52,7 @@ from rich.table import Table
 from bench.common import percentile_ms, run_meta
 from bench.llm_stream import Slo, Target, compare, stream_chat
 from common.procs import free_port
-from harness.deploy import private_deployment
+from tuning.deployment import private_deployment
 
 console = Console()
 DEFAULT_OUT = Path("bench/results/llm.json")

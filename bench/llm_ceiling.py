@@ -47,7 +47,7 @@ from rich.table import Table
 
 from bench.common import percentile_ms, run_meta
 from common.procs import free_port
-from harness.deploy import private_deployment, wait_until
+from tuning.deployment import private_deployment, wait_until
 
 console = Console(width=160)
 DEFAULT_OUT = Path("bench/results/llm_ceiling.json")

@@ -1,6 +1,6 @@
 """Streamed chat completions through mmq and straight to an engine, taking turns, and
 per-level summaries: TTFT, TPOT, ITL, output tokens/s and goodput under an SLO (one
-request is `harness.load.stream_chat`: what it records, and the definitions)."""
+request is `tuning.load.stream_chat`: what it records, and the definitions)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import Any
 import httpx
 
 from bench.common import percentile_ms
-from harness import slo
-from harness.load import Shot, closed_loop, stream_chat
+from tuning import slo
+from tuning.load import Shot, closed_loop, stream_chat
 
 
 def Slo(ttft_ms: float, tpot_ms: float) -> tuple[slo.Slo, ...]:
     """Goodput's goal, as bench.llm and bench.gpu_llm name it: each request's TTFT and
-    TPOT within these (`harness.slo`'s rule: an answer of one token meets a TPOT goal)."""
+    TPOT within these (`tuning.slo`'s rule: an answer of one token meets a TPOT goal)."""
     return slo.every_request(ttft=ttft_ms, tpot=tpot_ms)
 
 

@@ -39,12 +39,12 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import run_meta
-from harness.client import new_owner
-from harness.deploy import private_deployment, wait_until
+from harness.api_client import new_owner
 from harness.kinds import llm_toml
 from harness.models.llm import build_tiny_llm
 from harness.models.tool_caller import build_tool_caller
 from harness.models.vision import build_tiny_vlm
+from tuning.deployment import private_deployment, wait_until
 
 console = Console(width=160)
 DEFAULT_OUT = Path("bench/results/openai_parity.json")

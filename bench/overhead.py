@@ -49,10 +49,10 @@ from rich.table import Table
 
 from bench.celery_floor import FloorClient, new_reply_key
 from bench.common import REPO, LevelSummary, measure, run_level, summarize
-from harness.deploy import Deployment as Processes
-from harness.load import Call, RequestResult
 from host.redis_server import RedisServer
 from jobs.settings import Settings, load_settings
+from tuning.deployment import Deployment as Processes
+from tuning.load import Call, RequestResult
 
 DEFAULT_CONFIG = REPO / "mmq.toml"
 DEFAULT_OUT = Path("bench/results/overhead.json")

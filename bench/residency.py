@@ -37,10 +37,10 @@ from rich.table import Table
 
 from bench.common import percentile_ms, run_meta
 from harness.audio import SHORT, spoken
-from harness.deploy import Deployment, private_deployment
 from harness.kinds import pipeline_toml
 from harness.scrape import scrape, value
 from jobstore.api_keys import create_key
+from tuning.deployment import Deployment, private_deployment
 
 console = Console(width=140)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from harness.deploy import private_deployment
+from tuning.deployment import private_deployment
 
 PIPELINE = """
 [pipelines.work]

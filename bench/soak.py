@@ -46,13 +46,13 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import percentile_ms, run_meta
-from harness.deploy import REPO, Deployment, answers, cmdline, serving, wait_until
 from harness.faults import settle
 from harness.netns import NetHost, Network, pids_inside, unavailable
 from host.redis_server import server_binary
 from jobs import keys
 from jobstore.api_keys import create_key
 from jobstore.codec import time_seconds
+from tuning.deployment import REPO, Deployment, answers, cmdline, serving, wait_until
 
 console = Console(width=140)
 REDIS_PORT = 6379

@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import LevelSummary, measure
-from harness.deploy import private_deployment
+from tuning.deployment import private_deployment
 
 TEXT = (
     "The meeting starts at nine in the morning. Please bring the report from last week. "

@@ -35,8 +35,8 @@ from rich.table import Table
 from bench.common import run_meta
 from bench.llm_stream import Slo, Target, compare, stream_chat
 from common.procs import free_port
-from harness.deploy import private_deployment
 from harness.kinds import llm_toml
+from tuning.deployment import private_deployment
 
 console = Console()
 DEFAULT_OUT = Path("bench/results/vllm.json")

@@ -28,7 +28,7 @@ from broker.queues import queue_name
 from jobs.models import Job
 from jobs.states import TERMINAL, JobStatus
 from jobstore.store import JobStore
-from telemetry.metrics import MESSAGES_RESENT, Sample
+from telemetry.metric_defs import MESSAGES_RESENT, Sample
 
 log = logging.getLogger(__name__)
 

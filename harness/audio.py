@@ -21,8 +21,8 @@ import jiwer
 import numpy as np
 from av.audio.stream import AudioStream
 
-from harness.deploy import Deployment, flush, serving
 from jobs.outputs import Segment
+from tuning.deployment import Deployment, flush, serving
 
 SHORT = (
     "The quick brown fox jumps over the lazy dog.",

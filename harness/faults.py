@@ -22,10 +22,10 @@ import redis
 from pydantic import JsonValue
 
 from common import redis_client
-from harness.deploy import Deployment, serving
 from jobs.states import TERMINAL_VALUES
 from jobstore.api_keys import create_key
 from jobstore.job_lookup import JobLookup
+from tuning.deployment import Deployment, serving
 
 BODIES: tuple[dict[str, JsonValue], ...] = (
     {"kind": "echo", "input": {"text": "fault"}},

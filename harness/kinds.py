@@ -13,8 +13,8 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
-from harness.deploy import Deployment, serving, wait_until
 from host.redis_server import RedisServer
+from tuning.deployment import Deployment, serving, wait_until
 
 PIPELINES = {
     "tts": """

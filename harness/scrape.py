@@ -8,8 +8,8 @@ from collections.abc import Callable
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.deploy import Deployment, wait_until
 from jobs.wire import Job
+from tuning.deployment import Deployment, wait_until
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

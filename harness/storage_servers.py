@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from common.procs import free_port
-from harness.deploy import Deployment
+from tuning.deployment import Deployment
 
 MIB = 1024 * 1024
 SILENT_S = 30.0

@@ -16,10 +16,10 @@ import httpx
 import jiwer
 import numpy as np
 
-from harness.deploy import Deployment, Proc, wait_until
 from harness.models.coqui import build_tiny_vits, build_tiny_xtts
 from jobs.outputs import TtsChunk
 from jobs.wire import Event
+from tuning.deployment import Deployment, Proc, wait_until
 
 TTS_PIPELINE = """
 [pipelines.tts]

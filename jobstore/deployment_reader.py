@@ -25,7 +25,7 @@ from jobstore import quotas
 from jobstore.codec import text_list, text_map, time_seconds
 from jobstore.quotas import READS, Quota
 from jobstore.recent_counts import Counts, add_up
-from telemetry.metrics import RECORDED
+from telemetry.metric_defs import RECORDED
 
 DEVICE_KEEP_S = 3600
 """Readings older than this leave the device index (their hashes expired long before)."""

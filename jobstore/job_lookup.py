@@ -1,6 +1,6 @@
 """Job records and their status events, read by id without the store's scripts or
 settings: for tools beside the service that watch a deployment from outside (the
-harness's accounting of jobs under faults, `harness.deploy`, `harness.faults`; `mmq
+harness's accounting of jobs under faults, `tuning.deployment`, `harness.faults`; `mmq
 record`, `tuning.record`)."""
 
 from __future__ import annotations

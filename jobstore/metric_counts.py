@@ -1,5 +1,5 @@
 """The metric counters in Redis that every process adds to, so that one scrape of the
-API's `/metrics` sees the whole deployment (`telemetry/metrics.py` defines them).
+API's `/metrics` sees the whole deployment (`telemetry/metric_defs.py` defines them).
 
 Each metric is one hash, `keys.metric(name)`. A counter's fields are the JSON list of its
 label values; a histogram's fields are its label values plus either a bucket's upper
@@ -28,7 +28,7 @@ from typing import Protocol
 import redis
 
 from jobs import keys
-from telemetry.metrics import Sample, bucket_of, field_of
+from telemetry.metric_defs import Sample, bucket_of, field_of
 
 log = logging.getLogger(__name__)
 

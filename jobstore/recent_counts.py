@@ -4,7 +4,7 @@ The counters (`jobstore/metric_counts.py`) add up everything since the start, wh
 a Prometheus scrape wants; a console wants "now": jobs/s, p50 and p95 of the last minutes,
 429s. So the same end and reject samples are also counted into one small hash per minute
 (unix seconds // 60), `keys.recent(minute)`, that lives `KEEP_S`. Its fields are
-`telemetry.metrics.field_of` of:
+`telemetry.metric_defs.field_of` of:
 
 - `["ended", kind, pipeline, status]`: jobs that ended
 - `["queue_wait", kind, pipeline, bucket]`: jobs that started, by queue wait (the buckets
@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from jobs import keys
-from telemetry.metrics import END_TO_END, QUEUE_WAIT, MetricDef, Sample, bucket_of, field_of
+from telemetry.metric_defs import END_TO_END, QUEUE_WAIT, MetricDef, Sample, bucket_of, field_of
 
 KEEP_S = 900
 """A minute's hash lives this long: the overview's window is at most `KEEP_S - 60`."""
@@ -46,7 +46,7 @@ def minute_of(ts: float) -> int:
 
 def end_cells(fields: Mapping[str, str | None], samples: Iterable[Sample]) -> list[Cell]:
     """The cells of a job that has just ended: its END_FIELDS and its end `samples`
-    (`telemetry.metrics.end_samples`), counted in the minute it finished."""
+    (`telemetry.metric_defs.end_samples`), counted in the minute it finished."""
     kind, pipeline = fields.get("kind") or "", fields.get("pipeline") or ""
     finished = fields.get("finished_at")
     if not finished:

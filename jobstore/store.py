@@ -84,7 +84,7 @@ from jobstore.store_base import (
     events_from,
     settle,
 )
-from telemetry.metrics import Sample
+from telemetry.metric_defs import Sample
 
 log = logging.getLogger("mmq.store")
 

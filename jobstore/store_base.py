@@ -33,7 +33,7 @@ from jobstore.codec import (
     event_from_entry,
 )
 from jobstore.durability import Durability
-from telemetry.metrics import (
+from telemetry.metric_defs import (
     END_FIELDS,
     JOBS_REJECTED,
     JOBS_SUBMITTED,

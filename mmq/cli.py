@@ -419,7 +419,7 @@ def _wait_for(client: Client, job: Job, console: Console, follow: bool, as_json:
 def _write_output(client: Client, job: Job, path: Path, console: Console) -> None:
     from rich.markup import escape
 
-    from mmq.results import write_result
+    from mmq.output_file import write_result
 
     try:
         written = write_result(client, job, path)

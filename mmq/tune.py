@@ -118,10 +118,10 @@ def record(
     are copied beside FILE. Job inputs are your users' data: FILE is written mode 0600."""
     from rich.console import Console
 
-    from harness.slo import SloError, parse_duration_ms
     from mmq.settings import command_settings, with_redis
     from tuning.record import RecordedLine
     from tuning.record import record as run_record
+    from tuning.slo import SloError, parse_duration_ms
 
     console = Console(stderr=True)
     try:

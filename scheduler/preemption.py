@@ -9,7 +9,7 @@ import logging
 
 from jobstore.store import JobStore
 from scheduler.slots import Slots
-from telemetry.metrics import BATCH_LINES_PREEMPTED
+from telemetry.metric_defs import BATCH_LINES_PREEMPTED
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, flush, serving
+from harness.api_client import Api, new_owner
 from harness.inprocess import InProcess, inprocess_settings, serve_in_process
 from host.redis_server import RedisServer
+from tuning.deployment import Deployment, flush, serving
 
 WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"mmq-test-webhook-secret-32-bytes").decode()
 

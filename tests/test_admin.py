@@ -14,11 +14,11 @@ import httpx
 import pytest
 import redis
 
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, wait_until
+from harness.api_client import Api, new_owner
 from harness.inprocess import SLEEP_QUEUE_LIMIT, inprocess_settings, serve_in_process
 from host.devices import Usage
 from jobstore.api_keys import create_key
+from tuning.deployment import Deployment, wait_until
 from workers.sampler import WorkerMetrics
 
 

@@ -17,8 +17,8 @@ from fastapi.routing import APIRoute, APIWebSocketRoute
 from starlette.routing import BaseRoute
 
 from api.app import create_app
-from harness.deploy import REPO
 from jobs.settings import load_settings
+from tuning.deployment import REPO
 
 MODEL_LIBRARIES = ("torch", "diffusers", "transformers", "faster_whisper", "piper", "TTS", "vllm")
 

@@ -16,7 +16,6 @@ import pytest
 from starlette.types import Message
 
 from common.sse import parse_lines
-from harness.deploy import flush
 from harness.inprocess import (
     BASE_URL,
     MAX_WAIT_S,
@@ -26,6 +25,7 @@ from harness.inprocess import (
 )
 from jobs import keys
 from jobstore.api_keys import create_key
+from tuning.deployment import flush
 
 pytestmark = pytest.mark.anyio
 

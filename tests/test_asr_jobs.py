@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from harness.api_client import Api, new_owner
 from harness.audio import (
     ASR_MAX_BYTES,
     ASR_MAX_SECONDS,
@@ -32,10 +33,9 @@ from harness.audio import (
     spoken,
     wer,
 )
-from harness.client import Api, new_owner
-from harness.deploy import Deployment
 from harness.scrape import check_job_counted
 from mmq.client import Client
+from tuning.deployment import Deployment
 
 MAX_WER = 0.15
 

@@ -10,6 +10,7 @@ from typing import Any
 import openai
 import pytest
 
+from harness.api_client import Api, new_owner
 from harness.audio import (
     ASR_MAX_BYTES,
     LONG,
@@ -20,9 +21,8 @@ from harness.audio import (
     spoken,
     wer,
 )
-from harness.client import Api, new_owner
-from harness.deploy import Deployment
 from mmq.client import Client
+from tuning.deployment import Deployment
 
 MAX_WER = 0.15
 

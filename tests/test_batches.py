@@ -20,9 +20,13 @@ import openai
 import pytest
 import redis
 
+from harness.api_client import new_owner
 from harness.batch_files import job_line, jsonl
-from harness.client import new_owner
-from harness.deploy import (
+from host.redis_server import RedisServer
+from jobs import keys
+from jobstore.api_keys import create_key
+from scheduler.slots import Slots
+from tuning.deployment import (
     Deployment,
     Proc,
     flush,
@@ -32,10 +36,6 @@ from harness.deploy import (
     status_events,
     wait_until,
 )
-from host.redis_server import RedisServer
-from jobs import keys
-from jobstore.api_keys import create_key
-from scheduler.slots import Slots
 
 ENV = {
     "MMQ_BATCHES__RELEASE_INTERVAL_S": "0.1",

@@ -22,12 +22,12 @@ from rich.control import strip_control_codes
 
 from common.procs import free_port
 from harness.audio import spoken
-from harness.deploy import REPO, Deployment, wait_until
 from harness.models.sd import TINY_SIZE
 from jobs import keys
 from jobstore.api_keys import create_key, hash_key
 from mmq.follow import RENDERERS
-from mmq.results import result_bytes
+from mmq.output_file import result_bytes
+from tuning.deployment import REPO, Deployment, wait_until
 
 
 @pytest.fixture(scope="module")

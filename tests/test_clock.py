@@ -16,10 +16,10 @@ import libfaketime
 import pytest
 import redis
 
-from harness.client import new_owner
-from harness.deploy import Deployment, Proc, flush, serving, status_events, wait_until
+from harness.api_client import new_owner
 from jobs import keys
 from jobstore.codec import time_seconds
+from tuning.deployment import Deployment, Proc, flush, serving, status_events, wait_until
 
 TTL_S = 2.0
 SKEW_S = 60

@@ -18,13 +18,13 @@ import pytest
 import redis
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from harness.api_client import Api
 from harness.audio import LONG, SHORT, encode, speech
 from harness.batch_files import job_line, jsonl, upload
-from harness.client import Api
-from harness.deploy import REPO, Deployment
 from harness.models.sd import TINY_SIZE
 from jobstore.api_keys import create_key
 from jobstore.quotas import KeyLimits, set_limits
+from tuning.deployment import REPO, Deployment
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(

@@ -15,10 +15,10 @@ import pytest
 import redis
 
 from api.openai.common import failure_response
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, Proc, flush, serving, wait_until
+from harness.api_client import Api, new_owner
 from jobs import keys
 from mmq.client import Client
+from tuning.deployment import Deployment, Proc, flush, serving, wait_until
 
 LEASE = {"ttl_s": 2, "heartbeat_s": 0.3, "reaper_interval_s": 0.2}
 LIMITED = """

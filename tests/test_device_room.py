@@ -9,11 +9,11 @@ from pathlib import Path
 
 import redis
 
-from harness.client import new_owner
-from harness.deploy import flush, running
+from harness.api_client import new_owner
 from jobs import keys
 from jobs.device_models import split_member
 from jobstore.device_room import DeviceRoom
+from tuning.deployment import flush, running
 
 
 def test_a_warm_sibling_is_one_loaded_with_a_free_slot(redis_url: str) -> None:

@@ -13,9 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.deploy import REPO
 from harness.hosts import cpu_host_only
 from host.devices import Topology, discover
+from tuning.deployment import REPO
 
 TOPOLOGIES = Path(__file__).parent / "data" / "topologies"
 

@@ -20,13 +20,13 @@ import yaml
 
 from api.prometheus import Snapshot, families
 from bench.docker_tools import steps_run
-from harness.deploy import REPO
 from host.devices import Topology, cpu_device
 from host.placement import load_placement, plan_placement
 from jobs.schemas.llm import LlmOptions
 from jobs.schemas.tts import TtsOptions
 from jobs.settings import Settings, load_settings
 from tests.test_devices import topology
+from tuning.deployment import REPO
 
 DOCKER = REPO / "docker"
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from api.app import create_app
-from harness.deploy import REPO
 from harness.inprocess import inprocess_settings
+from tuning.deployment import REPO
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"

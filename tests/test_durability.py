@@ -19,13 +19,13 @@ import pytest
 import redis
 
 from common.procs import free_port
-from harness.deploy import REPO, wait_until
 from harness.faults import under_load
 from harness.inprocess import inprocess_settings, serve_in_process
 from host.redis_server import RedisServer, server_binary
 from jobs import keys
 from jobs.settings import RedisSettings
 from jobstore.durability import server_problem
+from tuning.deployment import REPO, wait_until
 
 LOAD_S = 4.0
 CLIENTS = 4

@@ -15,8 +15,8 @@ import numpy as np
 import openai
 import pytest
 
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, flush, serving
+from harness.api_client import Api, new_owner
+from tuning.deployment import Deployment, flush, serving
 
 EMBED_PIPELINE = """
 [pipelines.embed]

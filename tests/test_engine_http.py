@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from jobs.errors import InputError
-from pipelines.llm.client import Delta, EngineClient, EngineLost, EngineRefused
+from pipelines.llm.engine_client import Delta, EngineClient, EngineLost, EngineRefused
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'

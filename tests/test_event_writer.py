@@ -18,7 +18,7 @@ from jobs import keys
 from jobs.models import Event, EventType, WebhookSpec
 from jobs.settings import Settings
 from jobstore.store import JobStore, NewEvent
-from workers.events import EventWriter, merged
+from workers.event_writer import EventWriter, merged
 
 
 def _tokens(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:

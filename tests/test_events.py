@@ -13,9 +13,9 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from common.sse import parse_lines
-from harness.client import Api, new_owner
-from harness.deploy import Deployment
+from harness.api_client import Api, new_owner
 from mmq.client import AsyncClient, Client, MmqAPIError
+from tuning.deployment import Deployment
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from harness.client import Api, limited_owner
-from harness.deploy import Deployment, flush, running, wait_until
+from harness.api_client import Api, limited_owner
 from jobs import keys
+from tuning.deployment import Deployment, flush, running, wait_until
 
 STEP_MS = 100
 """One sleep job's time: the worker runs one at a time."""

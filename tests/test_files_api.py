@@ -12,8 +12,7 @@ import httpx
 import pytest
 import redis
 
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, flush, serving
+from harness.api_client import Api, new_owner
 from harness.storage_servers import (
     MIB,
     add_file_pipeline,
@@ -26,6 +25,7 @@ from harness.storage_servers import (
 )
 from jobs import keys
 from storage.signing import Signer
+from tuning.deployment import Deployment, flush, serving
 
 MAX_UPLOAD_BYTES = 66 * MIB
 

@@ -24,13 +24,13 @@ import pytest
 import redis
 
 from common.sse import parse_lines
-from harness.deploy import Deployment, Proc, answers, serving, status_events, wait_until
 from harness.netns import NetHost, Network, unavailable
 from host.redis_server import server_binary
 from jobs import keys
 from jobs.states import TERMINAL_VALUES
 from jobstore.api_keys import create_key
 from jobstore.codec import text_map
+from tuning.deployment import Deployment, Proc, answers, serving, status_events, wait_until
 
 REDIS_PORT = 6379
 API_PORT = 8000

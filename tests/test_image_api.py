@@ -17,11 +17,11 @@ import openai
 import pytest
 from PIL import Image
 
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, flush, serving, wait_until
+from harness.api_client import Api, new_owner
 from harness.models.sd import TINY_SIZE, cached_tiny_sd
 from harness.scrape import check_job_counted
 from mmq.client import Client
+from tuning.deployment import Deployment, flush, serving, wait_until
 
 MAX_SIDE = 256
 IMAGE_PIPELINE = """

@@ -9,9 +9,9 @@ import time
 import httpx
 import redis
 
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, wait_until
+from harness.api_client import Api, new_owner
 from jobs import keys
+from tuning.deployment import Deployment, wait_until
 
 
 def test_submit_then_poll_until_succeeded(api: Api) -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, Proc, flush, serving, wait_until
+from harness.api_client import Api, new_owner
 from jobs import keys
+from tuning.deployment import Deployment, Proc, flush, serving, wait_until
 
 HEARTBEAT_S = 0.5
 READY = " ready."

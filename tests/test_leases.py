@@ -16,13 +16,13 @@ from celery import Celery
 from broker.celery_app import make_celery
 from broker.kombu_redis import UNACKED
 from broker.queues import TASK_NAME, queue_name
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, flush, running_on, serving, status_events, wait_until
+from harness.api_client import Api, new_owner
 from host.launcher import ProcSpec, Supervisor, mmq_command
 from jobs import keys
 from jobs.models import Job
 from jobs.settings import load_settings
 from jobstore.store import JobStore
+from tuning.deployment import Deployment, flush, running_on, serving, status_events, wait_until
 
 LEASE = {"ttl_s": 2.0, "heartbeat_s": 0.4, "reaper_interval_s": 0.3, "max_attempts": 2}
 

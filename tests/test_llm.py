@@ -21,13 +21,13 @@ import openai
 import pytest
 
 from common.sse import parse_lines
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, Proc, flush, live_in_group, serving, wait_until
+from harness.api_client import Api, new_owner
 from harness.kinds import VLLM_TEST_ENV, VLLM_TEST_OPTIONS, llm_toml
 from harness.models.llm import cached_tiny_llm, tiny_llm_claiming
 from harness.scrape import JOB_HISTOGRAMS, check_job_counted, scrape, value
 from jobs.schemas.llm import LlmOptions
 from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
+from tuning.deployment import Deployment, Proc, flush, live_in_group, serving, wait_until
 
 LONG_THRESHOLD = 60
 MAX_QUEUED = 10
@@ -113,7 +113,7 @@ def test_tokens_stream_as_partial_events_and_timings_are_recorded(api: Api) -> N
     output = next(e["data"] for e in events if e["type"] == "output")
     assert events[-1]["data"]["status"] == "succeeded"
     # Each partial is a delta that starts at token `index`; tokens that waited for a write
-    # go out as one delta (workers/events.py), so indices rise from 0, with gaps then.
+    # go out as one delta (workers/event_writer.py), so indices rise from 0, with gaps then.
     indices = [p["index"] for p in partials]
     assert indices[0] == 0 and indices == sorted(set(indices)), indices
     assert "".join(p["text"] for p in partials) == output["text"]

@@ -35,8 +35,7 @@ import pytest
 from PIL import Image
 
 from common.sse import parse_lines
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, flush, serving, wait_until
+from harness.api_client import Api, new_owner
 from harness.kinds import VLLM_TEST_ENV, VLLM_TEST_OPTIONS, llm_toml
 from harness.models.llm import cached_tiny_llm
 from harness.models.lora import cached_lora
@@ -50,6 +49,7 @@ from harness.models.tool_caller import (
 )
 from harness.models.vision import IMAGE_TOKENS, cached_tiny_vlm
 from harness.scrape import scrape, value
+from tuning.deployment import Deployment, flush, serving, wait_until
 
 ENGINES: dict[str, dict[str, Any]] = {
     "transformers": {"engine": "transformers", "max_inflight": 2, "startup_timeout_s": 240},

@@ -19,9 +19,9 @@ import pytest
 
 from common.procs import free_port
 from common.sse import SseParser
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, Proc, flush, serving, wait_until
+from harness.api_client import Api, new_owner
 from harness.kinds import llm_toml
+from tuning.deployment import Deployment, Proc, flush, serving, wait_until
 
 STEP_MS = 10
 TOKEN = " tok"

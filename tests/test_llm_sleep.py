@@ -19,11 +19,11 @@ import pytest
 import redis
 
 from common.procs import free_port
-from harness.client import Api, new_owner
-from harness.deploy import REPO, Deployment, flush, running, wait_until
+from harness.api_client import Api, new_owner
 from harness.kinds import llm_toml
 from harness.scrape import scrape, value
 from jobs import keys
+from tuning.deployment import REPO, Deployment, flush, running, wait_until
 
 IDLE_UNLOAD_S = 1.0
 ENV = {

@@ -23,12 +23,12 @@ import httpx
 import openai
 import pytest
 
-from harness.client import new_owner
-from harness.deploy import REPO, Deployment, Proc, flush, serving, wait_until
+from harness.api_client import new_owner
 from harness.models.llm import cached_tiny_llm, tiny_llm_claiming
 from jobs.schemas.llm import LlmOptions
 from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
 from pipelines.llm.sizing import GIB
+from tuning.deployment import REPO, Deployment, Proc, flush, serving, wait_until
 
 HUGE = 2**32
 STARVED_ARGS = ["--cb-max-memory-percent", "0.00001"]

@@ -23,11 +23,11 @@ import openai
 import pytest
 
 from common.procs import free_port
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, flush, serving, wait_until
+from harness.api_client import Api, new_owner
 from harness.kinds import llm_toml
 from harness.models.tool_caller import TOOL, WEATHER_TOOL
 from jobs.schemas.llm import Feature
+from tuning.deployment import Deployment, flush, serving, wait_until
 
 VLLM_FEATURES = [f for f in get_args(Feature) if f != "images"]
 """What vLLM honours but images (this engine takes none)."""

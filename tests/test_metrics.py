@@ -10,12 +10,12 @@ from typing import Any
 import redis
 
 from api.prometheus import Snapshot, render
-from harness.client import Api
-from harness.deploy import Deployment, wait_until
+from harness.api_client import Api
 from harness.hosts import cpu_host_only
 from harness.scrape import Samples, parse, scrape, value
 from host.devices import Usage
 from jobs.settings import Settings
+from tuning.deployment import Deployment, wait_until
 from workers.sampler import WorkerMetrics
 
 

@@ -20,7 +20,7 @@ import pytest
 import redis
 from pydantic import BaseModel, TypeAdapter
 
-from api.errors import ErrorResponse
+from api.error_handlers import ErrorResponse
 from api.openai.batch_models import (
     Batch,
     BatchList,
@@ -46,7 +46,6 @@ from api.openai.transcription_models import (
     TranscriptTextDone,
 )
 from common.sse import parse_lines
-from harness.deploy import flush
 from harness.inprocess import InProcess, inprocess_settings, serve_in_process
 from jobs import keys
 from jobs.models import EventType
@@ -55,6 +54,7 @@ from jobstore import operations
 from jobstore.changes import Lease
 from jobstore.codec import job_from_fields
 from jobstore.store import JobStore
+from tuning.deployment import flush
 
 pytestmark = pytest.mark.anyio
 

@@ -27,12 +27,12 @@ from websockets.exceptions import ConnectionClosedError, InvalidStatus
 from websockets.sync.client import connect
 
 from common.procs import free_port
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, serving, wait_until
+from harness.api_client import Api, new_owner
 from harness.storage_servers import add_file_pipeline, http_server
 from host.redis_server import RedisServer
 from jobstore.api_keys import create_key
 from tests.conftest import WEBHOOK_SECRET
+from tuning.deployment import Deployment, serving, wait_until
 
 REDIS_PASSWORD = "probe-redis-password-7f3a9c"
 SIGNING_SECRET = "probe-signing-secret-0123456789abcdef-0123"

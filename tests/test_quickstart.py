@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.deploy import REPO
 from harness.netns import PREFIX, Network, unavailable
+from tuning.deployment import REPO
 
 QUICKSTART = REPO / "docs" / "getting-started.md"
 """The page whose `<!-- quickstart -->` block these tests read and run."""

@@ -21,13 +21,13 @@ import openai
 import pytest
 import redis
 
+from harness.api_client import Api, limited_owner
 from harness.audio import silence
-from harness.client import Api, limited_owner
-from harness.deploy import Deployment, flush, running, serving, wait_until
 from host.redis_server import RedisServer
 from jobs import keys
 from jobstore.api_keys import create_key
 from jobstore.quotas import KeyLimits, set_limits
+from tuning.deployment import Deployment, flush, running, serving, wait_until
 
 WINDOW_S = 3
 IDLE = """

@@ -15,9 +15,9 @@ import redis
 
 from broker.kombu_redis import priority_lists, queued_job_ids
 from broker.queues import queue_name
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, flush, serving, status_events, wait_until
+from harness.api_client import Api, new_owner
 from jobs import keys
+from tuning.deployment import Deployment, flush, serving, status_events, wait_until
 
 LEASE = {"ttl_s": 1.5, "heartbeat_s": 0.3, "reaper_interval_s": 0.2, "max_attempts": 5}
 

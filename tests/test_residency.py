@@ -17,12 +17,12 @@ import httpx
 import pytest
 import redis
 
+from harness.api_client import Api, new_owner
 from harness.audio import SHORT, spoken
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, flush, running, wait_until
 from harness.kinds import pipeline_toml
 from harness.scrape import scrape, value
 from jobs import keys
+from tuning.deployment import Deployment, flush, running, wait_until
 
 IDLE_UNLOAD_S = 2.0
 ON_DEMAND = 'residency = "on_demand"\nmemory_gb = 1.0\nmin_loaded_s = 0\nidle_unload_s = {idle}\n'

@@ -10,7 +10,6 @@ import pytest
 import redis
 
 from cluster.retention import RetentionSweeper
-from harness.deploy import Deployment, flush, serving, wait_until
 from harness.storage_servers import file_tree
 from jobs import keys
 from jobs.settings import Settings
@@ -18,6 +17,7 @@ from jobstore.retention_index import RetentionIndex
 from storage.base import job_folder, upload_key
 from storage.factory import make_storage
 from storage.s3 import S3Storage
+from tuning.deployment import Deployment, flush, serving, wait_until
 
 UPLOAD_TTL_S = 100
 

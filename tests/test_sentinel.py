@@ -28,10 +28,10 @@ from common.redis_client import (
     SentinelUrl,
     parse_sentinel_url,
 )
-from harness.deploy import REPO, Deployment, serving, status_events, wait_until
 from harness.sentinel import SentinelGroup
 from host.launcher import mmq_command
 from jobs.settings import load_settings
+from tuning.deployment import REPO, Deployment, serving, status_events, wait_until
 
 RECOVERY_BOUND_S = 120.0
 """A guard against a failover that never comes: Sentinel acts in seconds here

@@ -18,9 +18,15 @@ from typing import Any
 import pytest
 import redis
 
+from harness.api_client import new_owner
 from harness.audio import SHORT, spoken
-from harness.client import new_owner
-from harness.deploy import (
+from harness.kinds import KIND_NAMES, pipeline_toml
+from harness.models.llm import cached_tiny_llm
+from harness.models.sd import cached_tiny_sd
+from harness.scrape import scrape, value
+from jobs import keys
+from jobs.settings import Settings
+from tuning.deployment import (
     REPO,
     Deployment,
     Proc,
@@ -29,12 +35,6 @@ from harness.deploy import (
     running,
     wait_until,
 )
-from harness.kinds import KIND_NAMES, pipeline_toml
-from harness.models.llm import cached_tiny_llm
-from harness.models.sd import cached_tiny_sd
-from harness.scrape import scrape, value
-from jobs import keys
-from jobs.settings import Settings
 from workers.process import check_shared
 
 ON_DEMAND = 'residency = "on_demand"\nshare_process = true\nmin_loaded_s = 0\nidle_unload_s = 600\n'

@@ -27,7 +27,7 @@ from jobstore.codec import job_from_fields, job_to_fields
 from jobstore.lua import NOTICE_JOB_MAX_BYTES
 from jobstore.store import AsyncJobStore, JobStore
 from workers.engine import Engine
-from workers.events import EventWriter
+from workers.event_writer import EventWriter
 from workers.jobrunner import JobRunner
 from workers.leases import LeaseKeeper
 

@@ -13,8 +13,7 @@ import boto3
 import httpx
 import pytest
 
-from harness.client import new_owner
-from harness.deploy import Deployment, flush, serving
+from harness.api_client import new_owner
 from harness.storage_servers import (
     AWS_ENV,
     BUCKET,
@@ -30,6 +29,7 @@ from storage.base import StorageConfigError
 from storage.fetch import InputFetcher
 from storage.refs import parse_ref
 from storage.s3 import S3Storage
+from tuning.deployment import Deployment, flush, serving
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ import redis.asyncio as aredis
 from pydantic import BaseModel
 
 from broker.celery_app import job_message, make_celery
-from harness.deploy import flush
 from jobs import keys
 from jobs.errors import NotDurable
 from jobs.models import Job, WebhookSpec
@@ -34,7 +33,8 @@ from jobs.states import InvalidTransition, JobStatus
 from jobstore import operations
 from jobstore.changes import Lease, transition
 from jobstore.store import AsyncJobStore, JobStore
-from telemetry.metrics import JOBS_FINISHED, JOBS_REJECTED, JOBS_SUBMITTED
+from telemetry.metric_defs import JOBS_FINISHED, JOBS_REJECTED, JOBS_SUBMITTED
+from tuning.deployment import flush
 
 HOOK = WebhookSpec(url="https://hooks.example/parity", events=["all"])
 COUNTED = (JOBS_SUBMITTED, JOBS_FINISHED, JOBS_REJECTED)

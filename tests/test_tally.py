@@ -7,7 +7,7 @@ import redis
 
 from jobs import keys
 from jobstore.metric_counts import MetricsTally
-from telemetry.metrics import BATCH_SIZE, JOBS_FINISHED, batch_samples, field_of
+from telemetry.metric_defs import BATCH_SIZE, JOBS_FINISHED, batch_samples, field_of
 
 
 def test_counts_add_up_until_a_flush_writes_them(rclient: redis.Redis) -> None:

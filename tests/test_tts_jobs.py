@@ -18,8 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, Proc, flush, serving
+from harness.api_client import Api, new_owner
 from harness.scrape import check_job_counted
 from harness.tts import (
     decode,
@@ -30,6 +29,7 @@ from harness.tts import (
     tts_deployment,
     word_error_rate,
 )
+from tuning.deployment import Deployment, Proc, flush, serving
 
 SPOKEN = (
     "Dr. Smith arrived at the station at nine in the morning. The train was late again! "

@@ -14,9 +14,9 @@ import numpy as np
 import openai
 import pytest
 
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, flush, serving, wait_until
+from harness.api_client import Api, new_owner
 from harness.tts import decode, start_workers, tts_deployment
+from tuning.deployment import Deployment, flush, serving, wait_until
 
 TEXT = (
     "The first sentence leaves early. The second one follows it. A third one is here. "

@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 import redis
 
-from harness.client import Api
-from harness.deploy import REPO, Deployment
+from harness.api_client import Api
 from harness.kinds import VLLM_TEST_ENV
 from harness.models.llm import cached_tiny_llm
-from harness.slo import Slo, SloError, check_kind, parse_slo
 from host.launcher import mmq_command
 from jobs import keys
 from jobs.schemas.llm import LlmOptions
 from jobs.settings import PipelineConfig, load_settings
+from tuning.deployment import REPO, Deployment
 from tuning.measure import sample_of, summarize
 from tuning.report import config_change
+from tuning.slo import Slo, SloError, check_kind, parse_slo
 from tuning.space import KnobError, apply, build_space, parse_assignment
 from tuning.workload import Level, WorkloadError, from_file, levels, schedule
 

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from common.procs import free_port
-from harness.deploy import REPO, cmdline, wait_until
 from host.redis_server import RedisServer, running_url
+from tuning.deployment import REPO, cmdline, wait_until
 
 
 def _children(pid: int) -> set[int]:

@@ -14,12 +14,12 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from common.procs import free_port
+from harness.api_client import Api, new_owner
 from harness.batch_files import job_line, jsonl, upload
-from harness.client import Api, new_owner
-from harness.deploy import Deployment, flush, serving, wait_until
 from jobs.errors import InputError
 from security.netguard import NetPolicy, check_url
 from tests.conftest import WEBHOOK_SECRET
+from tuning.deployment import Deployment, flush, serving, wait_until
 
 TIMEOUT_S = 5
 """`webhooks.timeout_s` here: long beside a job's run and a delivery on a busy machine."""

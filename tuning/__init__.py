@@ -5,4 +5,7 @@ latency SLOs, and say (or write) the best ones.
 and their arrival, `deploy` starts a private deployment and each candidate's workers,
 `measure` drives one candidate through the load levels, `search` chooses which
 candidates to measure, `report` prints, plots, saves and writes the result.
+
+`deployment` (the one deployment builder) and `load` (the one load driver) are shared with
+the tests and `bench/`.
 """

@@ -18,10 +18,10 @@ import redis
 import tomlkit
 
 from common.procs import stop_groups
-from harness.deploy import Deployment, Proc
 from host.redis_server import RedisServer
 from jobs.settings import PipelineConfig
 from jobstore.liveness import LivenessStore
+from tuning.deployment import Deployment, Proc
 
 LOG_TAIL_CHARS = 1500
 STOP_TIMEOUT_S = 15.0

@@ -22,11 +22,11 @@ import psutil
 from pydantic import JsonValue
 
 from common.stats import percentile
-from harness.load import closed_loop, open_loop
-from harness.slo import Sample, Slo, meets_all
 from host.devices import read_usage
 from jobs.outputs import LlmOutput
 from jobs.wire import Job, JobRequest
+from tuning.load import closed_loop, open_loop
+from tuning.slo import Sample, Slo, meets_all
 from tuning.workload import Level, schedule
 
 TERMINAL = frozenset({"succeeded", "failed", "canceled", "expired"})

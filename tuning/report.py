@@ -15,8 +15,8 @@ from pydantic import JsonValue
 from rich.console import Console
 from rich.table import Table
 
-from harness.slo import Slo, parse_duration_ms
 from tuning.search import Outcome, Stats
+from tuning.slo import Slo, parse_duration_ms
 from tuning.space import Candidate, Value, key
 
 TOP_PLOTTED = 4

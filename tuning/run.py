@@ -17,7 +17,6 @@ import httpx
 from pydantic import JsonValue
 from rich.console import Console
 
-from harness.slo import Slo, SloError, check_kind, parse_duration_ms, parse_slo
 from jobs.settings import (
     DEFAULT_CONFIG_FILE,
     PipelineConfig,
@@ -29,6 +28,7 @@ from tuning import report
 from tuning.deploy import CandidateFailed, TuneDeployment, read_config
 from tuning.measure import Measurement, UsageProbe, run_level
 from tuning.search import Outcome, Stats, Tuner
+from tuning.slo import Slo, SloError, check_kind, parse_duration_ms, parse_slo
 from tuning.space import Candidate, KnobError, Space, apply, build_space, key, parse_assignment
 from tuning.workload import (
     UPLOAD_PREFIX,

@@ -29,7 +29,7 @@ from jobstore.codec import dumps, job_from_fields
 from jobstore.store import JobStore, NewEvent
 from pipelines.base import Files
 from workers.engine import Engine, EventSink, Outcome
-from workers.events import EventWriter
+from workers.event_writer import EventWriter
 from workers.leases import Held, LeaseKeeper
 from workers.residency import Residency
 

@@ -40,9 +40,9 @@ from jobstore.retention_index import RetentionIndex
 from jobstore.store import JobStore
 from pipelines.base import Pipeline
 from storage.factory import make_storage
-from telemetry.metrics import batch_samples
+from telemetry.metric_defs import batch_samples
 from workers.engine import Engine
-from workers.events import EventWriter
+from workers.event_writer import EventWriter
 from workers.jobfiles import JobFiles
 from workers.jobrunner import JobRunner
 from workers.leases import LeaseKeeper

@@ -46,7 +46,7 @@ from jobs.settings import Settings
 from jobstore.device_room import DeviceRoom
 from jobstore.metric_counts import MetricsTally
 from pipelines.base import Pipeline
-from telemetry.metrics import MODEL_LOAD_SECONDS, MODEL_LOADS, MODEL_UNLOADS
+from telemetry.metric_defs import MODEL_LOAD_SECONDS, MODEL_LOADS, MODEL_UNLOADS
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from api.errors import ErrorResponse, error_response
+from api.error_handlers import ErrorResponse, error_response
 from api.openai.completion_models import (
     ChatChoice,
     ChatCompletion,

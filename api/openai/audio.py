@@ -23,7 +23,7 @@ from starlette.datastructures import FormData, UploadFile
 
 from api.auth import Owner
 from api.deps import Service
-from api.errors import ErrorResponse
+from api.error_handlers import ErrorResponse
 from api.event_feed import Batches
 from api.forms import multipart_body
 from api.openai.answers import failure

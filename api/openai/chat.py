@@ -15,7 +15,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from api.auth import Owner
 from api.deps import Service, SettingsDep
-from api.errors import ErrorResponse
+from api.error_handlers import ErrorResponse
 from api.openai import answers
 from api.openai.chat_models import ChatRequest, CompletionRequest
 from api.openai.common import (

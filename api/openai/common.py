@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from typing_extensions import TypedDict
 
-from api.errors import error_answer
+from api.error_handlers import error_answer
 from api.event_feed import Batches
 from api.openai.answers import failure, failure_status
 from api.openai.protocol import json_answer

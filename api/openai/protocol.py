@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import JsonSchemaValue, models_json_schema
 
-from api.errors import ErrorResponse
+from api.error_handlers import ErrorResponse
 from jobs.errors import InputError
 
 CLOSED: JsonSchemaValue = {"additionalProperties": False}
@@ -74,7 +74,7 @@ class OpenAIRequest(OpenAIBaseModel):
     def _refuse_not_carried(self) -> Self:
         # Pydantic makes a validation error of a ValueError only: an InputError leaves the
         # validation (and FastAPI's) as it is, and its handler answers the 422 naming the
-        # field (`api.errors`), as for an InputError a route raises.
+        # field (`api.error_handlers`), as for an InputError a route raises.
         self.refuse_not_carried()
         return self
 

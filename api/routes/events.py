@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.auth import CurrentCaller, JobOwner, Keys
 from api.deps import Follows, Service
-from api.errors import error_body
+from api.error_handlers import error_body
 from api.follows import TooManyStreams
 from api.service import JobService
 from api.streaming import stream_job

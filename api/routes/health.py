@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
 from api.deps import get_health
-from api.health import Health
+from api.readiness import Health
 
 router = APIRouter(tags=["health"])
 

@@ -28,7 +28,7 @@ from faster_whisper.transcribe import TranscriptionOptions
 
 from jobs.outputs import Segment
 from pipelines.asr.options import DecodeOptions, transcription_options
-from pipelines.asr.results import Decoded, RawSegment, decoded_from
+from pipelines.asr.window_results import Decoded, RawSegment, decoded_from
 
 FRAMES_PER_SECOND = 100
 WINDOW_FRAMES = 3000

@@ -24,7 +24,7 @@ from jobs.outputs import (
     ToolCall,
     ToolCallDelta,
 )
-from pipelines.llm.client import Delta, Finish
+from pipelines.llm.engine_client import Delta, Finish
 
 
 @dataclass

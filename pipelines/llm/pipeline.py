@@ -20,7 +20,7 @@ from jobs.schemas.llm import LlmInput, LlmOptions
 from jobs.settings import PipelineConfig, Settings, on_gpu
 from pipelines.base import BackendLost, EngineKnobs, Request, SimplePipeline
 from pipelines.llm.choices import Choices, is_delta, merge_partials
-from pipelines.llm.client import Delta, EngineClient, EngineLost, request_body
+from pipelines.llm.engine_client import Delta, EngineClient, EngineLost, request_body
 from pipelines.llm.gauges import engine_readings, read_metrics
 from pipelines.llm.images import inline_images
 from pipelines.llm.packaged import prepare_if_packaged

@@ -26,9 +26,9 @@ import httpx
 from pydantic import JsonValue
 
 from common.sse import aparse_lines
-from harness.slo import Sample
 from jobs.states import ends_job
 from jobs.wire import Event, Job, JobRequest, Timings
+from tuning.slo import Sample
 
 T = TypeVar("T")
 
