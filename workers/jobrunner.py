@@ -141,7 +141,7 @@ class JobRunner:
         `JobInput.cache_policy`); the API answers the same request from it."""
         policy = request.cache_policy(self.engine.pipeline.config)
         if policy is not None:
-            self.store.remember_answer(job.owner, policy, dict(output))
+            self.store.remember_answer(job.owner, policy, output)
 
     def _record(
         self, job: Job, held: Held, outcome: Outcome, request: JobInput | None = None
