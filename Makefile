@@ -28,7 +28,7 @@ test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
-PACKAGES := jobs jobstore broker telemetry security api workers host cluster common pipelines storage mmq tuning harness scheduler
+PACKAGES := jobs jobstore broker telemetry security api workers host cluster common pipelines storage mmq tuning harness scheduler realtime
 
 lint: install
 	$(BIN)/ruff check .
