@@ -280,3 +280,33 @@ def backend(worker: str) -> str:
     """Hash: the last readings of one worker's backend (`Pipeline.readings`), with its
     host, worker and pipeline, with a TTL."""
     return f"{PREFIX}:backend:{worker}"
+
+
+# Realtime voice sessions (OpenAI's Realtime API, issue 52): see jobstore/realtime_sessions.py.
+
+REALTIME_LIVE = f"{PREFIX}:realtime:live"
+"""Sorted set: the ids of every owner's open realtime sessions, scored by when their
+hold runs out (unix seconds, Redis's clock) unless renewed: what `/metrics` counts."""
+
+
+def realtime_secret(hashed: str) -> str:
+    """String: JSON {owner, session} of an ephemeral client secret (`ek_…`), named by the
+    secret's SHA-256 (never the secret), with a TTL until it expires."""
+    return f"{PREFIX}:realtime:secret:{hashed}"
+
+
+def owner_realtime(owner: str) -> str:
+    """Sorted set: an owner's open realtime session ids, scored by when their hold runs out
+    (unix seconds, Redis's clock); its cap of concurrent sessions counts the live ones."""
+    return f"{PREFIX}:owner:{owner}:realtime"
+
+
+def realtime_session(session_id: str) -> str:
+    """Hash: a realtime session's `owner` and `created_at`, with the TTL of its events."""
+    return f"{PREFIX}:realtime:session:{session_id}"
+
+
+def realtime_events(session_id: str) -> str:
+    """Stream: a realtime session's events (field `data`: the event's JSON), replayable by
+    id, capped, with a TTL renewed on every append."""
+    return f"{PREFIX}:realtime:session:{session_id}:events"
