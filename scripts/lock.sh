@@ -9,8 +9,8 @@
 # version for every Linux, macOS or Windows CPython >= 3.11 (3.11 here, 3.12 in the Docker
 # images), each with the hashes of its files, so every install checks what it downloads.
 #
-#   runtime.txt    mmq[asr,tts,image,llm,embed] and torch's own requirements (torch.in): what
-#                  the images install.
+#   runtime.txt    mmq[asr,tts,image,llm,embed,realtime] and torch's own requirements
+#                  (torch.in): what the images install.
 #   dev.txt        mmq[dev,tune], held to runtime.txt's versions: what `make install` adds.
 #   torch-cpu.txt  torchaudio and torchcodec for a CPU torch (torch-cpu.in), no deps.
 #   models.txt     models that packages ship, as data (models.in), no deps.
@@ -32,7 +32,7 @@ compile() {
 
 compile requirements/uv.in -o requirements/uv.txt
 compile pyproject.toml requirements/torch.in --extra asr --extra tts --extra image --extra llm \
-    --extra embed \
+    --extra embed --extra realtime \
     --excludes requirements/exclude.txt -o requirements/runtime.txt
 compile pyproject.toml --extra dev --extra tune --excludes requirements/exclude.txt \
     --constraints requirements/runtime.txt -o requirements/dev.txt

@@ -17,7 +17,7 @@ from packaging.version import Version
 
 from bench import lockfile
 
-RUNTIME_EXTRAS = ("asr", "tts", "image", "llm", "embed")
+RUNTIME_EXTRAS = ("asr", "tts", "image", "llm", "embed", "realtime")
 DEV_EXTRAS = ("dev", "tune")
 DEVICE_BUILDS = {"torch"}
 """Outside the lock: the device's own build (requirements/exclude.txt)."""
