@@ -23,6 +23,7 @@ from api.openai import batches as openai_batches
 from api.openai import chat as openai_chat
 from api.openai import embeddings as openai_embeddings
 from api.openai import images as openai_images
+from api.openai import realtime as openai_realtime
 from api.openai import speech as openai_speech
 from api.overview import OverviewReader
 from api.prometheus import MetricsReader
@@ -34,6 +35,7 @@ from broker.celery_app import make_celery, webhook_sender
 from common import redis_client
 from common.heap import freeze_startup_heap
 from jobs.settings import Settings, load_settings
+from jobstore.realtime_sessions import AsyncRealtimeSessions
 from jobstore.store import AsyncJobStore
 from security import redact
 from storage.factory import make_storage
@@ -82,6 +84,7 @@ def create_app(settings: Settings) -> FastAPI:
             overview=OverviewReader(client, settings),
             batches=BatchService(settings, client, files, service),
             follows=FollowLimit(settings.api.max_streams_per_key),
+            realtime=AsyncRealtimeSessions(client),
         )
         freeze_startup_heap()
         try:
@@ -106,6 +109,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(openai_chat.router)
     app.include_router(openai_embeddings.router)
     app.include_router(openai_batches.router)
+    app.include_router(openai_realtime.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(admin.router)

@@ -18,6 +18,7 @@ from api.prometheus import MetricsReader
 from api.readiness import Health
 from api.service import JobService
 from jobs.settings import Settings
+from jobstore.realtime_sessions import AsyncRealtimeSessions
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class AppState:
     batches: BatchService
     follows: FollowLimit
     """Job event streams open per key (`api.max_streams_per_key`)."""
+    realtime: AsyncRealtimeSessions
+    """Voice sessions: client secrets, the sessions a key holds, their stored events."""
 
 
 def get_state(conn: HTTPConnection) -> AppState:
@@ -75,8 +78,13 @@ async def get_overview(conn: HTTPConnection) -> OverviewReader:
     return get_state(conn).overview
 
 
+async def get_realtime(conn: HTTPConnection) -> AsyncRealtimeSessions:
+    return get_state(conn).realtime
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 Service = Annotated[JobService, Depends(get_service)]
 Files = Annotated[FileService, Depends(get_files)]
 Batches = Annotated[BatchService, Depends(get_batches)]
 Follows = Annotated[FollowLimit, Depends(get_follows)]
+Realtime = Annotated[AsyncRealtimeSessions, Depends(get_realtime)]

@@ -7,6 +7,7 @@ import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from functools import partial
+from typing import BinaryIO
 
 import anyio
 import redis.asyncio as aredis
@@ -55,10 +56,19 @@ class FileService:
         if upload.size is not None and upload.size > limit:
             raise TooLarge("file", f"is {upload.size} bytes, over the limit of {limit} bytes")
         content_type = check_content_type(upload.content_type, "file.content_type")
-        key = upload_key(owner, upload.filename)
+        return await self.store(owner, upload.file, upload.filename, content_type)
+
+    async def store(
+        self, owner: str, data: BinaryIO, filename: str | None, content_type: str
+    ) -> FileInfo:
+        """Store `data` as an upload of `owner` under a new key (kept `upload_ttl_s` unless
+        a job names it): an uploaded file's, or audio that the API made itself (a voice
+        session's turn). `TooLarge` over the limit."""
+        limit = self.settings.storage.max_upload_bytes
+        key = upload_key(owner, filename)
         # Noted before the write: a crash in between leaves an entry, not an orphan file.
         await self.uploads.note(key, time.time() + self.settings.storage.upload_ttl_s)
-        put = partial(self.storage.put, key, upload.file, content_type, max_bytes=limit)
+        put = partial(self.storage.put, key, data, content_type, max_bytes=limit)
         try:
             info = await anyio.to_thread.run_sync(put)
         except BaseException:

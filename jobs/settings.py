@@ -29,6 +29,7 @@ from pydantic_settings import (
 from jobs.packaged_llm import NAME as PACKAGED_LLM_NAME
 from jobs.packaged_llm import model_dir as packaged_model_dir
 from jobs.packaged_llm import packaged_model
+from jobs.realtime_settings import RealtimeSettings
 
 DEFAULT_CONFIG_FILE = Path("mmq.toml")
 
@@ -498,6 +499,7 @@ class Settings(BaseSettings):
     batches: BatchSettings = Field(default_factory=BatchSettings)
     quotas: QuotaSettings = Field(default_factory=QuotaSettings)
     fairness: FairnessSettings = Field(default_factory=FairnessSettings)
+    realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
     kinds: dict[str, KindConfig] = Field(default_factory=dict)
     """Extra job kinds and their input schemas."""
     pipelines: dict[str, PipelineConfig] = Field(default_factory=dict)
