@@ -123,11 +123,8 @@ def open_session(
     browser does (the subprotocol `openai-insecure-api-key.<token>`)."""
     url = base_url.replace("http://", "ws://") + "/v1/realtime" + (f"?{query}" if query else "")
     headers = {"Authorization": f"Bearer {token}"} if token and not secret else None
-    protocols = ["realtime", f"openai-insecure-api-key.{token}"] if secret else None
+    protocols = [Subprotocol("realtime"), Subprotocol(f"openai-insecure-api-key.{token}")]
     socket = connect(
-        url,
-        additional_headers=headers,
-        subprotocols=protocols,
-        max_size=2**24,  # type: ignore[arg-type]
+        url, additional_headers=headers, subprotocols=protocols if secret else None, max_size=2**24
     )
     return Session(socket)
