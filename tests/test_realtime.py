@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import time
 from typing import Any
 
 import httpx
 import openai
 import pytest
+import redis
 from websockets.exceptions import InvalidStatus
 
 from harness.api_client import Api, new_owner
 from harness.realtime import Session, open_session, pcm24, silence
-from tuning.deployment import Deployment
+from tuning.deployment import Deployment, running_on
 
 SAID = ("The quick brown fox jumps over the lazy dog.",)
 
@@ -246,3 +248,67 @@ def test_a_sessions_events_replay_with_its_turns_stage_times(
     assert set(turn["seconds"]) >= {"vad_tail", "transcript", "llm_first_token", "total"}, turn
     other = new_owner(kinds_dep.redis_url, kinds_dep.base_url, f"rt-other{time.monotonic_ns()}")
     assert other.http.get(f"/v1/realtime/sessions/{session_id}/events").status_code == 404
+
+
+def test_speech_during_an_answer_cancels_it_and_aborts_its_jobs(
+    kinds_dep: Deployment, api: Api
+) -> None:
+    session = _open(kinds_dep, api)
+    _configure(session, max_output_tokens=600)
+    session.stream(pcm24(SAID))
+    first_audio = session.until("response.output_audio.delta")
+    answering = first_audio["response_id"]
+    session.stream(pcm24(("Stop, please wait.",)))
+    done = session.until(
+        lambda e: e["type"] == "response.done" and e["response"]["id"] == answering
+    )
+    assert done["response"]["status"] == "cancelled", done
+    assert done["response"]["status_details"]["reason"] == "turn_detected", done
+    types = session.types()
+    assert (
+        "input_audio_buffer.speech_started" in types[types.index("response.output_audio.delta") :]
+    )
+    late = [
+        e
+        for e in session.events[session.events.index(done) :]
+        if e["type"] == "response.output_audio.delta" and e["response_id"] == answering
+    ]
+    assert late == []  # no audio of the canceled answer after its end
+    # The interrupting turn is answered in its turn.
+    second = session.until("response.done")
+    assert second["response"]["id"] != answering and second["response"]["status"] == "completed"
+    session.close()
+    jobs = _jobs(api, "llm") + _jobs(api, "tts")
+    assert all(job["status"] in ("succeeded", "canceled") for job in jobs), jobs
+    assert any(job["status"] == "canceled" for job in jobs), [j["status"] for j in jobs]
+
+
+def test_a_tts_worker_killed_mid_answer_loses_no_audio_and_repeats_none(
+    kinds_dep: Deployment, api: Api
+) -> None:
+    worker = next(p for p in kinds_dep.procs if p.name == "worker-tts" and p.alive())
+    r = redis.Redis.from_url(kinds_dep.redis_url, decode_responses=True)
+    session = _open(kinds_dep, api)
+    _configure(session, max_output_tokens=300)
+    session.stream(pcm24(SAID))
+    # Freeze the worker while it holds a sentence's job, then kill it there.
+    for _ in range(3000):
+        worker.kill(signal.SIGSTOP)
+        if running_on(r, worker):
+            break
+        worker.kill(signal.SIGCONT)
+        time.sleep(0.01)
+    held = running_on(r, worker)
+    assert held, "the TTS worker never held a job"
+    worker.kill()
+    kinds_dep.spawn("worker-tts-again", "worker", "--pipeline", "tts")
+    done = session.until("response.done", timeout_s=240)
+    assert done["response"]["status"] == "completed", done
+    session.close()
+    tts = _jobs(api, "tts")
+    assert all(job["status"] == "succeeded" for job in tts), [j["status"] for j in tts]
+    again = [job for job in tts if job["id"] in held]
+    assert again and all(job["attempts"] == 2 for job in again), again
+    # Every sentence's audio reached the session once: as many samples as the jobs made.
+    made = sum(round(job["output"]["duration_s"] * 24_000) for job in tts)
+    assert len(session.audio()) // 2 == pytest.approx(made, rel=0.01)
