@@ -99,14 +99,13 @@ class Response:
             )
         except (StageFailed, MmqError) as exc:
             await self._stop()
-            code = exc.code if isinstance(exc, StageFailed | MmqError) else "server_error"
-            message = exc.message if isinstance(exc, StageFailed | MmqError) else str(exc)
-            if isinstance(exc, InputError):
-                await self.emit(ev.error(exc.reason, param=exc.field, code=code))
+            if isinstance(exc, InputError):  # the session asked for what the LLM cannot do
+                param = "session." + exc.field.removeprefix("input.")
+                await self.emit(ev.error(exc.reason, param=param, code=exc.code))
             failure: dict[str, JsonValue] = {
-                "type": "server_error",
-                "code": code,
-                "message": message,
+                "type": "server_error" if isinstance(exc, StageFailed) else "invalid_request_error",
+                "code": exc.code,
+                "message": exc.message,
             }
             await self.emit(ev.response_event("done", self._object("failed", failure=failure)))
 

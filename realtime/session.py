@@ -212,25 +212,21 @@ class Session:
         await self.emit(ev.session_event("session.updated", self._view()))
 
     def check(self, config: cfg.SessionConfig) -> None:
-        """The models and voice the session names exist here (else InputError naming them)."""
+        """The models and voice the session names exist here (else InputError naming them):
+        the ASR model where turns are transcribed, the voice where answers are spoken."""
         rt = self.settings
-        asr = (config.audio.input.transcription or cfg.Transcription()).model or rt.asr_model
-        probes = [
-            (
-                JobCreate(kind="asr", input={"model": asr, "audio": "x"}),
-                "session.audio.input.transcription",
-            )
-        ]
-        if config.type == "realtime":
-            voice = config.audio.output.voice
+        transcription = config.audio.input.transcription
+        probes: list[tuple[JobCreate, str]] = []
+        if transcription is not None or config.type == "transcription":
+            asr = (transcription or cfg.Transcription()).model or rt.asr_model
+            asr_input = {"model": asr, "audio": "x"}
             probes.append(
-                (
-                    JobCreate(
-                        kind="tts", input={"model": rt.tts_model, "text": "a", "voice": voice}
-                    ),
-                    "session.audio.output",
-                )
+                (JobCreate(kind="asr", input=asr_input), "session.audio.input.transcription")
             )
+        if config.type == "realtime":
+            if config.output_modalities == ["audio"]:
+                tts = {"model": rt.tts_model, "text": "a", "voice": config.audio.output.voice}
+                probes.append((JobCreate(kind="tts", input=tts), "session.audio.output"))
             llm = {"model": config.model or rt.llm_model, "prompt": "a"}
             probes.append((JobCreate(kind="llm", input=llm), "session"))
         for body, where in probes:

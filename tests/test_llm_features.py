@@ -48,6 +48,7 @@ from harness.models.tool_caller import (
     cached_tool_caller,
 )
 from harness.models.vision import IMAGE_TOKENS, cached_tiny_vlm
+from harness.realtime import open_session
 from harness.scrape import scrape, value
 from tuning.deployment import Deployment, flush, serving, wait_until
 
@@ -312,8 +313,10 @@ def test_a_lora_adapter_answers_the_requests_that_name_it(
     models = {m.id: m for m in oai.models.list()}
     for name in ADAPTERS:
         assert models[name].model_extra == {
-            "kind": "llm", "pipeline": "base", "parent": "base",
-        }  # fmt: skip
+            "kind": "llm",
+            "pipeline": "base",
+            "parent": "base",
+        }
     # The base model is a directory here: listed by its pipeline's name, never its path.
     assert str(features.base_model) not in models
     with pytest.raises(openai.UnprocessableEntityError) as unknown:
@@ -382,3 +385,57 @@ def test_images_a_vision_model_cannot_read_are_refused_by_name(oai: openai.OpenA
     with pytest.raises(openai.APIStatusError) as too_large:
         oai.chat.completions.create(model="vision", messages=_look(huge))
     assert too_large.value.status_code == 413
+
+
+def test_a_realtime_session_calls_a_function_and_reads_its_output(
+    features: Features, api: Api
+) -> None:
+    """Function tools in a Realtime session, on each engine: the call comes back as a
+    `function_call` item, and its output, sent back as an item, reaches the LLM."""
+    session = open_session(features.dep.base_url, api.key, "model=tool-caller")
+    assert session.next()["type"] == "session.created"
+    function = WEATHER["function"]
+    tool = {"type": "function", "name": TOOL, "description": function["description"],
+            "parameters": function["parameters"]}  # fmt: skip
+    session.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "output_modalities": ["text"],
+                "tools": [tool],
+                "max_output_tokens": 16,
+            },
+        }
+    )
+    assert (
+        session.until(lambda e: e["type"] in ("session.updated", "error"))["type"]
+        == "session.updated"
+    )
+    asked = {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": ASK[0]["content"]}],
+    }
+    session.send({"type": "conversation.item.create", "item": asked})
+    session.send({"type": "response.create"})
+    done = session.until("response.done")
+    assert done["response"]["status"] == "completed", done
+    call = next(item for item in done["response"]["output"] if item["type"] == "function_call")
+    assert call["name"] == TOOL and json.loads(call["arguments"]) == ARGUMENTS, call
+    (arguments,) = session.of("response.function_call_arguments.done")
+    assert arguments["call_id"] == call["call_id"] and arguments["name"] == TOOL
+    result = {
+        "type": "function_call_output",
+        "call_id": call["call_id"],
+        "output": '{"sky": "clear"}',
+    }
+    session.send({"type": "conversation.item.create", "item": result})
+    session.send({"type": "response.create"})
+    assert session.until("response.done")["response"]["status"] == "completed"
+    session.close()
+    jobs = api.http.get("/v1/jobs", params={"kind": "llm"}).json()["data"]
+    second = max(jobs, key=lambda j: j["created_at"])
+    messages = second["input"]["messages"]
+    assert messages[-1]["role"] == "tool" and messages[-1]["tool_call_id"] == call["call_id"]
+    assert messages[-2]["tool_calls"][0]["function"]["name"] == TOOL

@@ -174,6 +174,13 @@ def test_bad_input_gets_an_error_event_naming_it_and_the_session_goes_on(
     assert refused({"type": "conversation.item.create", "item": {"type": "message"}})["param"]
     session.socket.send(b"\x00binary")
     assert session.until("error")["error"]["param"] == "event"
+    # A tool the model's chat template cannot render: refused by name when it answers.
+    tool = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    _configure(session, output_modalities=["text"], tools=[tool])
+    text = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}
+    session.send({"type": "conversation.item.create", "item": text})
+    assert refused({"type": "response.create"})["param"] == "session.tools"
+    assert session.until("response.done")["response"]["status"] == "failed"
     # Still served after all of that.
     _configure(session, instructions="Still here.")
     assert session.events[-1]["session"]["instructions"] == "Still here."
