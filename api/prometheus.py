@@ -99,6 +99,11 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
     for labels, n in sorted(counts.items()):
         loaded.add_metric(list(labels), n)
     yield loaded
+    yield GaugeMetricFamily(
+        "mmq_realtime_sessions_active",
+        "Voice sessions open now (`/v1/realtime`), across the API processes.",
+        value=snap.realtime_sessions,
+    )
     yield from _workers(snap, settings.lease.heartbeat_s * 3)
     yield from _devices(snap.devices)
     yield from _backends(snap.backends)

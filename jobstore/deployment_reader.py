@@ -71,6 +71,8 @@ class Snapshot:
     """Usage and limits of each key shown (`quotas.shown_keys`), by owner (`Quota.owner`)."""
     models: list[LoadedModel] = field(default_factory=list)
     """The models loaded on each device, of live workers."""
+    realtime_sessions: int = 0
+    """Voice sessions open now (`jobstore.realtime_sessions`)."""
     at: float = 0.0
     """When it was read (Redis's clock, unix seconds)."""
 
@@ -105,6 +107,7 @@ class DeploymentReader:
         pipe.zrange(keys.DEVICES, 0, -1)
         pipe.zremrangebyscore(keys.BACKENDS, "-inf", now - DEVICE_KEEP_S)
         pipe.zrange(keys.BACKENDS, 0, -1)
+        pipe.zcount(keys.REALTIME_LIVE, f"({now}", "+inf")  # scored by when each hold ends
         results = iter(await pipe.execute())
         snap.recorded = {metric.name: next(results) for metric in RECORDED}
         snap.depth = {(n, kind, pri): int(next(results)) for n, kind, pri, _ in lists}
@@ -115,6 +118,7 @@ class DeploymentReader:
         devices: list[str] = next(results)
         next(results)
         backends: list[str] = next(results)
+        snap.realtime_sessions = int(next(results))
         pipe = r.pipeline(transaction=False)
         for name, _ in workers:
             pipe.hgetall(keys.worker(name))

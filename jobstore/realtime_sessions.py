@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TypedDict, cast
 
 import redis.asyncio as aredis
@@ -19,6 +19,8 @@ from pydantic import JsonValue
 from jobs import keys
 from jobstore.api_keys import hash_key
 from jobstore.codec import dumps, time_seconds
+from jobstore.metric_counts import queue_samples
+from telemetry.metric_defs import Sample
 
 SECRET_PREFIX = "ek_"
 
@@ -197,3 +199,9 @@ class AsyncRealtimeSessions:
     async def owner_of(self, session_id: str) -> str | None:
         """The owner of a session whose record is kept; None for one unknown or expired."""
         return cast(str | None, await self.r.hget(keys.realtime_session(session_id), "owner"))
+
+    async def observe(self, samples: Iterable[Sample]) -> None:
+        """Count a turn's samples (`telemetry.metric_defs.turn_samples`) in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        queue_samples(pipe, samples)
+        await pipe.execute()

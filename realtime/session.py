@@ -49,6 +49,9 @@ class SessionLog(Protocol):
 
     async def append(self, events: list[str]) -> None: ...
 
+    async def observe(self, stages: dict[str, float]) -> None:
+        """Count a turn's stage times in `/metrics`."""
+
 
 class Checks(Protocol):
     """Validates a job's input as a submit would (`api.service.JobService.validate`)."""
@@ -481,6 +484,12 @@ class Session:
     ) -> None:
         await answer.run(waits)
         await self.record(answer.times.record(answer.id))
+        stages = answer.times.stages()
+        if answer.times.speech_end_arrived is not None and stages:  # a spoken turn
+            try:
+                await self._log.observe(stages)
+            except Exception:  # counted best effort: the session goes on
+                log.exception("realtime: cannot count session %s's turn", self.id)
 
     async def _cancel_response(self, event: dict[str, JsonValue]) -> None:
         if self._response is None or self._response.done() or self._answer is None:

@@ -112,10 +112,20 @@ MODEL_UNLOADS = MetricDef(
     ("pipeline", "device", "reason"),
 )
 
+VOICE_SECONDS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+VOICE_TURN_STAGES = MetricDef(
+    "mmq_realtime_turn_stage_seconds",
+    "Voice turns of `/v1/realtime`, from the end of speech to the first audio, by stage "
+    "(`vad_tail`, `transcript`, `llm_first_token`, `first_sentence`, `tts_first_chunk`, "
+    "and `total`): each stage from the end of the one before it.",
+    ("stage",),
+    VOICE_SECONDS,
+)
+
 RECORDED = (
     JOBS_SUBMITTED, JOBS_FINISHED, QUEUE_WAIT, FIRST_OUTPUT, TPOT, END_TO_END, BATCH_SIZE,
     BATCH_SECONDS, MESSAGES_RESENT, JOBS_REJECTED, MODEL_LOADS, MODEL_LOAD_SECONDS,
-    MODEL_UNLOADS, BATCH_LINES_PREEMPTED,
+    MODEL_UNLOADS, BATCH_LINES_PREEMPTED, VOICE_TURN_STAGES,
 )  # fmt: skip
 """Every metric kept in Redis (the API adds gauges it reads at scrape time)."""
 
@@ -170,6 +180,11 @@ def end_samples(fields: Mapping[str, str | None]) -> list[Sample]:
         ]
     samples += [(metric, labels, ms / 1000.0) for metric, ms in values if ms is not None]
     return samples
+
+
+def turn_samples(stages: Mapping[str, float]) -> list[Sample]:
+    """The samples of a voice turn's stage times (`realtime.timing.TurnTimes.stages`)."""
+    return [(VOICE_TURN_STAGES, (stage,), seconds) for stage, seconds in stages.items()]
 
 
 def batch_samples(pipeline: str, size: int, seconds: float) -> list[Sample]:

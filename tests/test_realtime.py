@@ -19,7 +19,8 @@ from websockets.exceptions import InvalidStatus
 
 from harness.api_client import Api, new_owner
 from harness.realtime import Session, open_session, pcm24, silence
-from tuning.deployment import Deployment, running_on
+from harness.scrape import scrape, value
+from tuning.deployment import Deployment, running_on, wait_until
 
 SAID = ("The quick brown fox jumps over the lazy dog.",)
 
@@ -243,6 +244,18 @@ def test_a_sessions_events_replay_with_its_turns_stage_times(
     session.stream(pcm24(SAID))
     session.until("response.done")
     session_id = session.events[0]["session"]["id"]
+    assert value(scrape(kinds_dep), "mmq_realtime_sessions_active") >= 1
+    for stage in ("vad_tail", "transcript", "llm_first_token", "total"):
+        # Counted once the response has ended (after its `response.done`).
+        wait_until(
+            lambda stage=stage: (
+                value(  # type: ignore[misc]
+                    scrape(kinds_dep), "mmq_realtime_turn_stage_seconds_count", stage=stage
+                )
+                >= 1
+            ),
+            timeout_s=10,
+        )
     session.close()
     stored: list[dict[str, Any]] = []
     with api.http.stream("GET", f"/v1/realtime/sessions/{session_id}/events") as response:

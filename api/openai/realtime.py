@@ -36,6 +36,7 @@ from realtime import config as cfg
 from realtime import server_events as ev
 from realtime.session import Session
 from realtime.vad import TurnDetection, VadStream
+from telemetry.metric_defs import turn_samples
 
 router = APIRouter(prefix="/v1/realtime", tags=["openai"])
 log = logging.getLogger(__name__)
@@ -212,6 +213,9 @@ def _session(
     class Log:
         async def append(self, events: list[str]) -> None:
             await sessions.append(session_id, owner, events, rt.events_ttl_s)
+
+        async def observe(self, stages: dict[str, float]) -> None:
+            await sessions.observe(turn_samples(stages))
 
     def vad(detection: cfg.ServerVad) -> VadStream:
         return VadStream(
