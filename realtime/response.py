@@ -50,6 +50,9 @@ class ResponseParams:
     tools: list[FunctionTool] = field(default_factory=list)
     tool_choice: ToolChoice = "auto"
     metadata: dict[str, str] | None = None
+    llm_input: dict[str, JsonValue] | None = None
+    """The `llm` job's whole input, where the caller made it (a chat completion with
+    audio: its messages and sampling as the client sent them)."""
 
 
 class Response:
@@ -81,6 +84,8 @@ class Response:
         self._more = asyncio.Event()
         self._answered = False
         self._player: asyncio.Task[None] | None = None
+        self.llm_output: dict[str, JsonValue] | None = None
+        """The `llm` job's output, once it has ended (its finish reason, usage, calls)."""
 
     async def run(self, waits: list[asyncio.Future[None]]) -> None:
         """The whole response, once the transcripts it answers (`waits`) are in."""
@@ -117,7 +122,7 @@ class Response:
         sentences = Sentences()
         async for event in llm.pieces():
             await self._say(llm.delivered.take("text", str(event.data.get("text", ""))), sentences)
-        output = llm.output or {}
+        output = self.llm_output = llm.output or {}
         await self._say(llm.delivered.rest("text", str(output.get("text") or "")), sentences)
         if params.modality == "audio":
             rest = sentences.flush()
@@ -135,6 +140,8 @@ class Response:
 
     def _llm_input(self) -> dict[str, JsonValue]:
         params = self.params
+        if params.llm_input is not None:
+            return params.llm_input
         llm: dict[str, JsonValue] = {
             "model": params.llm_model,
             "messages": self.conversation.messages(params.instructions),  # type: ignore[dict-item]

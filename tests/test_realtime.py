@@ -20,6 +20,8 @@ from websockets.exceptions import InvalidStatus
 from harness.api_client import Api, new_owner
 from harness.realtime import Session, open_session, pcm24, silence
 from harness.scrape import scrape, value
+from harness.tts import decode
+from realtime.session import wav
 from tuning.deployment import Deployment, running_on, wait_until
 
 SAID = ("The quick brown fox jumps over the lazy dog.",)
@@ -332,3 +334,83 @@ def test_a_tts_worker_killed_mid_answer_loses_no_audio_and_repeats_none(
     # Every sentence's audio reached the session once: as many samples as the jobs made.
     made = sum(round(job["output"]["duration_s"] * 24_000) for job in tts)
     assert len(session.audio()) // 2 == pytest.approx(made, rel=0.01)
+
+
+def _speech_part() -> dict[str, Any]:
+    data = base64.b64encode(wav(pcm24(SAID, silence_after_s=0.3))).decode()
+    return {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+
+
+def test_chat_completions_take_speech_and_answer_with_audio(
+    kinds_dep: Deployment, api: Api
+) -> None:
+    """Audio in chat completions, as speaches serves them: through the same stages."""
+    oai = openai.OpenAI(base_url=f"{kinds_dep.base_url}/v1", api_key=api.key, max_retries=0)
+    heard: Any = [{"role": "user", "content": [_speech_part()]}]
+    text = oai.chat.completions.create(model="llm", messages=heard, max_tokens=6)
+    assert text.choices[0].message.content
+    (asr,) = _jobs(api, "asr")
+    asked = _jobs(api, "llm")[0]["input"]["messages"][0]["content"]
+    assert asked == asr["output"]["text"].strip() and "fox" in asked.lower(), asked
+
+    spoken = oai.chat.completions.create(
+        model="llm", messages=heard, max_tokens=40, modalities=["text", "audio"],
+        audio={"voice": "joe", "format": "wav"},
+    )  # fmt: skip
+    message = spoken.choices[0].message
+    assert message.audio is not None and message.audio.transcript
+    samples, rate = decode(base64.b64decode(message.audio.data), "wav")
+    assert rate == 24_000 and samples.size > rate // 4
+    assert spoken.usage is not None and spoken.usage.completion_tokens > 0
+
+    pieces: list[Any] = []  # the client's ChoiceDeltaAudio, each a piece of the answer
+    for chunk in oai.chat.completions.create(
+        model="llm", messages=heard, max_tokens=40, modalities=["text", "audio"],
+        audio={"voice": "joe", "format": "pcm16"}, stream=True,
+    ):  # fmt: skip
+        audio = chunk.choices[0].delta.audio if chunk.choices else None
+        if audio is not None:
+            pieces.append(audio)
+    transcript = "".join(p.transcript or "" for p in pieces)
+    pcm = b"".join(base64.b64decode(p.data) for p in pieces if p.data)
+    assert transcript and len(pcm) > 24_000 // 2, (transcript, len(pcm))
+    assert pieces[0].id.startswith("audio_") and pieces[0].expires_at > time.time()
+
+
+def test_chat_audio_asks_that_cannot_be_served_are_refused_by_name(
+    kinds_dep: Deployment, api: Api
+) -> None:
+    oai = openai.OpenAI(base_url=f"{kinds_dep.base_url}/v1", api_key=api.key, max_retries=0)
+    say: Any = [{"role": "user", "content": "Hi"}]
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"modalities": ["text", "audio"]}, "audio"),
+        (
+            {"modalities": ["text", "audio"], "audio": {"voice": "joe", "format": "mp3"}},
+            "audio.format",
+        ),
+        (
+            {
+                "modalities": ["text", "audio"],
+                "audio": {"voice": "joe", "format": "wav"},
+                "stream": True,
+            },
+            "audio.format",
+        ),
+        (
+            {"modalities": ["text", "audio"], "audio": {"voice": "nobody", "format": "wav"}},
+            "audio.voice",
+        ),
+    ]
+    for extra, param in cases:
+        with pytest.raises(openai.UnprocessableEntityError) as refused:
+            oai.chat.completions.create(model="llm", messages=say, max_tokens=4, **extra)
+        assert refused.value.body["param"] == param, (extra, refused.value.body)  # type: ignore[index]
+    bad: Any = [
+        {
+            "role": "user",
+            "content": [{"type": "input_audio", "input_audio": {"data": "%%", "format": "wav"}}],
+        }
+    ]
+    with pytest.raises(openai.UnprocessableEntityError) as not_audio:
+        oai.chat.completions.create(model="llm", messages=bad, max_tokens=4)
+    assert not_audio.value.body["param"] == "messages.0.content.0.input_audio.data"  # type: ignore[index]

@@ -16,7 +16,7 @@ from fastapi.responses import Response, StreamingResponse
 from api.auth import Owner
 from api.deps import Service, SettingsDep
 from api.error_handlers import ErrorResponse
-from api.openai import answers
+from api.openai import answers, chat_audio
 from api.openai.chat_models import ChatRequest, CompletionRequest
 from api.openai.common import (
     Deadline,
@@ -108,6 +108,10 @@ async def _complete(
     *,
     chat: bool,
 ) -> Response:
+    if isinstance(body, ChatRequest):  # speech in, and the answer spoken: the voice stages
+        body = await chat_audio.transcribed(service, owner, body)
+        if body.speaks:
+            return await chat_audio.spoken_answer(request, service, owner, body)
     try:
         create = JobCreate(kind="llm", input=body.job_input(), **deadline)
         job, events = await service.submit_following(owner, create)

@@ -23,8 +23,6 @@ NOT_CARRIED: dict[str, str] = {
     "functions": "deprecated function calling: send tools",
     "function_call": "deprecated function calling: send tool_choice",
     "logit_bias": NOT_YET,
-    "audio": "audio output is not served (use /v1/audio/speech)",
-    "modalities": "only text output is served",
     "prediction": f"predicted outputs: {NOT_YET}",
     "reasoning_effort": f"reasoning options: {NOT_YET}",
     "verbosity": NOT_YET,
@@ -43,6 +41,17 @@ NOT_CARRIED: dict[str, str] = {
 not one of the request's own is refused too."""
 
 
+AudioFormat = Literal["wav", "mp3", "flac", "opus", "ogg", "webm", "m4a"]
+
+
+class InputAudio(OpenAIBaseModel):
+    data: str = Field(min_length=1)
+    """The audio, base64: at most `limits.audio_max_bytes` once decoded (413 above)."""
+    format: AudioFormat
+    """What FFmpeg reads: `wav` and `mp3` as OpenAI takes them, and the other containers
+    of `/v1/audio/transcriptions`."""
+
+
 class ContentPart(OpenAIBaseModel):
     not_carried = NOT_CARRIED
 
@@ -51,16 +60,21 @@ class ContentPart(OpenAIBaseModel):
     image_url: ImageUrl | None = None
     """An `image_url` part's image: a data URL, a stored file key, an s3:// or an http(s)
     URL."""
+    input_audio: InputAudio | None = None
+    """An `input_audio` part's speech: an `asr` job transcribes it, and its transcript is
+    the text the LLM reads (`api.openai.chat_audio`)."""
 
     def refuse_values(self, where: str) -> None:
-        carried = {"text": self.text, "image_url": self.image_url}
+        carried = {"text": self.text, "image_url": self.image_url, "input_audio": self.input_audio}
         if self.type not in carried:
-            why = f"{self.type} parts are not served by mmq's LLM pipelines (text and images)"
+            why = f"{self.type} parts are not served by mmq's LLM pipelines (text, images, audio)"
             raise InputError(f"{where}type", why)
         if carried[self.type] is None:
             raise InputError(f"{where}{self.type}", f"a {self.type} part needs its {self.type}")
 
     def as_input(self) -> dict[str, object]:
+        if self.type == "input_audio":  # transcribed before the request becomes a job
+            raise InputError("messages", "an input_audio part was not transcribed")
         if self.type == "text":
             return {"type": "text", "text": self.text}
         assert self.image_url is not None
@@ -102,6 +116,17 @@ class Message(OpenAIBaseModel):
 
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
+
+
+class AudioOutput(OpenAIBaseModel):
+    """`audio` of a request whose `modalities` ask for audio: the answer spoken by a TTS
+    job for each sentence as the LLM writes it (`api.openai.chat_audio`)."""
+
+    voice: str = Field(min_length=1, max_length=256)
+    """A voice of the TTS pipeline or one of its aliases (`alloy`...)."""
+    format: Literal["wav", "pcm16", "mp3", "flac", "opus", "aac"]
+    """`wav` or `pcm16` (24 kHz PCM16 mono, the only format of a streamed answer, as
+    OpenAI's); the others are refused by name."""
 
 
 class Sampling(OpenAIRequest):
@@ -148,6 +173,38 @@ class Sampling(OpenAIRequest):
 class ChatRequest(Sampling, ChatFeatures):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=COUNT_MAX)
+    modalities: list[Literal["text", "audio"]] | None = Field(default=None, min_length=1)
+    """`["text", "audio"]`: the answer spoken too (with `audio`)."""
+    audio: AudioOutput | None = None
+
+    def refuse_values(self, where: str) -> None:
+        if not self.speaks:
+            if self.audio is not None:
+                raise InputError("audio", 'needs modalities ["text", "audio"]')
+            return
+        if self.audio is None:
+            raise InputError("audio", "an answer with audio needs its voice and format")
+        if self.audio.format not in ("wav", "pcm16"):
+            raise InputError("audio.format", "wav and pcm16 are served")
+        if self.stream and self.audio.format != "pcm16":
+            raise InputError("audio.format", "a streamed answer with audio is pcm16")
+        if self.n != 1:
+            raise InputError("n", "an answer with audio has one choice")
+
+    @property
+    def speaks(self) -> bool:
+        """Whether the answer is spoken too."""
+        return self.modalities is not None and "audio" in self.modalities
+
+    def audio_parts(self) -> list[tuple[str, InputAudio]]:
+        """(field, audio) of each `input_audio` part."""
+        return [
+            (f"messages.{i}.content.{j}.input_audio", part.input_audio)
+            for i, message in enumerate(self.messages)
+            if isinstance(message.content, list)
+            for j, part in enumerate(message.content)
+            if part.input_audio is not None and part.type == "input_audio"
+        ]
 
     def job_input(self) -> dict[str, object]:
         values = self.sampling_input()
