@@ -308,7 +308,7 @@ _CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": 
          {"messages": [{"role": "user", "content": [
              {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
          ]}]},
-         "messages.0.content.0.type", "input_audio parts are not served"),
+         "messages.0.content.0.input_audio", "no pipeline serves kind 'asr'"),
         ("/v1/completions", {"prompt": "Once", "logprobs": 9}, "logprobs", "less than or equal"),
         ("/v1/completions", {"prompt": "Once", "logprobs": 1}, "logprobs", "(transformers)"),
         ("/v1/completions", {"prompt": "Once", "echo": True}, "echo", "yet"),

@@ -422,6 +422,7 @@ UNKNOWN_FIELDS = [
     ("/v1/audio/transcriptions", {"model": "whisper-1"}, "colour"),
     ("/v1/audio/translations", {"model": "whisper-1"}, "colour"),
     ("/v1/batches", {"input_file_id": "file-x", "endpoint": "/v1/embeddings"}, "colour"),
+    ("/v1/realtime/client_secrets", {"session": {"type": "realtime"}}, "colour"),
 ]  # fmt: skip
 """A valid request of each OpenAI route that takes one, and where an unknown field goes."""
 

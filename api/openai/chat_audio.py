@@ -68,6 +68,10 @@ async def transcribed(service: JobService, owner: str, body: ChatRequest) -> Cha
 
 async def _transcribe(service: JobService, owner: str, field: str, audio: InputAudio) -> str:
     try:
+        service.validate(JobCreate(kind="asr", input={"audio": "x"}))
+    except InputError as exc:  # no ASR pipeline here
+        raise InputError(field, f"cannot be transcribed here: {exc.reason}") from None
+    try:
         data = base64.b64decode(audio.data, validate=True)
     except (binascii.Error, ValueError):
         raise InputError(f"{field}.data", "is not valid base64") from None

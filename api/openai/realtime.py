@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from api.auth import Owner
 from api.callers import ApiKeys
 from api.deps import Realtime, SettingsDep, get_state
+from api.openai.protocol import OpenAIBaseModel, OpenAIRequest, event_stream, responses
 from api.routes.events import EVENT_ID, denial
 from api.service import JobService
 from jobs.errors import InputError, NotFound, Unauthorized
@@ -47,17 +48,13 @@ HOLD_S = 30.0
 an API process that dies frees its sessions' slots within it."""
 
 
-class ExpiresAfter(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ExpiresAfter(OpenAIBaseModel):
     anchor: Literal["created_at"] = "created_at"
     seconds: int = Field(ge=10, le=7200)
 
 
-class ClientSecretRequest(BaseModel):
+class ClientSecretRequest(OpenAIRequest):
     """OpenAI's `client_secrets.create`: the secret's life and the session it opens."""
-
-    model_config = ConfigDict(extra="forbid")
 
     expires_after: ExpiresAfter | None = None
     session: dict[str, JsonValue] | None = None
@@ -70,7 +67,20 @@ class ClientSecret(BaseModel):
     session: dict[str, JsonValue]
 
 
-@router.post("/client_secrets", response_model=ClientSecret)
+class StoredEvent(BaseModel):
+    """One stored event of a session: a server event as the client got it (its `type`
+    and `event_id` and its own fields), or mmq's `mmq.turn` record of a turn's stage
+    times (never sent to the client)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    event_id: str | None = None
+
+
+@router.post(
+    "/client_secrets", response_model=ClientSecret, responses=responses(401, 413, 422, 503)
+)
 async def create_client_secret(
     owner: Owner, body: ClientSecretRequest, settings: SettingsDep, sessions: Realtime
 ) -> ClientSecret:
@@ -89,7 +99,7 @@ async def create_client_secret(
 @router.get(
     "/sessions/{session_id}/events",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses=responses(401, 404, 422, 503, ok={"content": event_stream(StoredEvent)}),
 )
 async def session_events(
     owner: Owner,
