@@ -1,22 +1,27 @@
 """The web console at /ui, in a real browser (Playwright driving Debian's Chromium) against
 a real deployment (`kinds_dep`): ASR (tiny.en), TTS (Piper), image (a tiny diffusers
 model) and LLM (a tiny model on the transformers engine) workers behind an API that
-requires keys.
+requires keys. The Talk page speaks to the Realtime API (`/v1/realtime`) through
+Chromium's fake microphone.
 
 Each test writes a screenshot of its page to `test-results/console/` (not committed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from harness.api_client import Api
 from harness.audio import LONG, SHORT, encode, speech
@@ -54,40 +59,58 @@ def keys(console_dep: Deployment) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
-    microphone = tmp_path_factory.mktemp("microphone") / "speech.wav"
-    microphone.write_bytes(encode(*speech(SHORT), "wav"))
+def driver() -> Iterator[Playwright]:
     with sync_playwright() as p:
-        chromium = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",  # root in CI
-                "--autoplay-policy=no-user-gesture-required",
-                "--use-fake-ui-for-media-stream",  # the microphone is allowed
-                "--use-fake-device-for-media-stream",
-                f"--use-file-for-fake-audio-capture={microphone}",  # and says SHORT
-            ],
-        )
+        yield p
+
+
+@contextlib.contextmanager
+def _chromium(driver: Playwright, microphone: Path) -> Iterator[Browser]:
+    """Chromium whose microphone plays `microphone` (a WAV, looped) and is allowed."""
+    chromium = driver.chromium.launch(
+        executable_path=CHROMIUM,
+        args=[
+            "--no-sandbox",  # root in CI
+            "--autoplay-policy=no-user-gesture-required",
+            "--use-fake-ui-for-media-stream",  # the microphone is allowed
+            "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-audio-capture={microphone}",
+        ],
+    )
+    try:
         yield chromium
+    finally:
         chromium.close()
 
 
-@pytest.fixture
-def page(
-    browser: Browser, console_dep: Deployment, request: pytest.FixtureRequest
-) -> Iterator[Page]:
-    context = browser.new_context(
-        base_url=console_dep.base_url, viewport={"width": 1366, "height": 860}
-    )
+@pytest.fixture(scope="module")
+def browser(driver: Playwright, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    microphone = tmp_path_factory.mktemp("microphone") / "speech.wav"
+    microphone.write_bytes(encode(*speech(SHORT), "wav"))  # the microphone says SHORT
+    with _chromium(driver, microphone) as chromium:
+        yield chromium
+
+
+@contextlib.contextmanager
+def _open_page(browser: Browser, dep: Deployment, name: str) -> Iterator[Page]:
+    context = browser.new_context(base_url=dep.base_url, viewport={"width": 1366, "height": 860})
     page = context.new_page()
     page.set_default_timeout(WAIT_MS)
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     yield page
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{request.node.name}.png"), full_page=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
     context.close()
     assert not errors, errors  # no uncaught JavaScript error on any page
+
+
+@pytest.fixture
+def page(
+    browser: Browser, console_dep: Deployment, request: pytest.FixtureRequest
+) -> Iterator[Page]:
+    with _open_page(browser, console_dep, request.node.name) as page:
+        yield page
 
 
 def _sign_in(page: Page, key: str, where: str = "#/jobs") -> None:
@@ -302,3 +325,115 @@ def test_only_the_kinds_served_here_have_a_playground_and_the_lists_read_well(
     assert {"asr", "tts", "image", "llm", "embed", "noop"} <= set(options), options
     page.goto("/ui#/batches")
     page.get_by_text("No batches yet: create one with client.batches.create").wait_for()
+
+
+# -- Talk: the Realtime API by voice ----------------------------------------------------
+
+TALK_SENTENCE = SHORT[0]
+TALK_WORDS = ("quick", "brown", "fox", "jumps", "lazy", "dog")
+TALK_PAUSE_S = 8.0
+"""Silence after the sentence: the server's VAD ends the turn in the first second of it,
+and the rest leaves the CPU-only answer time to start playing before Chromium, which loops
+the file, says the sentence again (and barges in)."""
+TALK_MAX_TOKENS = 24
+"""A short answer: the tiny LLM's gibberish seldom ends a sentence, so its audio is mostly
+the rest spoken once the answer ends, which must come before the next turn cuts it off."""
+TALK_WAIT_MS = 90_000
+
+
+@pytest.fixture(scope="module")
+def talk_browser(driver: Playwright, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    samples, rate = speech((TALK_SENTENCE,))
+    pause = np.zeros(int(TALK_PAUSE_S * rate), dtype=np.int16)
+    microphone = tmp_path_factory.mktemp("talk") / "turn.wav"
+    microphone.write_bytes(encode(np.concatenate([samples, pause]), rate, "wav"))
+    with _chromium(driver, microphone) as chromium:
+        yield chromium
+
+
+@pytest.fixture
+def talk_page(
+    talk_browser: Browser, console_dep: Deployment, request: pytest.FixtureRequest
+) -> Iterator[Page]:
+    with _open_page(talk_browser, console_dep, request.node.name) as page:
+        yield page
+
+
+@pytest.fixture
+def talk_log(talk_page: Page) -> Iterator[list[str]]:
+    """What the Talk page logs of its socket (each server event, audio by its size), timed;
+    written beside the screenshots."""
+    log: list[str] = []
+
+    def keep(message: ConsoleMessage) -> None:
+        if message.text.startswith("realtime"):
+            log.append(f"{time.monotonic():.2f} {message.text}")
+
+    talk_page.on("console", keep)
+    yield log
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    (SHOTS / "talk-events.txt").write_text("\n".join(log) + "\n")
+
+
+def _turns(role: str) -> str:
+    """JavaScript: the Talk page's turns of `role` (user, assistant), as an array."""
+    return f"[...document.querySelectorAll('[data-testid=talk-turn][data-role={role}]')]"
+
+
+def _assert_no_talk_errors(page: Page, log: list[str]) -> None:
+    errors = page.get_by_test_id("talk-error").all_inner_texts()
+    assert not errors, (errors, log)
+
+
+def _wait_for(page: Page, what: str, condition: str, log: list[str]) -> None:
+    """Waits for the JavaScript `condition` to hold, failing as soon as the page shows an
+    error; on a timeout fails with the page's text and the events it got."""
+    error_shown = "document.querySelector('[data-testid=talk-error]')"
+    try:
+        page.wait_for_function(f"() => {error_shown} || ({condition})", timeout=TALK_WAIT_MS)
+    except PlaywrightTimeout:
+        shown = page.locator("section.talk").inner_text()
+        raise AssertionError(
+            f"no {what} in {TALK_WAIT_MS} ms; page: {shown!r}; log: {log}"
+        ) from None
+    _assert_no_talk_errors(page, log)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="/v1/realtime refuses the transcription model whisper-1 (OpenAI's name, which "
+    "/v1/audio/transcriptions takes for the default ASR pipeline) where no asr pipeline has "
+    "it as an alias, as here: remove this mark once the server resolves it",
+)
+def test_talk_converses_by_voice_and_stops(
+    talk_page: Page, talk_log: list[str], keys: dict[str, str]
+) -> None:
+    """The microphone says a sentence and pauses; the server's VAD ends the turn; the page
+    shows the sentence's transcript and the answer's, streaming, and plays the answer;
+    Stop closes the socket."""
+    page, log = talk_page, talk_log
+    _sign_in(page, keys["admin"], "#/talk")
+    page.get_by_role("navigation", name="Pages").get_by_role("link", name="Talk").wait_for()
+    page.get_by_role("heading", name="Talk").wait_for()
+    page.wait_for_function("() => document.querySelector('select[name=model] option')")
+    page.get_by_label("Max output tokens").fill(str(TALK_MAX_TOKENS))
+    page.get_by_role("button", name="Start").click()
+
+    text = "t.querySelector('[data-testid=talk-text]').textContent"
+    words = json.dumps(TALK_WORDS)
+    heard = f"{_turns('user')}.some(t => {words}.some(w => {text}.toLowerCase().includes(w)))"
+    _wait_for(page, "transcript of the sentence", heard, log)
+    _wait_for(
+        page, "transcript of an answer", f"{_turns('assistant')}.some(t => {text}.trim())", log
+    )
+    grows = f"{_turns('assistant')}.some(t => Number(t.dataset.deltas) >= 2 && {text}.trim())"
+    _wait_for(page, "answer transcript in several deltas", grows, log)
+    played = "Number(document.querySelector('[data-testid=talk-played]').dataset.seconds) > 0"
+    _wait_for(page, "answer audio played", played, log)
+
+    page.get_by_role("button", name="Stop").click()
+    page.get_by_test_id("talk-status").filter(has_text="closed").wait_for()
+    page.get_by_role("button", name="Start").wait_for()
+    _assert_no_talk_errors(page, log)
+    assert any("realtime closed: 1000" in line for line in log), log

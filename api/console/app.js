@@ -6,6 +6,7 @@ import { Overview } from "./overview.js";
 import { JobList, JobPage } from "./jobs.js";
 import { BatchList, BatchPage } from "./batches.js";
 import { Playground, KINDS } from "./play.js";
+import { Talk, TALK_KINDS } from "./talk.js";
 
 function useRoute() {
   const read = () => location.hash.replace(/^#\/?/, "").split("/").filter(Boolean);
@@ -81,6 +82,7 @@ function Nav({ route, me, served, onSignOut }) {
       ${link("#/batches", "Batches", "batches")}
       ${KINDS.filter((k) => served && served.has(k.kind)).map((k) => html`<a href=${`#/play/${k.kind}`}
         aria-current=${here === "play" && route[1] === k.kind ? "page" : null}>${k.title}</a>`)}
+      ${served && TALK_KINDS.every((k) => served.has(k)) && link("#/talk", "Talk", "talk")}
     </nav>
     <span class="who">${me.owner}${me.admin ? " (admin)" : ""}
       ${session.key() && html` <button class="link" onClick=${onSignOut}>forget key</button>`}</span>
@@ -113,6 +115,7 @@ function App() {
   else if (name === "jobs" || (!name && !me.admin)) page = html`<${JobList} me=${me} />`;
   else if (name === "batches" && arg) page = html`<${BatchPage} me=${me} batchId=${decodeURIComponent(arg)} />`;
   else if (name === "batches") page = html`<${BatchList} me=${me} />`;
+  else if (name === "talk") page = html`<${Talk} served=${served} />`;
   else if (name === "play") page = html`<${Playground} kind=${arg || "tts"} served=${served} />`;
   else if (me.admin) page = html`<${Overview} />`;
   else page = html`<${JobList} me=${me} />`;
