@@ -119,6 +119,32 @@ class SessionConfig(_Open):
         return self
 
 
+OPENAI_TRANSCRIBERS = frozenset(
+    {"whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "gpt-transcribe",
+     "gpt-live-transcribe", "gpt-4o-mini-transcribe-2025-12-15", "gpt-realtime-whisper"}
+)  # fmt: skip
+"""OpenAI's transcription models: each means the session's default ASR model, as on
+`/v1/audio/transcriptions`."""
+OPENAI_REALTIME_PREFIXES = ("gpt-realtime", "gpt-4o-realtime", "gpt-4o-mini-realtime", "gpt-audio")
+"""OpenAI's realtime models (`client.realtime.connect(model="gpt-realtime")`): each means
+the session's default LLM."""
+
+
+def llm_of(config: SessionConfig, default: str | None) -> str | None:
+    """The LLM a session's answers come from."""
+    model = config.model
+    if model is None or model.startswith(OPENAI_REALTIME_PREFIXES):
+        return default
+    return model
+
+
+def asr_of(config: SessionConfig, default: str | None) -> str | None:
+    """The ASR model that transcribes a session's turns."""
+    transcription = config.audio.input.transcription
+    model = transcription.model if transcription is not None else None
+    return default if model is None or model in OPENAI_TRANSCRIBERS else model
+
+
 def merged(current: SessionConfig, update: JsonValue, param: str = "session") -> SessionConfig:
     """`current` with the fields that `update` sets replaced (objects merged key by key,
     as `session.update` does); InputError naming the field (under `param`) when the result

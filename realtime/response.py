@@ -31,6 +31,9 @@ from realtime.timing import TurnTimes
 log = logging.getLogger(__name__)
 
 Emit = Callable[[ev.ServerEvent], Awaitable[None]]
+DELTA_BYTES = 24_000 * 2 // 10
+"""An audio delta holds 100 ms at most: a voice makes a sentence's audio at once, and a
+client that plays each delta as it comes starts sooner on small ones."""
 PRIORITY: Priority = "high"
 """Every stage of a voice turn is interactive work."""
 
@@ -227,9 +230,9 @@ class Response:
                 chunks = self._spoken[played]
                 while (pcm := await chunks.get()) is not None:
                     self.times.mark("tts_first_chunk")
-                    await self.emit(
-                        ev.delta("output_audio", self._where, base64.b64encode(pcm).decode())
-                    )
+                    for start in range(0, len(pcm), DELTA_BYTES):
+                        piece = base64.b64encode(pcm[start : start + DELTA_BYTES]).decode()
+                        await self.emit(ev.delta("output_audio", self._where, piece))
                 played += 1
             elif self._answered:
                 return

@@ -215,29 +215,7 @@ class Session:
         await self.emit(ev.session_event("session.updated", self._view()))
 
     def check(self, config: cfg.SessionConfig) -> None:
-        """The models and voice the session names exist here (else InputError naming them):
-        the ASR model where turns are transcribed, the voice where answers are spoken."""
-        rt = self.settings
-        transcription = config.audio.input.transcription
-        probes: list[tuple[JobCreate, str]] = []
-        if transcription is not None or config.type == "transcription":
-            asr = (transcription or cfg.Transcription()).model or rt.asr_model
-            asr_input = {"model": asr, "audio": "x"}
-            probes.append(
-                (JobCreate(kind="asr", input=asr_input), "session.audio.input.transcription")
-            )
-        if config.type == "realtime":
-            if config.output_modalities == ["audio"]:
-                tts = {"model": rt.tts_model, "text": "a", "voice": config.audio.output.voice}
-                probes.append((JobCreate(kind="tts", input=tts), "session.audio.output"))
-            llm = {"model": config.model or rt.llm_model, "prompt": "a"}
-            probes.append((JobCreate(kind="llm", input=llm), "session"))
-        for body, where in probes:
-            try:
-                self.checks.validate(body)
-            except InputError as exc:
-                field = exc.field.removeprefix("input.")
-                raise InputError(f"{where}.{field}", exc.reason) from None
+        check_config(config, self.settings, self.checks)
 
     async def _append(self, event: dict[str, JsonValue]) -> None:
         audio = event.get("audio")
@@ -343,7 +321,7 @@ class Session:
         tell = transcription is not None or self.config.type == "transcription"
         options = transcription or cfg.Transcription()
         asr: dict[str, JsonValue] = {
-            "model": options.model or self.settings.asr_model,
+            "model": cfg.asr_of(self.config, self.settings.asr_model),
             "beam_size": 1,
             "language": options.language,
             "initial_prompt": options.prompt,
@@ -457,7 +435,7 @@ class Session:
         metadata = raw.get("metadata")
         limit = config.max_output_tokens
         return ResponseParams(
-            llm_model=config.model or self.settings.llm_model,
+            llm_model=cfg.llm_of(config, self.settings.llm_model),
             tts_model=self.settings.tts_model,
             instructions=config.instructions,
             modality=config.output_modalities[0],
@@ -499,6 +477,27 @@ class Session:
             raise InputError("response_id", f"{wanted!r} is not the response in progress")
         self._answer.cancel_reason = "client_cancelled"
         self._response.cancel()
+
+
+def check_config(config: cfg.SessionConfig, settings: RealtimeSettings, checks: Checks) -> None:
+    """The models and voice a session names exist here (else InputError naming them): the
+    ASR model where turns are transcribed, the voice where answers are spoken."""
+    probes: list[tuple[JobCreate, str]] = []
+    if config.audio.input.transcription is not None or config.type == "transcription":
+        asr = {"model": cfg.asr_of(config, settings.asr_model), "audio": "x"}
+        probes.append((JobCreate(kind="asr", input=asr), "session.audio.input.transcription"))
+    if config.type == "realtime":
+        if config.output_modalities == ["audio"]:
+            tts = {"model": settings.tts_model, "text": "a", "voice": config.audio.output.voice}
+            probes.append((JobCreate(kind="tts", input=tts), "session.audio.output"))
+        llm = {"model": cfg.llm_of(config, settings.llm_model), "prompt": "a"}
+        probes.append((JobCreate(kind="llm", input=llm), "session"))
+    for body, where in probes:
+        try:
+            checks.validate(body)
+        except InputError as exc:
+            field = exc.field.removeprefix("input.")
+            raise InputError(f"{where}.{field}", exc.reason) from None
 
 
 def wav(pcm: bytes, rate: int = cfg.PCM_RATE) -> bytes:

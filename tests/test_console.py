@@ -399,13 +399,6 @@ def _wait_for(page: Page, what: str, condition: str, log: list[str]) -> None:
     _assert_no_talk_errors(page, log)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="/v1/realtime refuses the transcription model whisper-1 (OpenAI's name, which "
-    "/v1/audio/transcriptions takes for the default ASR pipeline) where no asr pipeline has "
-    "it as an alias, as here: remove this mark once the server resolves it",
-)
 def test_talk_converses_by_voice_and_stops(
     talk_page: Page, talk_log: list[str], keys: dict[str, str]
 ) -> None:

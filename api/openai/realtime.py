@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from api.auth import Owner
 from api.callers import ApiKeys
-from api.deps import Realtime, SettingsDep, get_state
+from api.deps import Realtime, Service, SettingsDep, get_state
 from api.openai.protocol import OpenAIBaseModel, OpenAIRequest, event_stream, responses
 from api.routes.events import EVENT_ID, denial
 from api.service import JobService
@@ -35,7 +35,7 @@ from jobs.settings import Settings
 from jobstore.realtime_sessions import SECRET_PREFIX, AsyncRealtimeSessions
 from realtime import config as cfg
 from realtime import server_events as ev
-from realtime.session import Session
+from realtime.session import Session, check_config
 from realtime.vad import TurnDetection, VadStream
 from telemetry.metric_defs import turn_samples
 
@@ -82,10 +82,15 @@ class StoredEvent(BaseModel):
     "/client_secrets", response_model=ClientSecret, responses=responses(401, 413, 422, 503)
 )
 async def create_client_secret(
-    owner: Owner, body: ClientSecretRequest, settings: SettingsDep, sessions: Realtime
+    owner: Owner,
+    body: ClientSecretRequest,
+    settings: SettingsDep,
+    sessions: Realtime,
+    service: Service,
 ) -> ClientSecret:
     """A short-lived secret that opens one session as this key (for a browser)."""
     config = cfg.parse(body.session or {}, "session")
+    check_config(config, settings.realtime, service)
     ttl_s = (
         body.expires_after.seconds if body.expires_after else settings.realtime.client_secret_ttl_s
     )
