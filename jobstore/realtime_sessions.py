@@ -34,6 +34,16 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 """
 
+_HOLD = """
+-- Holds the session's slot until now + ttl_s; the owner's set expires with its last hold.
+local until_s = now + a.ttl_s
+redis.call('ZADD', KEYS[1], until_s, a.session_id)
+redis.call('ZADD', KEYS[2], until_s, a.session_id)
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[1], math.ceil(tonumber(last[2]) * 1000) + 1000)
+return 1
+"""
+
 OPEN = (
     _NOW
     + """
@@ -47,13 +57,8 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local held = redis.call('ZSCORE', KEYS[1], a.session_id)
 if not held and a.limit > 0 and redis.call('ZCARD', KEYS[1]) >= a.limit then return 0 end
-local until_s = now + a.ttl_s
-redis.call('ZADD', KEYS[1], until_s, a.session_id)
-redis.call('ZADD', KEYS[2], until_s, a.session_id)
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-redis.call('PEXPIREAT', KEYS[1], math.ceil(tonumber(last[2]) * 1000) + 1000)
-return 1
 """
+    + _HOLD
 )
 
 RENEW = (
@@ -70,13 +75,8 @@ if not held or tonumber(held) <= now then
   redis.call('ZREM', KEYS[2], a.session_id)
   return 0
 end
-local until_s = now + a.ttl_s
-redis.call('ZADD', KEYS[1], until_s, a.session_id)
-redis.call('ZADD', KEYS[2], until_s, a.session_id)
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-redis.call('PEXPIREAT', KEYS[1], math.ceil(tonumber(last[2]) * 1000) + 1000)
-return 1
 """
+    + _HOLD
 )
 
 LIVE = (
