@@ -3,9 +3,17 @@ a session's configuration, the conversation the LLM reads, a turn's stage times.
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
+
+from api.app import create_app
+from harness.inprocess import inprocess_settings
 from jobs.errors import InputError
+from jobstore.api_keys import create_key
 from realtime import config as cfg
 from realtime.conversation import Conversation, parse_item
 from realtime.sentences import Sentences, speakable
@@ -103,3 +111,23 @@ def test_a_turns_stage_times_run_from_the_end_of_speech() -> None:
                                     "total": 1.4})  # fmt: skip
     partial = TurnTimes(llm_first_token=1.0, first_sentence=1.5)
     assert partial.stages() == {"first_sentence": 0.5}
+
+
+def test_a_session_past_its_longest_life_is_told_why_and_closed(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The API in this process (Starlette's test client speaks the websocket), no worker: a
+    session lives `realtime.max_session_s`, then an error event names the limit."""
+    settings = inprocess_settings(redis_url, tmp_path)
+    settings.realtime.max_session_s = 1.0
+    key = create_key(redis.Redis.from_url(redis_url, decode_responses=True), "short-lived")
+    with (
+        TestClient(create_app(settings)) as client,
+        client.websocket_connect("/v1/realtime", headers={"Authorization": f"Bearer {key}"}) as ws,
+    ):
+        assert ws.receive_json()["type"] == "session.created"
+        error = ws.receive_json()
+        assert error["type"] == "error", error
+        assert "realtime.max_session_s" in error["error"]["message"], error
+        with pytest.raises(WebSocketDisconnect):
+            ws.receive_json()
