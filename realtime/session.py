@@ -187,6 +187,16 @@ class Session:
             param = exc.field if isinstance(exc, InputError) else None
             message = exc.reason if isinstance(exc, InputError) else exc.message
             await self.emit(ev.error(message, param=param, code=exc.code, event_id=event_id))
+        except Exception:  # a bug of ours: said, and the session goes on
+            log.exception("realtime: session %s could not handle an event", self.id)
+            await self.emit(
+                ev.error(
+                    "the server could not handle this event",
+                    code="server_error",
+                    kind="server_error",
+                    event_id=event_id,
+                )
+            )
 
     def _handlers(self) -> dict[str, Callable[[dict[str, JsonValue]], Awaitable[None]]]:
         return {
@@ -316,7 +326,7 @@ class Session:
         done: asyncio.Future[None],
         respond: bool,
     ) -> None:
-        item_id = str(item["id"])
+        item_id, transcript = str(item["id"]), ""
         transcription = self.config.audio.input.transcription
         tell = transcription is not None or self.config.type == "transcription"
         options = transcription or cfg.Transcription()
