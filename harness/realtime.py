@@ -6,6 +6,7 @@ models (`openai.types.realtime`), each by its own type."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -62,6 +63,7 @@ class Session:
     each arrived), each checked (`checked`)."""
 
     socket: ClientConnection
+    opened: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     events: list[dict[str, Any]] = field(default_factory=list)
     arrivals: list[float] = field(default_factory=list)
 
@@ -113,7 +115,7 @@ class Session:
         )
 
     def close(self) -> None:
-        self.socket.close()
+        self.opened.close()
 
 
 def open_session(
@@ -124,7 +126,13 @@ def open_session(
     url = base_url.replace("http://", "ws://") + "/v1/realtime" + (f"?{query}" if query else "")
     headers = {"Authorization": f"Bearer {token}"} if token and not secret else None
     protocols = [Subprotocol("realtime"), Subprotocol(f"openai-insecure-api-key.{token}")]
-    socket = connect(
-        url, additional_headers=headers, subprotocols=protocols if secret else None, max_size=2**24
+    opened = contextlib.ExitStack()  # closed by `Session.close`
+    socket = opened.enter_context(
+        connect(
+            url,
+            additional_headers=headers,
+            subprotocols=protocols if secret else None,
+            max_size=2**24,
+        )
     )
-    return Session(socket)
+    return Session(socket, opened=opened)
