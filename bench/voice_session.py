@@ -4,23 +4,29 @@ as they arrive; a session's stored `mmq.turn` records."""
 
 from __future__ import annotations
 
-import io
 import json
+import math
 import threading
 import time
-import wave
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 from websockets.exceptions import ConnectionClosed
 
 from harness.realtime import APPEND_MS, RATE, Session, appends, checked, open_session, pcm24
 from harness.realtime import silence as silent
+from realtime.session import wav
 
 WAIT_S = 180.0
+TRAILING_S = 1.5
+"""Silence sent after each question: server VAD ends a turn after 500 ms of it."""
+AUDIO_DELTA = "response.output_audio.delta"
+console = Console(width=150)
 
 
 # --- audio -------------------------------------------------------------------------------
@@ -38,13 +44,7 @@ class Utterance:
         return self.speech + silent(silence_s)
 
     def wav(self) -> bytes:
-        out = io.BytesIO()
-        with wave.open(out, "wb") as file:
-            file.setnchannels(1)
-            file.setsampwidth(2)
-            file.setframerate(RATE)
-            file.writeframes(self.speech)
-        return out.getvalue()
+        return wav(self.speech, RATE)
 
 
 def utterance(text: str) -> Utterance:
@@ -191,3 +191,19 @@ def stored_turns(
 
 
 # --- realtime turns ----------------------------------------------------------------------
+
+
+# --- report ------------------------------------------------------------------------------
+
+
+def ms(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:,.0f}"
+
+
+def show(title: str, heads: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    table = Table(title=title)
+    for head in heads:
+        table.add_column(head, justify="right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)

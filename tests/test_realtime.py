@@ -87,6 +87,8 @@ def test_a_spoken_turn_is_heard_transcribed_answered_and_spoken(
     assert session.of("conversation.item.input_audio_transcription.delta")
     started = session.of("input_audio_buffer.speech_started")[0]
     stopped = session.of("input_audio_buffer.speech_stopped")[0]
+    # Where VAD placed the turn on the audio's own clock (the speech starts at once and
+    # lasts about 2.5 s): positions in the stream, not timings.
     assert 0 <= started["audio_start_ms"] < 600 < stopped["audio_end_ms"], (started, stopped)
     assert done["response"]["status"] == "completed", done
     assert done["response"]["usage"]["output_tokens"] > 0
@@ -427,3 +429,11 @@ def test_chat_audio_asks_that_cannot_be_served_are_refused_by_name(
     with pytest.raises(openai.UnprocessableEntityError) as not_audio:
         oai.chat.completions.create(model="llm", messages=bad, max_tokens=4)
     assert not_audio.value.body["param"] == "messages.0.content.0.input_audio.data"  # type: ignore[index]
+
+
+def test_a_model_this_deployment_lacks_is_said_at_once(kinds_dep: Deployment, api: Api) -> None:
+    session = open_session(kinds_dep.base_url, api.key, "model=no-such-llm")
+    assert session.next()["type"] == "session.created"
+    error = session.next()
+    assert error["type"] == "error" and error["error"]["param"] == "session.model", error
+    session.close()

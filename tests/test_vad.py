@@ -24,6 +24,9 @@ APPEND = 960
 LEAD_S = 0.5
 TAIL_S = 1.0
 TOLERANCE_MS = 250
+"""How far from the speech's true edge, on the audio's own clock (ms into the stream, the
+same every run for the same samples), VAD may place a turn's start or end: its accuracy,
+not a speed."""
 Floats = npt.NDArray[np.float32]
 
 

@@ -170,8 +170,13 @@ async def realtime(
     renew = asyncio.create_task(_keep(sessions, owner, session.id))
     try:
         await session.start()
-        with contextlib.suppress(InputError):
-            session.check(config)
+        # The model `?model=` names, which this deployment may lack (the voice is checked
+        # when a session.update names one; a client secret's session when it was made).
+        named = config.model_copy(update={"output_modalities": ["text"]})
+        try:
+            session.check(named if config.type == "realtime" else config)
+        except InputError as exc:
+            await session.fail(exc.reason, exc.code, exc.field)
         await _serve(websocket, session, settings.realtime.max_session_s)
     finally:
         renew.cancel()
