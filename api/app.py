@@ -24,6 +24,7 @@ from api.openai import chat as openai_chat
 from api.openai import embeddings as openai_embeddings
 from api.openai import images as openai_images
 from api.openai import realtime as openai_realtime
+from api.openai import rerank as openai_rerank
 from api.openai import speech as openai_speech
 from api.overview import OverviewReader
 from api.prometheus import MetricsReader
@@ -108,6 +109,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(openai_images.router)
     app.include_router(openai_chat.router)
     app.include_router(openai_embeddings.router)
+    app.include_router(openai_rerank.router)
     app.include_router(openai_batches.router)
     app.include_router(openai_realtime.router)
     app.include_router(health.router)

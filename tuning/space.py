@@ -40,6 +40,7 @@ DEFAULT_SPACES: dict[str, dict[str, list[Value]]] = {
     "image": {"max_batch": [1, 2, 4], "max_wait_ms": [0, 50, 200]},
     "llm": {"options.max_inflight": [4, 8, 16, 32]},
     "embed": {"max_batch": [1, 8, 32], "max_wait_ms": [0, 5, 20]},
+    "rerank": {"max_batch": [1, 8, 32], "max_wait_ms": [0, 5, 20]},
 }
 """The values tried for each kind unless told otherwise."""
 GENERIC_SPACE: dict[str, list[Value]] = {"max_batch": [1, 2, 4, 8], "max_wait_ms": [0, 20, 100]}

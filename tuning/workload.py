@@ -196,6 +196,17 @@ def built_in(kind: str, settings: Settings, spec: BuiltIn, workdir: Path) -> Wor
             for i in range(4)
         ]
         describe = f"embedding requests of {spec.embed_texts} sentence(s)"
+    elif kind == "rerank":
+        inputs = [
+            {
+                "query": _sentences(1, i),
+                "documents": [
+                    _sentences(1, i * spec.embed_texts + j) for j in range(spec.embed_texts)
+                ],
+            }
+            for i in range(4)
+        ]
+        describe = f"rerank requests of {spec.embed_texts} document(s)"
     elif kind == "asr":
         uploads = {
             f"clip{i}": speech_clip(seconds, workdir) for i, seconds in enumerate(spec.asr_seconds)
@@ -219,6 +230,7 @@ class BuiltIn:
     llm_lengths: Sequence[tuple[int, int]] = ((128, 64),)
     image_shapes: Sequence[tuple[int, int, int]] = ((512, 512, 20),)
     embed_texts: int = 8
+    """Texts of an embedding request, and documents of a rerank request."""
 
 
 def speech_clip(seconds: float, workdir: Path) -> Path:

@@ -14,6 +14,7 @@ from jobs.schemas.base import JobInput
 from jobs.schemas.embed import EmbedInput, EmbedOptions
 from jobs.schemas.image import ImageInput, ImageOptions
 from jobs.schemas.llm import LlmInput, LlmOptions
+from jobs.schemas.rerank import RerankInput, RerankOptions
 from jobs.schemas.tts import TtsInput, TtsOptions
 from jobs.settings import Settings
 
@@ -23,6 +24,7 @@ BUILTIN_SCHEMAS: dict[str, type[JobInput]] = {
     "image": ImageInput,
     "llm": LlmInput,
     "embed": EmbedInput,
+    "rerank": RerankInput,
 }
 
 OPTIONS_MODELS: dict[str, type[BaseModel]] = {
@@ -31,6 +33,7 @@ OPTIONS_MODELS: dict[str, type[BaseModel]] = {
     "image": ImageOptions,
     "llm": LlmOptions,
     "embed": EmbedOptions,
+    "rerank": RerankOptions,
 }
 """The `[pipelines.NAME.options]` model of each built-in kind (a kind of the user's own
 has untyped options)."""
@@ -43,6 +46,7 @@ __all__ = [
     "ImageInput",
     "JobInput",
     "LlmInput",
+    "RerankInput",
     "TtsInput",
     "import_object",
     "schema_for",

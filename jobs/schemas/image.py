@@ -5,7 +5,15 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from jobs.errors import InputError
 from jobs.schemas.base import COUNT_MAX, JobInput, over_limit
@@ -80,6 +88,8 @@ Scheduler = Annotated[
 ]
 Format = Literal["png", "jpeg", "webp"]
 ResponseFormat = Literal["url", "b64_json"]
+Strength = Annotated[float, Field(gt=0.0, le=1.0)]
+Mode = Literal["txt2img", "img2img", "inpaint"]
 
 
 class ImageInput(JobInput):
@@ -104,8 +114,28 @@ class ImageInput(JobInput):
     """`b64_json`: the output also carries each image base64-encoded."""
     init_image: str | None = Field(default=None, max_length=4096)
     """Stored file key of a start image (image-to-image)."""
-    strength: float = Field(default=0.8, gt=0.0, le=1.0)
-    """Image-to-image: how far from the start image (1.0: all `steps` run)."""
+    strength: Strength = 0.8
+    """Image-to-image and inpainting: how far from the start image (1.0: all `steps`
+    run)."""
+    mask_image: str | None = Field(default=None, max_length=4096)
+    """Stored file key of a mask (inpainting; needs `init_image`, of the same size): its
+    white pixels are painted anew and its black ones kept, or, in a mask with an alpha
+    channel (OpenAI's), its fully transparent pixels are painted anew."""
+
+    @field_validator("mask_image")
+    @classmethod
+    def _mask_needs_an_image(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and not info.data.get("init_image"):
+            raise ValueError("a mask needs init_image, the image it masks")
+        return value
+
+    @property
+    def mode(self) -> Mode:
+        """What the request asks of the model: a new image, one from `init_image`, or
+        `init_image` repainted where `mask_image` says."""
+        if self.init_image is None:
+            return "txt2img"
+        return "img2img" if self.mask_image is None else "inpaint"
 
     def cost(self) -> int:
         """Megapixel-steps: denoising steps times each image's pixels (in millions), for
@@ -129,6 +159,10 @@ class ImageInput(JobInput):
         if self.scheduler is not None and self.scheduler not in options.schedulers:
             allowed = ", ".join(options.schedulers)
             raise InputError("scheduler", f"{self.scheduler!r} is not served here ({allowed})")
+        if self.mode == "img2img" and not options.img2img:
+            raise InputError("init_image", "image-to-image is off on this pipeline")
+        if self.mode == "inpaint" and not options.inpaint:
+            raise InputError("mask_image", "inpainting is off on this pipeline")
 
 
 class ImageOptions(BaseModel):
@@ -154,6 +188,9 @@ class ImageOptions(BaseModel):
     """Decode a batch one image at a time (lower peak memory for large batches)."""
     img2img: bool = True
     """Serve `init_image` requests, where the model family has an image-to-image pipeline."""
+    inpaint: bool = True
+    """Serve `mask_image` requests (inpainting, `POST /v1/images/edits` with a mask),
+    where the model family has an inpainting pipeline."""
     safety_checker: bool = True
     """Keep the model's safety checker, where it has one (flagged images come back black,
     with `nsfw: true`)."""

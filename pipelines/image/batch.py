@@ -28,11 +28,13 @@ from pipelines.image.output import latent_preview
 
 @dataclass(eq=False)
 class Share:
-    """One request's part of a call: its prompts, one seed per image, its start image."""
+    """One request's part of a call: its prompts, one seed per image, its start image and
+    mask."""
 
     request: Request[ImageInput]
     seeds: list[int]
     init_image: Image.Image | None = None
+    mask_image: Image.Image | None = None
     live: bool = True
 
     @property
@@ -69,6 +71,7 @@ class CallArgs(TypedDict, total=False):
     width: int
     height: int
     image: list[Image.Image | None]
+    mask_image: list[Image.Image | None]
     strength: float
 
 
@@ -112,11 +115,15 @@ class BatchCall:
             "callback_on_step_end_tensor_inputs": self._tensor_inputs(),
             "output_type": "pil",
         }
-        if first.init_image is None:
+        if first.mode == "txt2img":
             kwargs["width"], kwargs["height"] = first.width, first.height
         else:
             kwargs["image"] = [share.init_image for share in self.rows]
             kwargs["strength"] = first.strength
+        if first.mode == "inpaint":
+            kwargs["mask_image"] = [share.mask_image for share in self.rows]
+            # The inpainting pipeline sizes its output by these, not by the image.
+            kwargs["width"], kwargs["height"] = first.width, first.height
         return kwargs
 
     def _tensor_inputs(self) -> list[str]:

@@ -2,7 +2,8 @@
 
 `AutoPipelineForText2Image.from_pretrained(model)` takes a hub id (from the local hub
 cache when `HF_HUB_OFFLINE=1`) or a local directory written by `save_pretrained`; the
-image-to-image pipeline shares its modules (`from_pipe`) where the model family has one.
+image-to-image and inpainting pipelines share its modules (`from_pipe`: no second load)
+where the model family has them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from typing import Any, TypedDict
 
 import diffusers
 import torch
-from diffusers import AutoPipelineForImage2Image, AutoPipelineForText2Image
+from diffusers import (
+    AutoPipelineForImage2Image,
+    AutoPipelineForInpainting,
+    AutoPipelineForText2Image,
+)
 
 from jobs.schemas.image import SCHEDULERS, ImageOptions
 from jobs.settings import PipelineConfig
@@ -58,6 +63,7 @@ def torch_dtype(opts: ImageOptions, device: torch.device) -> torch.dtype:
 class Loaded:
     text2img: Diffuser
     img2img: Diffuser | None
+    inpaint: Diffuser | None
     device: torch.device
     dtype: torch.dtype
     scheduler_cls: Any
@@ -101,22 +107,27 @@ def load_model(config: PipelineConfig, opts: ImageOptions, max_side: int) -> Loa
     apply_speed_switches(pipe, opts, device, max_side)
     scheduler = pipe.scheduler
     return Loaded(
-        pipe, image_to_image(pipe, opts, dtype), device, dtype, type(scheduler), scheduler.config
+        pipe,
+        sharing(pipe, AutoPipelineForImage2Image, dtype) if opts.img2img else None,
+        sharing(pipe, AutoPipelineForInpainting, dtype) if opts.inpaint else None,
+        device,
+        dtype,
+        type(scheduler),
+        scheduler.config,
     )
 
 
-def image_to_image(pipe: Diffuser, opts: ImageOptions, dtype: torch.dtype) -> Diffuser | None:
-    if not opts.img2img:
-        return None
+def sharing(pipe: Diffuser, auto: Any, dtype: torch.dtype) -> Diffuser | None:
+    """The family's pipeline of the `auto` class (image-to-image, inpainting) over the
+    modules of `pipe`; None where the family has none."""
     try:
         # from_pipe casts the shared modules to `dtype` (float32 unless told).
-        loader: Any = AutoPipelineForImage2Image
-        img2img = loader.from_pipe(pipe, dtype=dtype)
+        other = auto.from_pipe(pipe, dtype=dtype)
     except (ValueError, KeyError) as exc:
-        log.info("no image-to-image pipeline for %s: %s", type(pipe).__name__, exc)
+        log.info("no %s pipeline for %s: %s", auto.__name__, type(pipe).__name__, exc)
         return None
-    img2img.set_progress_bar_config(disable=True)
-    return img2img
+    other.set_progress_bar_config(disable=True)
+    return other
 
 
 def denoiser(pipe: Diffuser) -> Any:

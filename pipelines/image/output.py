@@ -1,4 +1,5 @@
-"""Image bytes: the output formats, start images, and the small previews of progress events."""
+"""Image bytes: the output formats, start images and masks, and the small previews of
+progress events."""
 
 from __future__ import annotations
 
@@ -41,17 +42,41 @@ def encode(image: Image.Image, fmt: str) -> bytes:
     return buffer.getvalue()
 
 
-def read_start_image(data: bytes, width: int, height: int, field: str) -> Image.Image:
-    """A start image for image-to-image, as RGB at the request's size."""
+def read_image(data: bytes, field: str) -> Image.Image:
+    """An image's pixels, decoded (any format Pillow reads); InputError naming `field`."""
     try:
         with Image.open(io.BytesIO(data)) as image:
             image.load()
-            rgb = image.convert("RGB")
+            return image.copy()
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as exc:
         raise InputError(field, f"is not an image that can be read ({exc})") from None
+
+
+def start_image(image: Image.Image, width: int, height: int) -> Image.Image:
+    rgb = image.convert("RGB")
     if rgb.size != (width, height):
         rgb = rgb.resize((width, height), Image.Resampling.LANCZOS)
     return rgb
+
+
+def mask_image(image: Image.Image, of: tuple[int, int], width: int, height: int) -> Image.Image:
+    """An inpainting mask for diffusers (L: white is painted anew, black is kept) at the
+    request's size. A mask with an alpha channel is OpenAI's: its fully transparent
+    pixels are painted anew. `of`: the size of the image it masks, which it must have."""
+    if image.size != of:
+        raise InputError(
+            "input.mask_image",
+            f"is {image.size[0]}x{image.size[1]}, not the size of the image it masks "
+            f"({of[0]}x{of[1]})",
+        )
+    if image.mode in {"RGBA", "LA", "PA"} or "transparency" in image.info:
+        alpha = image.convert("RGBA").getchannel("A")
+        mask = alpha.point(lambda a: 255 if a == 0 else 0)
+    else:
+        mask = image.convert("L")
+    if mask.size != (width, height):
+        mask = mask.resize((width, height), Image.Resampling.NEAREST)
+    return mask
 
 
 def latent_preview(latent: torch.Tensor, max_side: int) -> str | None:

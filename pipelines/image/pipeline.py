@@ -1,8 +1,9 @@
-"""The image pipeline: diffusers text-to-image (and image-to-image) behind the engine.
+"""The image pipeline: diffusers text-to-image, image-to-image and inpainting behind the
+engine.
 
 Requests with the same batch key (mode, size, steps, guidance, scheduler, strength) run
 as one call (`batch.BatchCall`); the engine forms the batches. `prepare` checks each
-request against the model, picks its seeds and reads its start image. Each finished
+request against the model, picks its seeds and reads its start image and mask. Each finished
 request stores its images and answers their signed URLs and seeds (and base64 on
 request). Timing: `first_step_ms`, from the start of the call to its first step's end.
 """
@@ -25,7 +26,14 @@ from jobs.settings import PipelineConfig, Settings
 from pipelines.base import Canceled, Pipeline, Request
 from pipelines.image.batch import BatchCall, Generated, Preview, Share
 from pipelines.image.load import Diffuser, Loaded, load_model, native_side
-from pipelines.image.output import CONTENT_TYPES, EXTENSIONS, encode, read_start_image
+from pipelines.image.output import (
+    CONTENT_TYPES,
+    EXTENSIONS,
+    encode,
+    mask_image,
+    read_image,
+    start_image,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +60,13 @@ class ImagePipeline(Pipeline[ImageInput, Share]):
     def load(self) -> None:
         self._loaded = load_model(self.config, self.opts, self.settings.limits.image_max_side)
         log.info(
-            "image model %s loaded: %s on %s (%s), image-to-image: %s",
+            "image model %s loaded: %s on %s (%s), image-to-image: %s, inpainting: %s",
             self.config.model,
             type(self.loaded.text2img).__name__,
             self.loaded.device,
             self.loaded.dtype,
             self.loaded.img2img is not None,
+            self.loaded.inpaint is not None,
         )
 
     def warmup(self) -> None:
@@ -69,9 +78,10 @@ class ImagePipeline(Pipeline[ImageInput, Share]):
         self._loaded = None
 
     def batch_key(self, request: ImageInput) -> Hashable | None:
-        mode = ("img2img", request.strength) if request.init_image else ("txt2img", None)
+        strength = None if request.mode == "txt2img" else request.strength
         return (
-            *mode,
+            request.mode,
+            strength,
             request.width,
             request.height,
             request.steps,
@@ -88,7 +98,7 @@ class ImagePipeline(Pipeline[ImageInput, Share]):
             raise InputError(f"input.{exc.field}", exc.reason) from None
         base = inp.seed if inp.seed is not None else secrets.randbelow(SEED_SPACE)
         seeds = [(base + i) % SEED_SPACE for i in range(inp.n)]
-        return Share(request, seeds, self._start_image(request))
+        return Share(request, seeds, *self._start_images(request))
 
     def run(self, batch: Sequence[Share]) -> None:
         shares = list(batch)
@@ -103,24 +113,53 @@ class ImagePipeline(Pipeline[ImageInput, Share]):
 
     # -- before the call ---------------------------------------------------------------
 
-    def _start_image(self, request: Request[ImageInput]) -> Image.Image | None:
+    def _start_images(
+        self, request: Request[ImageInput]
+    ) -> tuple[Image.Image | None, Image.Image | None]:
+        """The start image and the mask, at the request's size (None where not given)."""
         inp = request.input
         if inp.init_image is None:
-            return None
-        if self.loaded.img2img is None:
-            raise InputError("input.init_image", "this model has no image-to-image pipeline")
-        with request.files.open_input(inp.init_image, "input.init_image") as stream:
+            return None, None
+        if self._pipe_of(inp) is None:
+            field, what = (
+                ("input.mask_image", "an inpainting")
+                if inp.mode == "inpaint"
+                else ("input.init_image", "an image-to-image")
+            )
+            family = type(self.loaded.text2img).__name__
+            raise InputError(field, f"this model ({family}) has no {what} pipeline")
+        start = self._read(request, inp.init_image, "input.init_image")
+        if inp.mask_image is None:
+            return start_image(start, inp.width, inp.height), None
+        mask = self._read(request, inp.mask_image, "input.mask_image")
+        return (
+            start_image(start, inp.width, inp.height),
+            mask_image(mask, start.size, inp.width, inp.height),
+        )
+
+    @staticmethod
+    def _read(request: Request[ImageInput], key: str, field: str) -> Image.Image:
+        with request.files.open_input(key, field) as stream:
             data = stream.read()
-        return read_start_image(data, inp.width, inp.height, "input.init_image")
+        return read_image(data, field)
+
+    def _pipe_of(self, inp: ImageInput) -> Diffuser | None:
+        """The loaded pipeline of the request's mode; None where the family has none."""
+        pipes = {
+            "txt2img": self.loaded.text2img,
+            "img2img": self.loaded.img2img,
+            "inpaint": self.loaded.inpaint,
+        }
+        return pipes[inp.mode]
 
     def _view(self, share: Share) -> Diffuser:
         """This thread's pipeline for the share's mode, with a fresh scheduler."""
-        img2img = share.input.init_image is not None
-        name = "img2img" if img2img else "text2img"
+        name = share.input.mode
         view = getattr(self._views, name, None)
         if view is None:
-            base = self.loaded.img2img if img2img else self.loaded.text2img
-            assert base is not None
+            base = self._pipe_of(share.input)
+            if base is None:  # prepare refused it
+                raise RuntimeError(f"no {name} pipeline loaded")
             # from_pipe casts the shared modules to `dtype` (float32 unless told). Each
             # view has its own tokenizers: a fast tokenizer's padding and truncation are
             # state of the Rust object, set on every call, so two threads sharing one
