@@ -22,9 +22,11 @@ from api.openai import audio as openai_audio
 from api.openai import batches as openai_batches
 from api.openai import chat as openai_chat
 from api.openai import embeddings as openai_embeddings
+from api.openai import image_edits as openai_image_edits
 from api.openai import images as openai_images
 from api.openai import realtime as openai_realtime
 from api.openai import rerank as openai_rerank
+from api.openai import responses as openai_responses
 from api.openai import speech as openai_speech
 from api.overview import OverviewReader
 from api.prometheus import MetricsReader
@@ -37,12 +39,14 @@ from common import redis_client
 from common.heap import freeze_startup_heap
 from jobs.settings import Settings, load_settings
 from jobstore.realtime_sessions import AsyncRealtimeSessions
+from jobstore.responses import AsyncResponses
 from jobstore.store import AsyncJobStore
 from security import redact
 from storage.factory import make_storage
 
 UPLOAD_PATHS = ("/v1/audio/transcriptions", "/v1/audio/translations")
 FILES_PATH = "/v1/files"
+IMAGE_EDITS_PATH = "/v1/images/edits"
 MULTIPART_SLACK_BYTES = 1_048_576
 """Room for multipart boundaries and part headers above a file's own size limit."""
 
@@ -86,6 +90,7 @@ def create_app(settings: Settings) -> FastAPI:
             batches=BatchService(settings, client, files, service),
             follows=FollowLimit(settings.api.max_streams_per_key),
             realtime=AsyncRealtimeSessions(client),
+            responses=AsyncResponses(client, settings.job_ttl_s),
         )
         freeze_startup_heap()
         try:
@@ -107,11 +112,13 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(openai_speech.router)
     app.include_router(openai_audio.router)
     app.include_router(openai_images.router)
+    app.include_router(openai_image_edits.router)
     app.include_router(openai_chat.router)
     app.include_router(openai_embeddings.router)
     app.include_router(openai_rerank.router)
     app.include_router(openai_batches.router)
     app.include_router(openai_realtime.router)
+    app.include_router(openai_responses.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(admin.router)
@@ -124,10 +131,12 @@ def create_app(settings: Settings) -> FastAPI:
             return settings.storage.max_upload_bytes + MULTIPART_SLACK_BYTES
         if path.startswith(UPLOAD_PATHS):
             return settings.limits.audio_max_bytes + MULTIPART_SLACK_BYTES
+        if path.startswith(IMAGE_EDITS_PATH):  # the image and its mask
+            return 2 * settings.limits.image_max_bytes + MULTIPART_SLACK_BYTES
         return settings.api.max_body_bytes
 
     def timeout_for(path: str) -> float:
-        if path.startswith((FILES_PATH, *UPLOAD_PATHS)):
+        if path.startswith((FILES_PATH, IMAGE_EDITS_PATH, *UPLOAD_PATHS)):
             return settings.api.upload_timeout_s
         return settings.api.body_timeout_s
 

@@ -19,6 +19,7 @@ from api.readiness import Health
 from api.service import JobService
 from jobs.settings import Settings
 from jobstore.realtime_sessions import AsyncRealtimeSessions
+from jobstore.responses import AsyncResponses
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class AppState:
     """Job event streams open per key (`api.max_streams_per_key`)."""
     realtime: AsyncRealtimeSessions
     """Voice sessions: client secrets, the sessions a key holds, their stored events."""
+    responses: AsyncResponses
+    """Stored responses of the Responses API (`/v1/responses`)."""
 
 
 def get_state(conn: HTTPConnection) -> AppState:
@@ -82,9 +85,14 @@ async def get_realtime(conn: HTTPConnection) -> AsyncRealtimeSessions:
     return get_state(conn).realtime
 
 
+async def get_responses(conn: HTTPConnection) -> AsyncResponses:
+    return get_state(conn).responses
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 Service = Annotated[JobService, Depends(get_service)]
 Files = Annotated[FileService, Depends(get_files)]
 Batches = Annotated[BatchService, Depends(get_batches)]
 Follows = Annotated[FollowLimit, Depends(get_follows)]
 Realtime = Annotated[AsyncRealtimeSessions, Depends(get_realtime)]
+StoredResponses = Annotated[AsyncResponses, Depends(get_responses)]

@@ -344,11 +344,14 @@ class JobService:
         """The owner's jobs, newest first, filtered; returns (page, next cursor)."""
         return await list_jobs(self._store, jobs_of(owner), keep, limit=limit, cursor=cursor)
 
-    async def submit_following(self, owner: str, body: JobCreate) -> tuple[Job, event_feed.Batches]:
+    async def submit_following(
+        self, owner: str, body: JobCreate, job_id: str | None = None
+    ) -> tuple[Job, event_feed.Batches]:
         """Store and enqueue a job, and follow its events from its first (`follow`), for a
         route that streams the job it submits: the job is joined in the hub before it is
-        stored, so nothing is read back from Redis (no owner check, no replay)."""
-        job_id = new_job_id()
+        stored, so nothing is read back from Redis (no owner check, no replay). `job_id`:
+        one the route made (`new_job_id`), where it names the job before submitting it."""
+        job_id = job_id or new_job_id()
         joined = await self._hub.join(job_id)
         try:
             job, _created = await self.submit(owner, body, job_id=job_id)

@@ -310,3 +310,13 @@ def realtime_events(session_id: str) -> str:
     """Stream: a realtime session's events (field `data`: the event's JSON), replayable by
     id, capped, with a TTL renewed on every append."""
     return f"{PREFIX}:realtime:session:{session_id}:events"
+
+
+# Stored responses (OpenAI's Responses API, issue 53): see jobstore/responses.py.
+
+
+def response(job_id: str) -> str:
+    """String: JSON of a stored response's record (its owner, its request and its input
+    items: `jobstore.responses.ResponseRecord`), named by the id of the `llm` job that
+    answers it, with a TTL of `job_ttl_s` past the longest the job may wait and run."""
+    return f"{PREFIX}:response:{job_id}"
