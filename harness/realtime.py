@@ -17,7 +17,8 @@ import numpy as np
 import soxr
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import connect
+from websockets.sync.connection import Connection
 from websockets.typing import Subprotocol
 
 from harness.audio import speech
@@ -62,7 +63,7 @@ class Session:
     """A websocket to `/v1/realtime`, its server events in arrival order (with the time
     each arrived), each checked (`checked`)."""
 
-    socket: ClientConnection
+    socket: Connection
     opened: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     events: list[dict[str, Any]] = field(default_factory=list)
     arrivals: list[float] = field(default_factory=list)
