@@ -40,10 +40,14 @@ class FormSchema(TypedDict):
     additionalProperties: NotRequired[bool]
 
 
-def multipart_body(fields: type[BaseModel], files: Mapping[str, str]) -> dict[str, Any]:
+def multipart_body(
+    fields: type[BaseModel],
+    files: Mapping[str, str],
+    optional_files: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """`openapi_extra` of a route (FastAPI's type: OpenAPI's JSON) whose form has the
-    (required) file parts `files` (name: description) and the text fields that `fields`
-    validates."""
+    required file parts `files` and the optional ones `optional_files` (name:
+    description) and the text fields that `fields` validates."""
     schema = fields.model_json_schema(mode="validation")
     if "$defs" in schema:
         raise TypeError(f"{fields.__name__}: a form's fields are texts, not nested models")
@@ -52,7 +56,7 @@ def multipart_body(fields: type[BaseModel], files: Mapping[str, str]) -> dict[st
         "required": [*files, *schema.get("required", [])],
         "properties": {
             name: {"type": "string", "format": "binary", "description": description}
-            for name, description in files.items()
+            for name, description in {**files, **(optional_files or {})}.items()
         },
     }
     for name, field in schema["properties"].items():

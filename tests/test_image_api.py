@@ -38,13 +38,19 @@ concurrency = 8
 schedulers = ["pndm", "euler", "euler_a"]
 """
 SIZE = {"width": TINY_SIZE, "height": TINY_SIZE}
+MAX_UPLOAD_BYTES = 100_000
+"""`limits.image_max_bytes` here: an edit's image or mask over it gets 413."""
 
 
 @pytest.fixture(scope="module")
 def image_dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     model = cached_tiny_sd(tmp_path_factory)
     flush(redis_url)
-    env = {"HF_HUB_OFFLINE": "1", "MMQ_LIMITS__IMAGE_MAX_SIDE": str(MAX_SIDE)}
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "MMQ_LIMITS__IMAGE_MAX_SIDE": str(MAX_SIDE),
+        "MMQ_LIMITS__IMAGE_MAX_BYTES": str(MAX_UPLOAD_BYTES),
+    }
     dep = Deployment(redis_url, tmp_path_factory.mktemp("image"), env_overrides=env)
     dep.config_path.write_text(
         dep.config_path.read_text() + IMAGE_PIPELINE.format(model=json.dumps(str(model)))
@@ -251,3 +257,127 @@ def test_openai_route_requires_a_key(image_dep: Deployment) -> None:
 
 def test_metrics_count_an_image_job(image_dep: Deployment, api: Api) -> None:
     check_job_counted(image_dep, lambda: _run(api, prompt="counted", seed=3), "image", "tiny-sd")
+
+
+# -- edits: /v1/images/edits -------------------------------------------------------------
+
+
+def _encoded(image: Image.Image, fmt: str = "PNG") -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+START = _encoded(Image.new("RGB", (80, 72), (40, 90, 200)))
+KEEP_ALL = _encoded(Image.new("RGBA", (80, 72), (0, 0, 0, 255)))
+"""OpenAI's mask: opaque pixels are kept."""
+REPAINT_ALL = _encoded(Image.new("RGBA", (80, 72), (0, 0, 0, 0)))
+"""OpenAI's mask: fully transparent pixels are painted anew."""
+EDIT = {"size": "64x64", "response_format": "b64_json"}
+
+
+def _edit(oai: openai.OpenAI, mask: bytes | None, prompt: str, **extra: Any) -> tuple[str, bytes]:
+    """An edit by the official client: its job id and its first image."""
+    masked: dict[str, Any] = {"mask": ("mask.png", mask, "image/png")} if mask else {}
+    raw = oai.images.with_raw_response.edit(
+        image=("start.png", START, "image/png"), prompt=prompt, **masked, **EDIT,
+        extra_body={"seed": 6, "steps": 3, "scheduler": "euler", **extra},
+    )  # fmt: skip
+    result = raw.parse()
+    assert result.data is not None and len(result.data) == 1 and result.size == "64x64"
+    return raw.headers["X-Job-Id"], base64.b64decode(result.data[0].b64_json or "")
+
+
+def test_openai_client_inpaints_where_the_mask_is_transparent(oai: openai.OpenAI, api: Api) -> None:
+    kept = [_edit(oai, KEEP_ALL, p, strength=1.0)[1] for p in ("a red barn", "the sea at night")]
+    assert same_size(kept[0]) and _same(kept[0], kept[1])  # the prompt changed nothing
+    painted = [_edit(oai, REPAINT_ALL, p, strength=1.0) for p in ("a red barn", "the sea at night")]
+    assert not _same(painted[0][1], painted[1][1])
+    job = api.get(painted[0][0])
+    assert job["input"]["mask_image"] and job["input"]["init_image"]
+    assert job["input"]["strength"] == 1.0 and job["output"]["batch"]["requests"] == 1
+
+
+def same_size(data: bytes) -> bool:
+    return Image.open(io.BytesIO(data)).size == (64, 64)
+
+
+def test_an_edit_without_a_mask_is_image_to_image_at_the_image_size(
+    image_dep: Deployment, api: Api, oai: openai.OpenAI
+) -> None:
+    raw = oai.images.with_raw_response.edit(
+        image=("start.webp", _encoded(Image.new("RGB", (80, 72), (9, 9, 9)), "WEBP")),
+        prompt="a dark room", extra_body={"steps": 4, "scheduler": "euler", "strength": 0.5},
+    )  # fmt: skip
+    result = raw.parse()
+    assert result.size == "80x72" and result.data is not None and result.data[0].url
+    r = httpx.get(result.data[0].url, timeout=30)
+    assert Image.open(io.BytesIO(r.content)).size == (80, 72)
+    job = api.get(raw.headers["X-Job-Id"])
+    assert job["input"]["mask_image"] is None and job["input"]["strength"] == 0.5
+    client = Client(image_dep.base_url, api.key)
+    events = list(client.events(job["id"]))
+    progress = [(e["data"]["step"], e["data"]["total"]) for e in events if e["type"] == "progress"]
+    assert progress == [(1, 2), (2, 2)]  # strength 0.5 of 4 steps, reported as generations are
+
+
+def test_compatible_edits_share_a_batch_and_other_modes_do_not_join(
+    oai: openai.OpenAI, api: Api
+) -> None:
+    def generate() -> str:
+        raw = oai.images.with_raw_response.generate(
+            prompt="a kite", **EDIT, extra_body={"seed": 6, "steps": 3, "scheduler": "euler"}
+        )
+        return raw.headers["X-Job-Id"]
+
+    calls = [
+        lambda: _edit(oai, REPAINT_ALL, "a cat")[0],
+        lambda: _edit(oai, KEEP_ALL, "a dog")[0],
+        lambda: _edit(oai, None, "a cow")[0],
+        generate,
+    ]
+    with ThreadPoolExecutor(len(calls)) as pool:
+        ids = list(pool.map(lambda call: call(), calls))
+    jobs = [api.get(job_id) for job_id in ids]
+    assert [job["output"]["batch"]["requests"] for job in jobs] == [2, 2, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("files", "data", "status", "param"),
+    [
+        ({"mask": KEEP_ALL}, {}, 422, "image"),
+        ({"image": b"plain text, no pixels"}, {}, 422, "image"),
+        ({"image": _encoded(Image.new("RGB", (8, 8)), "GIF")}, {}, 422, "image"),
+        ({"image": START, "mask": _encoded(Image.new("RGBA", (64, 64)))}, {}, 422, "mask"),
+        ({"image": START, "mask": b"\x89PNG\r\n\x1a\nnot really"}, {}, 422, "mask"),
+        ({"image": b"\x89PNG\r\n\x1a\n" + bytes(MAX_UPLOAD_BYTES)}, {}, 413, "image"),
+        ({"image": START, "mask": bytes(MAX_UPLOAD_BYTES + 1)}, {}, 413, "mask"),
+        ({"image": START, "markup": START}, {}, 422, "markup"),
+        ({"image": START}, {"size": "100x100"}, 422, "size"),
+        ({"image": START}, {"n": "9"}, 422, "n"),
+        ({"image": START}, {"strength": "0"}, 422, "strength"),
+        ({"image": START}, {"background": "transparent"}, 422, "background"),
+        ({"image": START}, {"input_fidelity": "high"}, 422, "input_fidelity"),
+        ({"image": START}, {"quality": "high"}, 422, "quality"),
+        ({"image": START}, {"colour": "red"}, 422, "colour"),
+        ({"image": START}, {"model": "gpt-image-1"}, 422, "model"),
+        ({"image": START}, {"prompt": ""}, 422, "prompt"),
+    ],
+)
+def test_bad_edits_are_refused_naming_the_field(
+    api: Api, files: dict[str, bytes], data: dict[str, str], status: int, param: str
+) -> None:
+    parts = {name: (f"{name}.png", content, "image/png") for name, content in files.items()}
+    r = api.http.post("/v1/images/edits", files=parts, data={"prompt": "a boat", **data})
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["param"] == param, r.text
+    assert api.http.get("/v1/jobs").json()["data"] == []  # nothing was submitted
+
+
+def test_one_image_per_edit_and_the_client_hears_why(oai: openai.OpenAI) -> None:
+    with pytest.raises(openai.UnprocessableEntityError) as info:
+        oai.images.edit(image=[START, START], prompt="two boats")
+    assert info.value.param == "image" and "one image" in str(info.value.body)
+    with pytest.raises(openai.UnprocessableEntityError) as info:
+        oai.images.edit(image=START, mask=_encoded(Image.new("L", (80, 80))), prompt="a boat")
+    assert info.value.param == "mask" and "80x80" in str(info.value.body)

@@ -61,6 +61,10 @@ pytestmark = pytest.mark.anyio
 Json = dict[str, Any]
 USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+PNG_FILE = {
+    "image": ("a.png", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR" + struct.pack(">II", 64, 64), "image/png")
+}
+"""An edit's image part: a PNG's header (the API reads no further; the worker decodes)."""
 PIPELINES = {
     "embed": PipelineConfig(kind="embed", impl="pipelines.embed:EmbedPipeline"),
     "asr": PipelineConfig(kind="asr", impl="pipelines.asr:AsrPipeline"),
@@ -325,6 +329,9 @@ async def test_embeddings_images_and_models_keep_to_their_declared_models(
             r = await ran.post("/v1/images/generations", [], made, json=body)
             data = _check(document, r, ImagesResponse, "/v1/images/generations")["data"]
             assert data == [{fmt: image[fmt], "revised_prompt": None}]
+            r = await ran.post("/v1/images/edits", [], made, files=PNG_FILE, data=body)
+            data = _check(document, r, ImagesResponse, "/v1/images/edits")["data"]
+            assert data == [{fmt: image[fmt], "revised_prompt": None}]
 
         _check(document, await client.get("/v1/models"), ModelList, "/v1/models", "get")
         voices = await client.get("/v1/audio/voices")
@@ -418,6 +425,7 @@ UNKNOWN_FIELDS = [
     ("/v1/completions", {"model": "m", "prompt": "Once"}, "colour"),
     ("/v1/embeddings", {"model": "embed", "input": "a"}, "colour"),
     ("/v1/images/generations", {"prompt": "a cat"}, "colour"),
+    ("/v1/images/edits", {"prompt": "a cat"}, "colour"),
     ("/v1/audio/speech", {"model": "tts-1", "voice": "alloy", "input": "Hi."}, "colour"),
     ("/v1/audio/transcriptions", {"model": "whisper-1"}, "colour"),
     ("/v1/audio/translations", {"model": "whisper-1"}, "colour"),
@@ -450,6 +458,8 @@ async def test_a_field_a_request_does_not_carry_is_a_422_naming_it(
         if path.startswith("/v1/audio/trans"):
             files = {"file": ("a.wav", b"RIFF0000WAVE", "audio/wav")}
             r = await client.post(path, files=files, data={**body, "colour": "red"})
+        elif path == "/v1/images/edits":
+            r = await client.post(path, files=PNG_FILE, data=body)
         else:
             r = await client.post(path, json=body)
     assert r.status_code == 422, r.text

@@ -103,7 +103,12 @@ async def create_image(
     """Images from a prompt (OpenAI's images.generate); answers once they are made."""
     create = JobCreate(kind="image", input=job_input(body), **deadline)
     return await answer_when_ended(
-        request, service, owner, create, PARAMS, lambda job: images_response(job, body)
+        request,
+        service,
+        owner,
+        create,
+        PARAMS,
+        lambda job: images_response(job, body.response_format, body.output_format),
     )
 
 
@@ -129,12 +134,15 @@ def job_input(body: ImageGenerationRequest) -> dict[str, object]:
     return inp
 
 
-def images_response(job: Job, body: ImageGenerationRequest) -> ImagesResponse:
+def images_response(
+    job: Job, response_format: image.ResponseFormat, output_format: image.Format
+) -> ImagesResponse:
+    """OpenAI's answer of an image job that succeeded (generations and edits)."""
     output = job.output or {}
-    field: Literal["url", "b64_json"] = "b64_json" if body.response_format == "b64_json" else "url"
+    field: Literal["url", "b64_json"] = "b64_json" if response_format == "b64_json" else "url"
     return ImagesResponse(
         created=int(job.finished_at or time.time()),
-        data=[Image.model_validate({field: image[field]}) for image in output["images"]],
-        output_format=body.output_format,
+        data=[Image.model_validate({field: made[field]}) for made in output["images"]],
+        output_format=output_format,
         size=f"{output['width']}x{output['height']}",
     )
