@@ -26,6 +26,7 @@ from api.openai import image_edits as openai_image_edits
 from api.openai import images as openai_images
 from api.openai import realtime as openai_realtime
 from api.openai import rerank as openai_rerank
+from api.openai import responses as openai_responses
 from api.openai import speech as openai_speech
 from api.overview import OverviewReader
 from api.prometheus import MetricsReader
@@ -38,6 +39,7 @@ from common import redis_client
 from common.heap import freeze_startup_heap
 from jobs.settings import Settings, load_settings
 from jobstore.realtime_sessions import AsyncRealtimeSessions
+from jobstore.responses import AsyncResponses
 from jobstore.store import AsyncJobStore
 from security import redact
 from storage.factory import make_storage
@@ -88,6 +90,7 @@ def create_app(settings: Settings) -> FastAPI:
             batches=BatchService(settings, client, files, service),
             follows=FollowLimit(settings.api.max_streams_per_key),
             realtime=AsyncRealtimeSessions(client),
+            responses=AsyncResponses(client, settings.job_ttl_s),
         )
         freeze_startup_heap()
         try:
@@ -115,6 +118,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(openai_rerank.router)
     app.include_router(openai_batches.router)
     app.include_router(openai_realtime.router)
+    app.include_router(openai_responses.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(admin.router)
