@@ -15,6 +15,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from api.openai.batch_models import BatchCreate
 from api.openai.embedding_models import EmbeddingRequest
+from api.openai.image_edits import ImageEditForm
 from api.openai.images import SIZE_PATTERN, ImageGenerationRequest
 from api.openai.speech import SpeechRequest
 from api.openai.transcription_models import TranscriptionForm
@@ -448,3 +449,19 @@ async def test_every_number_a_request_may_send_has_bounds(document: dict[str, An
     ]  # fmt: skip
     unbounded = set().union(*(unbounded_numbers(s, w, schemas, frozenset()) for w, s in inputs))
     assert sorted(unbounded) == []
+
+
+@pytest.mark.anyio
+async def test_the_image_edit_form_is_published_from_the_model_it_is_checked_with(
+    api: httpx.AsyncClient, document: dict[str, Any]
+) -> None:
+    form = _form(document, "/v1/images/edits")
+    assert set(form["properties"]) == {"image", "mask", *ImageEditForm.model_fields}
+    assert form["properties"]["image"]["format"] == form["properties"]["mask"]["format"]
+    assert form["required"] == ["image", "prompt"]  # the mask is optional
+    assert form["additionalProperties"] is False
+    assert form["properties"]["size"]["pattern"] == SIZE_PATTERN
+    image = {"image": ("a.png", b"\x89PNG\r\n\x1a\n", "image/png")}
+    for field, value in [("strength", "1.5"), ("quality", "high"), ("colour", "red")]:
+        r = await api.post("/v1/images/edits", files=image, data={"prompt": "a", field: value})
+        assert (r.status_code, r.json()["error"]["param"]) == (422, field), r.text
