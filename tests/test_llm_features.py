@@ -41,6 +41,7 @@ from harness.models.llm import cached_tiny_llm
 from harness.models.lora import cached_lora
 from harness.models.tool_caller import (
     ARGUMENTS,
+    FINAL_ANSWER,
     JSON_ANSWER,
     JSON_SCHEMA,
     TOOL,
@@ -178,10 +179,11 @@ def test_a_conversation_with_the_call_and_its_result_is_carried(oai: openai.Open
         tool_choice="auto", parallel_tool_calls=True,
     )  # fmt: skip
     # The usage shows the engine read the whole conversation: the call and its result
-    # were rendered by the model's chat template into a longer prompt.
+    # were rendered by the model's chat template into a longer prompt, which it answers.
     assert first.usage is not None and second.usage is not None
     assert second.usage.prompt_tokens > first.usage.prompt_tokens + 40
-    assert second.choices[0].finish_reason == "tool_calls"
+    assert second.choices[0].finish_reason == "stop"
+    assert second.choices[0].message.content == FINAL_ANSWER
 
 
 def test_structured_output_parses_and_matches_its_schema(oai: openai.OpenAI, engine: str) -> None:
@@ -439,3 +441,98 @@ def test_a_realtime_session_calls_a_function_and_reads_its_output(
     messages = second["input"]["messages"]
     assert messages[-1]["role"] == "tool" and messages[-1]["tool_call_id"] == call["call_id"]
     assert messages[-2]["tool_calls"][0]["function"]["name"] == TOOL
+
+
+FLAT_WEATHER: Any = {"type": "function", "name": TOOL} | {
+    k: WEATHER["function"][k] for k in ("description", "parameters")
+}
+"""The tool as the Responses API declares it (flat)."""
+
+
+def _response_events(api: Api, **body: Any) -> list[dict[str, Any]]:
+    r = api.http.post("/v1/responses", json=body | {"stream": True}, timeout=120)
+    assert r.status_code == 200, r.text
+    return [json.loads(m.data) for m in parse_lines(r.iter_lines())]
+
+
+def test_a_response_calls_the_tool_streamed_and_whole_and_answers_its_result(
+    oai: openai.OpenAI, api: Api
+) -> None:
+    """The Responses API's function calling (`/v1/responses`), translated to the engine's
+    chat API: the call as an output item, streamed as its arguments' deltas, and the result
+    sent back as a `function_call_output` item continuing the stored response."""
+    asked = ASK[0]["content"]
+    first = oai.responses.create(model="tool-caller", input=asked, tools=[FLAT_WEATHER],
+                                 max_output_tokens=16)  # fmt: skip
+    (call,) = first.output
+    assert call.type == "function_call" and call.status == "completed"
+    assert call.name == TOOL and json.loads(call.arguments) == ARGUMENTS and call.call_id
+    events = _response_events(api, model="tool-caller", input=asked, tools=[FLAT_WEATHER],
+                              max_output_tokens=16)  # fmt: skip
+    types = [e["type"] for e in events]
+    assert types[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert types[-3:] == [
+        "response.function_call_arguments.done", "response.output_item.done", "response.completed"
+    ]  # fmt: skip
+    added = events[2]["item"]
+    assert added["type"] == "function_call" and added["name"] == TOOL
+    deltas = "".join(e["delta"] for e in events if e["type"].endswith("arguments.delta"))
+    assert json.loads(deltas) == ARGUMENTS == json.loads(events[-3]["arguments"])
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": '{"c": 21}'}
+    answer = oai.responses.create(
+        model="tool-caller", input=[result], previous_response_id=first.id, tools=[FLAT_WEATHER],
+        max_output_tokens=16,
+    )  # fmt: skip
+    assert answer.status == "completed" and answer.output_text == FINAL_ANSWER
+    messages = api.get("job_" + answer.id.removeprefix("resp_"))["input"]["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+
+
+def test_a_response_s_text_format_is_honoured_or_refused_by_name(
+    oai: openai.OpenAI, engine: str
+) -> None:
+    strict: Any = {"format": {"type": "json_schema", "name": "answer", "schema": JSON_SCHEMA,
+                              "strict": True}}  # fmt: skip
+    if engine == "transformers":  # it would drop it without a word
+        with pytest.raises(openai.UnprocessableEntityError) as refused:
+            oai.responses.create(model="tool-caller", input=ASK[0]["content"], text=strict)
+        assert refused.value.body["param"] == "text.format"  # type: ignore[index]
+        return
+    for text in ({"format": {"type": "json_object"}}, strict):
+        answer = oai.responses.create(
+            model="tool-caller", input=ASK[0]["content"], text=text, max_output_tokens=16
+        )  # type: ignore[arg-type]
+        parsed = json.loads(answer.output_text)
+        jsonschema.validate(parsed, JSON_SCHEMA)
+        assert parsed == json.loads(JSON_ANSWER) and answer.status == "completed"
+
+
+def test_an_agent_of_the_openai_agents_sdk_calls_its_tool_and_answers(
+    features: Features, api: Api
+) -> None:
+    """The OpenAI Agents SDK's own loop on mmq's `/v1/responses`: the model calls the
+    function tool, the SDK runs it and sends its result back, the model answers."""
+    from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool
+
+    asked: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        asked.append(city)
+        return '{"sky": "clear", "c": 21}'
+
+    client = openai.AsyncOpenAI(
+        base_url=f"{features.dep.base_url}/v1", api_key=api.key, max_retries=0
+    )
+    model = OpenAIResponsesModel(model="tool-caller", openai_client=client)
+    agent = Agent(name="weather", instructions="Answer with the tool.", tools=[get_weather],
+                  model=model)  # fmt: skip
+    run = Runner.run_sync(
+        agent, ASK[0]["content"], max_turns=4, run_config=RunConfig(tracing_disabled=True)
+    )
+    assert asked == ["Paris"]
+    assert run.final_output == FINAL_ANSWER
+    # Two responses, each a job of this key: the call, then the answer to its result.
+    jobs = api.http.get("/v1/jobs", params={"kind": "llm"}).json()["data"]
+    assert len(jobs) == 2 and all(job["status"] == "succeeded" for job in jobs)

@@ -17,6 +17,13 @@ with `tool_calls` and `tool` turns the way Qwen2.5's does.
 Its second choice after the generation prompt, half as likely, is `JSON_ANSWER`, one added
 token, then the end: what it answers where an engine's structured output (vLLM's
 `response_format`) rules the call out, so that a JSON answer parses and ends.
+
+After a tool's result it answers in words: its chat template ends a generation prompt
+that follows a `tool` turn with `ANSWERING`, an empty thinking block as Qwen 3.5's template
+prefills one (one added token; `transformers serve`'s Qwen response parser reads the
+prompt's tail after `<|im_start|>assistant\n` as the answer's start, and takes it for
+empty reasoning), which the model follows with `FINAL_ANSWER` (one more), then the end. So
+an agent calls the tool, sends the result back and gets its answer, as with a real model.
 """
 
 from __future__ import annotations
@@ -52,6 +59,10 @@ CHAIN = ["<tool_call>", CALL_JSON, "</tool_call>", IM_END]
 """What the model writes after the generation prompt's last token (a newline)."""
 JSON_ANSWER = '{"ok": true}'
 """Its answer where the call is not allowed (a JSON object of the `JSON_SCHEMA`)."""
+ANSWERING = "<think></think>"
+"""The end of a generation prompt after a tool's result (`CHAT_TEMPLATE`)."""
+FINAL_ANSWER = "It is clear and 21 degrees in Paris."
+"""Its answer after a tool's result."""
 JSON_SCHEMA = {
     "type": "object",
     "properties": {"ok": {"type": "boolean"}},
@@ -72,7 +83,8 @@ CHAT_TEMPLATE = (
     "{{ call['function']['arguments'] }}}\n</tool_call>{% endfor %}<|im_end|>\n"
     "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if messages[-1]['role'] == 'tool' %}<think></think>{% endif %}{% endif %}"
 )
 
 
@@ -88,7 +100,7 @@ def build_tool_caller(path: Path) -> Path:
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     bpe.decoder = decoders.ByteLevel()
     bpe.add_special_tokens([AddedToken(t, special=True) for t in (IM_START, IM_END, END)])
-    plain = [*CHAIN[:3], JSON_ANSWER]
+    plain = [*CHAIN[:3], JSON_ANSWER, ANSWERING, FINAL_ANSWER]
     bpe.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])
     tokenizer: Any = PreTrainedTokenizerFast(
         tokenizer_object=bpe, eos_token=IM_END, pad_token=END, model_max_length=4096
@@ -115,6 +127,7 @@ def build_tool_caller(path: Path) -> Path:
     ids = tokenizer.convert_tokens_to_ids
     newline = tokenizer.encode("\n")[-1]
     follows = {newline: ids(CHAIN[0])} | {ids(a): ids(b) for a, b in itertools.pairwise(CHAIN)}
+    follows[ids(ANSWERING)] = ids(FINAL_ANSWER)  # then the end, as any other token
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.zero_()
