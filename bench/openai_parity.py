@@ -1,5 +1,7 @@
 """What today's OpenAI clients send, and what mmq answers, per engine: the requests of the
-OpenAI-parity issue, sent with the official `openai` client.
+OpenAI-parity issue (chat completions) and of the Responses API's (`/v1/responses`: a
+function tool, a stream, `text.format`, background mode), sent with the official `openai`
+client.
 
     python -m bench.openai_parity [--out bench/results/openai_parity.json]
 
@@ -114,6 +116,27 @@ def requests() -> dict[str, Callable[[openai.OpenAI, str], str]]:
 
         return send
 
+    def respond(**kw: Any) -> Callable[[openai.OpenAI, str], str]:
+        def send(client: openai.OpenAI, model: str) -> str:
+            body = {"input": ASK[0]["content"], "max_output_tokens": 8, **kw}
+            if body.get("stream"):
+                events = list(client.responses.create(model=model, **body))
+                return f"200, {len(events)} events, {events[0].type} .. {events[-1].type}"
+            answer = client.responses.create(model=model, **body)
+            for _ in range(600):  # a background one: polled until it ends
+                if answer.status not in ("queued", "in_progress"):
+                    break
+                time.sleep(0.1)
+                answer = client.responses.retrieve(answer.id)
+            return _describe_response(answer)
+
+        return send
+
+    flat = {"type": "function", "name": "get_weather"} | {
+        "parameters": WEATHER["function"]["parameters"]
+    }
+    text_format = {"format": {"type": "json_schema", "name": "place", "strict": True,
+                              "schema": SCHEMA["json_schema"]["schema"]}}  # fmt: skip
     return {
         'tools, tool_choice="required"': chat(tools=[WEATHER], tool_choice="required"),
         "tools (auto), streamed": chat(tools=[WEATHER], stream=True),
@@ -123,6 +146,10 @@ def requests() -> dict[str, Callable[[openai.OpenAI, str], str]]:
         "logprobs=True, top_logprobs=2": chat(logprobs=True, top_logprobs=2),
         "image_url part (data URL)": chat(messages=image),
         "n=2": chat(n=2),
+        "responses: function tool": respond(tools=[flat]),
+        "responses: streamed": respond(stream=True),
+        "responses: text.format json_schema": respond(text=text_format),
+        "responses: background, polled": respond(background=True),
     }
 
 
@@ -143,6 +170,19 @@ def _describe(answer: Any) -> str:
         parts.append(f"logprobs on {len(logprobs.content)} tokens")
     if answer.usage is not None:
         parts.append(f"prompt {answer.usage.prompt_tokens} tokens")
+    return ", ".join(parts)
+
+
+def _describe_response(answer: Any) -> str:
+    """A `/v1/responses` answer in words: its status and each output item."""
+    parts = [f"200, {answer.status}"]
+    for item in answer.output:
+        if item.type == "function_call":
+            parts.append(f"function_call {item.name}{item.arguments}")
+        else:
+            text = answer.output_text
+            parses = " (parses)" if text.startswith("{") and _parses(text) else ""
+            parts.append(f"message {text[:40]!r}{parses}")
     return ", ".join(parts)
 
 
