@@ -322,8 +322,17 @@ def test_an_edit_without_a_mask_is_image_to_image_at_the_image_size(
 
 
 def test_compatible_edits_share_a_batch_and_other_modes_do_not_join(
-    oai: openai.OpenAI, api: Api
+    image_dep: Deployment, oai: openai.OpenAI, api: Api
 ) -> None:
+    """Two inpaintings, an image-to-image edit and a generation of the same size and steps
+    wait together behind a running job; once it is canceled, the inpaintings run as one
+    batch and the other two alone (job records say so)."""
+    client = Client(image_dep.base_url, api.key)
+    blocker = client.submit(
+        "image", {"prompt": "a long wait", "steps": 100, "n": 4, "width": 128, "height": 128}
+    )
+    next(e for e in client.events(blocker["id"]) if e["type"] == "progress")
+
     def generate() -> str:
         raw = oai.images.with_raw_response.generate(
             prompt="a kite", **EDIT, extra_body={"seed": 6, "steps": 3, "scheduler": "euler"}
@@ -337,8 +346,16 @@ def test_compatible_edits_share_a_batch_and_other_modes_do_not_join(
         generate,
     ]
     with ThreadPoolExecutor(len(calls)) as pool:
-        ids = list(pool.map(lambda call: call(), calls))
-    jobs = [api.get(job_id) for job_id in ids]
+        answers = [pool.submit(call) for call in calls]
+
+        def all_taken() -> bool:
+            jobs = api.http.get("/v1/jobs").json()["data"]
+            return sum(job["status"] == "running" for job in jobs) == 1 + len(calls)
+
+        wait_until(all_taken, timeout_s=60)
+        assert client.get(blocker["id"])["status"] == "running"
+        client.cancel(blocker["id"])
+        jobs = [api.get(answer.result(timeout=120)) for answer in answers]
     assert [job["output"]["batch"]["requests"] for job in jobs] == [2, 2, 1, 1]
 
 
