@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from pydantic import ConfigDict
+
 from api.openai import answers
 from api.openai.protocol import OpenAIResponse, omitted
 from jobs.models import Job
@@ -136,6 +138,30 @@ class Response(OpenAIResponse):
     usage: ResponseUsage | None = None
     job_id: str | None = omitted()
     """mmq's: the job that answers it (`GET /v1/jobs/{id}`, its events, its webhook)."""
+
+
+EventType = Literal[
+    "response.created", "response.queued", "response.in_progress",
+    "response.output_item.added", "response.output_item.done",
+    "response.content_part.added", "response.content_part.done",
+    "response.output_text.delta", "response.output_text.done",
+    "response.function_call_arguments.delta", "response.function_call_arguments.done",
+    "response.completed", "response.incomplete", "response.failed",
+]  # fmt: skip
+
+
+class StreamEvent(OpenAIResponse):
+    """One event of a response's stream, as OpenAI's `ResponseStreamEvent` of its `type`
+    (`api.openai.response_stream` says which come when): `response` (the response as it
+    stands) on the `response.*` events; `item` and `output_index` on `output_item.*`;
+    `item_id`, `output_index`, `content_index` and `delta`, `text` or `part` on the
+    content's; `arguments` and `name` on `function_call_arguments.done`."""
+
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+
+    type: EventType
+    sequence_number: int
+    """From 0, one per event of the response: `starting_after` resumes after one."""
 
 
 def output_items(job_id: str, output: Mapping[str, Any], status: ItemStatus) -> list[OutputItem]:

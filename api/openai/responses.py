@@ -28,10 +28,16 @@ from fastapi.responses import Response, StreamingResponse
 from api.auth import Owner
 from api.deps import Service, StoredResponses
 from api.openai.common import Deadline, job_failure, renamed, wait_for_end
-from api.openai.protocol import SSE_KEEPALIVE, OpenAIResponse, json_answer, responses
+from api.openai.protocol import (
+    SSE_KEEPALIVE,
+    OpenAIResponse,
+    event_stream,
+    json_answer,
+    responses,
+)
 from api.openai.response_models import PARAMS, InputItem, ResponseRequest, chat_turns
 from api.openai.response_objects import Response as ResponseObject
-from api.openai.response_objects import job_id_of, response_object, turns_of
+from api.openai.response_objects import StreamEvent, job_id_of, response_object, turns_of
 from api.openai.response_stream import ResponseEvents
 from api.service import JobService, new_job_id
 from api.streaming import stream_job
@@ -45,6 +51,8 @@ router = APIRouter(prefix="/v1/responses", tags=["openai"])
 ERRORS = (401, 408, 409, 413, 422, 429, 500, 503)
 CANCEL_WAIT_S = 10.0
 """How long a cancel waits for the job to stop (at its next token) before it answers."""
+STREAM = event_stream(StreamEvent)
+"""The 200's `text/event-stream` of a streamed response."""
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -62,7 +70,9 @@ class InputItemList(OpenAIResponse):
     has_more: bool
 
 
-@router.post("", response_model=ResponseObject, responses=responses(*ERRORS))
+@router.post(
+    "", response_model=ResponseObject, responses=responses(*ERRORS, ok={"content": STREAM})
+)
 async def create_response(
     request: Request,
     owner: Owner,
@@ -119,14 +129,18 @@ async def create_response(
     return json_answer(response_object(ended, record), headers)
 
 
-@router.get("/{response_id}", response_model=ResponseObject, responses=responses(401, 404))
+@router.get(
+    "/{response_id}",
+    response_model=ResponseObject,
+    responses=responses(401, 404, 422, ok={"content": STREAM}),
+)
 async def get_response(
     response_id: str,
     owner: Owner,
     service: Service,
     stored: StoredResponses,
     stream: bool = False,
-    starting_after: Annotated[int, Query(ge=-1)] = -1,
+    starting_after: Annotated[int, Query(ge=-1, le=2**31)] = -1,
     include: Annotated[list[str] | None, Query()] = None,
 ) -> Response:
     """A stored response as it stands (OpenAI's responses.retrieve); with `stream`, its
