@@ -20,6 +20,8 @@ pipelines and sends each request to each:
 
 Each cell is the HTTP status and what came back (tool calls, choices, log probabilities,
 or the error's `param` and message). It prints the table and writes JSON.
+The rerank routes' rows (`/v1/rerank`, `/v2/rerank`), whose pipeline is no LLM engine, are
+`bench.parity_rerank`'s.
 """
 
 from __future__ import annotations

@@ -92,6 +92,8 @@ BIG = "1" + "0" * 30
         ("/v1/jobs", r'{"kind": "tts", "input": {"text": "\uDC00"}}', "input.text"),
         ("/v1/audio/speech", r'{"model": "tts-1", "voice": "v", "input": "\udfff"}', "input"),
         ("/v1/embeddings", r'{"model": "m", "input": ["fine", "\udfff"]}', "input.1"),
+        ("/v1/rerank", r'{"query": "q", "documents": ["fine", {"text": "\udfff"}]}',
+         "documents.1.text"),
         ("/v1/chat/completions",
          r'{"model": "m", "messages": [{"role": "user", "content": "\udbff"}]}',
          "messages.0.content"),
@@ -255,6 +257,9 @@ async def test_private_webhook_is_422_where_not_allowed(
         ("/v1/images/generations", {"prompt": "a cat", "quality": "hd"}, "quality"),
         ("/v1/images/generations", {"prompt": "a cat", "style": "vivid"}, "style"),
         ("/v1/audio/speech", {"model": "tts-1", "voice": "alloy"}, "input"),
+        ("/v1/rerank", {"query": "q", "documents": [{"text": 1}]}, "documents.0.text"),
+        ("/v2/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
+        ("/v1/rerank", {"query": "q", "documents": ["a"], "rank_fields": ["t"]}, "rank_fields"),
     ],
 )
 async def test_openai_routes_name_the_field_as_their_request_does(

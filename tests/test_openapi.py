@@ -17,12 +17,13 @@ from api.openai.batch_models import BatchCreate
 from api.openai.embedding_models import EmbeddingRequest
 from api.openai.image_edits import ImageEditForm
 from api.openai.images import SIZE_PATTERN, ImageGenerationRequest
+from api.openai.rerank_models import RerankRequest
 from api.openai.speech import SpeechRequest
 from api.openai.transcription_models import TranscriptionForm
 from harness.inprocess import InProcess
 from jobs.errors import InputError
 from jobs.models import WebhookSpec
-from jobs.schemas import AsrInput, EmbedInput, ImageInput, TtsInput, schema_for
+from jobs.schemas import AsrInput, EmbedInput, ImageInput, RerankInput, TtsInput, schema_for
 from jobs.schemas.image import Side
 from jobs.webhooks import EVENT_CHOICES
 from jobstore.batch_records import ENDPOINTS
@@ -212,6 +213,9 @@ async def test_no_parameter_is_published_as_nullable(document: dict[str, Any]) -
             "temperature": "temperature", "beam_size": "beam_size",
         }),
         (EmbeddingRequest, EmbedInput, {"input": "input"}),
+        (RerankRequest, RerankInput, {
+            "query": "query", "top_n": "top_n", "return_documents": "return_documents",
+        }),
     ],
 )  # fmt: skip
 def test_an_openai_request_publishes_its_job_inputs_constraints(
@@ -238,6 +242,8 @@ def test_an_openai_request_publishes_its_job_inputs_constraints(
         ("/v1/images/generations", "quality", "hd"),
         ("/v1/embeddings", "input", [1, 2]),
         ("/v1/embeddings", "dimensions", 0),
+        ("/v1/rerank", "top_n", 0),
+        ("/v2/rerank", "query", 5),
         ("/v1/audio/speech", "speed", 5),
         ("/v1/audio/speech", "instructions", "whisper"),
         ("/v1/audio/speech", "response_format", "ogg"),

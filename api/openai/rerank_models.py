@@ -3,13 +3,14 @@ serves it), the `rerank` job input it becomes, and its answer."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from api.openai.protocol import OpenAIBaseModel, OpenAIRequest, OpenAIResponse, omitted
 from jobs.models import Job
 from jobs.schemas.base import COUNT_MAX
+from jobs.schemas.rerank import Text
 
 PARAMS: dict[str, str] = {}
 """Job input fields under another name in the request (none)."""
@@ -33,9 +34,11 @@ class RerankRequest(OpenAIRequest):
     model: str | None = Field(default=None, min_length=1, max_length=256)
     """A rerank pipeline, its model or one of its aliases (`GET /v1/models` lists them);
     default: the deployment's first rerank pipeline."""
-    query: str
-    """What the documents are ranked against."""
-    documents: Annotated[list[str | RerankDocumentIn], Field(min_length=1)]
+    query: Text
+    """What the documents are ranked against: at most `limits.rerank_max_chars` characters."""
+    documents: Annotated[
+        list[RerankDocumentIn], Field(min_length=1, json_schema_extra={"minItems": 1})
+    ]
     """The texts to rank, as strings or `{"text": ...}` objects: at most
     `limits.rerank_max_documents` (413 over) of `limits.rerank_max_chars` characters each."""
     top_n: int | None = Field(default=None, ge=1, le=COUNT_MAX)
@@ -43,9 +46,20 @@ class RerankRequest(OpenAIRequest):
     return_documents: bool = True
     """Each result carries its `document` (`{"text": ...}`), as Jina and vLLM answer."""
 
+    @field_validator(
+        "documents", mode="before", json_schema_input_type=list[str | RerankDocumentIn]
+    )
+    @classmethod
+    def _strings_are_texts(cls, value: Any) -> Any:
+        # One model for both forms, so that an error names `documents.N.text`, not the
+        # union's branch (`documents.N.str`).
+        if isinstance(value, list):
+            return [{"text": doc} if isinstance(doc, str) else doc for doc in value]
+        return value
+
     def job_input(self) -> dict[str, object]:
         """The `rerank` job input of this request."""
-        texts = [doc if isinstance(doc, str) else doc.text for doc in self.documents]
+        texts = [doc.text for doc in self.documents]
         inp: dict[str, object] = {
             "query": self.query,
             "documents": texts,
