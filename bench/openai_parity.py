@@ -22,6 +22,10 @@ Each cell is the HTTP status and what came back (tool calls, choices, log probab
 or the error's `param` and message). It prints the table and writes JSON.
 The rerank routes' rows (`/v1/rerank`, `/v2/rerank`), whose pipeline is no LLM engine, are
 `bench.parity_rerank`'s.
+
+A second table sends the image routes (`images.generate`, `images.edit` with and without a
+mask, and what they refuse) to a tiny random-weight Stable Diffusion on diffusers
+(`harness.models.sd`); `--images-only` runs that table alone, with no LLM engine.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import io
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -46,6 +50,7 @@ from bench.common import run_meta
 from harness.api_client import new_owner
 from harness.kinds import llm_toml
 from harness.models.llm import build_tiny_llm
+from harness.models.sd import build_tiny_sd
 from harness.models.tool_caller import build_tool_caller
 from harness.models.vision import build_tiny_vlm
 from tuning.deployment import private_deployment, wait_until
@@ -53,6 +58,13 @@ from tuning.deployment import private_deployment, wait_until
 console = Console(width=160)
 DEFAULT_OUT = Path("bench/results/openai_parity.json")
 PIPELINES = ("chat", "tools", "vision", "vllm-chat", "vllm-tools")
+IMAGE_PIPELINE = "tiny-sd"
+IMAGE_TOML = """
+[pipelines.tiny-sd]
+kind = "image"
+impl = "pipelines.image:ImagePipeline"
+model = {model}
+"""
 WEATHER: Any = {
     "type": "function",
     "function": {
@@ -155,6 +167,51 @@ def requests() -> dict[str, Callable[[openai.OpenAI, str], str]]:
     }
 
 
+def _picture(mode: str, size: tuple[int, int], colour: tuple[int, ...]) -> bytes:
+    out = io.BytesIO()
+    Image.new(mode, size, colour).save(out, "PNG")
+    return out.getvalue()
+
+
+def image_requests() -> dict[str, Callable[[openai.OpenAI, str], str]]:
+    """The image routes' requests, each as a call that returns what came back, in words."""
+    start = ("start.png", _picture("RGB", (64, 64), (30, 90, 200)), "image/png")
+    mask = ("mask.png", _picture("RGBA", (64, 64), (0, 0, 0, 0)), "image/png")
+    other = ("mask.png", _picture("RGBA", (32, 32), (0, 0, 0, 0)), "image/png")
+    quick: Any = {"steps": 2}
+
+    def edit(**kw: Any) -> Callable[[openai.OpenAI, str], str]:
+        def send(client: openai.OpenAI, model: str) -> str:
+            body = {"image": start, "prompt": "a round window", "extra_body": quick, **kw}
+            return _images(client.images.edit(model=model, **body))
+
+        return send
+
+    def generate(client: openai.OpenAI, model: str) -> str:
+        return _images(
+            client.images.generate(
+                model=model, prompt="a lighthouse", size="64x64", extra_body=quick
+            )
+        )
+
+    return {
+        "images.generate": generate,
+        "images.edit with a mask (inpainting)": edit(mask=mask),
+        "images.edit without a mask (image-to-image)": edit(),
+        "images.edit n=2, b64_json, webp": edit(
+            n=2, response_format="b64_json", output_format="webp"
+        ),
+        "images.edit, a mask of another size": edit(mask=other),
+        "images.edit, two images": edit(image=[start, start]),
+        "images.edit, background=transparent": edit(background="transparent"),
+    }
+
+
+def _images(answer: Any) -> str:
+    kinds = sorted({"b64_json" if d.b64_json else "url" for d in answer.data or []})
+    return f"200, {len(answer.data or [])} x {answer.size} {answer.output_format} as {kinds}"
+
+
 def _describe(answer: Any) -> str:
     parts = [f"200, finish {answer.choices[0].finish_reason}"]
     calls = answer.choices[0].message.tool_calls
@@ -220,35 +277,57 @@ def config(models: dict[str, Path]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.openai_parity", description=__doc__)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--images-only", action="store_true", help="only the image routes")
     args = parser.parse_args(argv)
+    llms = () if args.images_only else PIPELINES
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mmq-parity-")))
-        models = {
-            "chat": build_tiny_llm(tmp / "chat"),
-            "tools": build_tool_caller(tmp / "tools"),
-            "vision": build_tiny_vlm(tmp / "vision"),
-        }
+        models = (
+            {}
+            if args.images_only
+            else {
+                "chat": build_tiny_llm(tmp / "chat"),
+                "tools": build_tool_caller(tmp / "tools"),
+                "vision": build_tiny_vlm(tmp / "vision"),
+            }
+        )
+        sd = json.dumps(str(build_tiny_sd(tmp / "sd")))
         env = {"HF_HUB_OFFLINE": "1"}
-        dep = stack.enter_context(private_deployment(config(models), env, []))
-        workers = [dep.spawn(f"worker-{name}", "worker", "--pipeline", name) for name in PIPELINES]
+        toml = (config(models) if models else "") + IMAGE_TOML.format(model=sd)
+        dep = stack.enter_context(private_deployment(toml, env, []))
+        names = [*llms, IMAGE_PIPELINE]
+        workers = [dep.spawn(f"worker-{name}", "worker", "--pipeline", name) for name in names]
         for worker in workers:  # an engine may take minutes to start on a busy machine
             wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=600)
         api = new_owner(dep.redis_url, dep.base_url, f"parity{time.monotonic_ns()}")
         client = openai.OpenAI(base_url=f"{dep.base_url}/v1", api_key=api.key, max_retries=0)
-        rows = {
-            name: {p: ask(send, client, p) for p in PIPELINES} for name, send in requests().items()
+        rows = (
+            {name: {p: ask(send, client, p) for p in llms} for name, send in requests().items()}
+            if llms
+            else {}
+        )
+        images = {
+            name: {IMAGE_PIPELINE: ask(send, client, IMAGE_PIPELINE)}
+            for name, send in image_requests().items()
         }
-    table = Table(title="What mmq answers, by pipeline (engine)", show_lines=True)
+    if rows:
+        _print("What mmq answers, by pipeline (engine)", llms, rows)
+    _print("The image routes, on diffusers", [IMAGE_PIPELINE], images)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"meta": run_meta(), "rows": rows, "images": images}
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+def _print(title: str, columns: Sequence[str], rows: dict[str, dict[str, str]]) -> None:
+    table = Table(title=title, show_lines=True)
     table.add_column("request")
-    for name in PIPELINES:
+    for name in columns:
         table.add_column(name)
     for name, cells in rows.items():
         table.add_row(name, *cells.values())
     console.print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": run_meta(), "rows": rows}, indent=2) + "\n")
-    console.print(f"wrote {args.out}")
-    return 0
 
 
 if __name__ == "__main__":
