@@ -7,7 +7,9 @@ checked, not with a model's:
   `parallel_tool_calls`, `response_format`, `logprobs`, `n`, `presence_penalty`) reaches
   the engine exactly as sent;
 - several choices and log probabilities, streamed and whole, relayed token for token;
-- the response cache keys on `response_format`.
+- the response cache keys on `response_format`;
+- `/v1/responses` becomes exactly the chat request it means, on an engine at a URL, and a
+  background response's end is its job's signed webhook.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from typing import Any, get_args
 import httpx
 import openai
 import pytest
+from standardwebhooks.webhooks import Webhook
 
 from common.procs import free_port
 from harness.api_client import Api, new_owner
 from harness.kinds import llm_toml
 from harness.models.tool_caller import TOOL, WEATHER_TOOL
+from harness.webhook_receiver import receiving
 from jobs.schemas.llm import Feature
+from tests.conftest import WEBHOOK_SECRET
 from tuning.deployment import Deployment, flush, serving, wait_until
 
 VLLM_FEATURES = [f for f in get_args(Feature) if f != "images"]
@@ -51,6 +56,8 @@ def engines(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     flush(redis_url)
     port = free_port()
     env = {"HF_HUB_OFFLINE": "1", "MMQ_LEASE__TTL_S": "3", "MMQ_LEASE__HEARTBEAT_S": "0.5"}
+    # Webhooks to the receiver on loopback (a background response's, below).
+    env |= {"MMQ_WEBHOOKS__SECRET": WEBHOOK_SECRET, "MMQ_NET__ALLOW_PRIVATE_ADDRESSES": "true"}
     dep = Deployment(redis_url, tmp_path_factory.mktemp("wire"), env_overrides=env)
     wire = {"engine": "url", "engine_url": f"http://127.0.0.1:{port}", "max_inflight": 8}
     extra = llm_toml("wire", "synthetic", wire | {"engine_features": VLLM_FEATURES})
@@ -67,7 +74,9 @@ def engines(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         dep.start_reaper()
         dep.start_scheduler()
         worker = dep.spawn("worker-wire", "worker", "--pipeline", "wire")
+        hooks = dep.spawn("webhooks", "webhooks")
         wait_until(lambda: "ready." in worker.log(), worker, timeout_s=60)
+        wait_until(lambda: "ready." in hooks.log(), hooks, timeout_s=30)
         yield Engines(dep, wire_url)
 
 
@@ -172,3 +181,65 @@ def test_the_response_cache_keys_on_response_format(
     outputs = [api.get(r.headers["x-job-id"])["output"] for r in (first, plain, again)]
     assert [o["cached"] for o in outputs] == [False, False, True]
     assert len(engines.received(marker)) == 2
+
+
+def test_a_response_reaches_the_engine_as_the_chat_request_it_means(
+    oai: openai.OpenAI, engines: Engines
+) -> None:
+    """`/v1/responses` on an engine at a URL: each Responses field becomes its chat field,
+    the input items the chat turns, exactly."""
+    marker = f"responded-{time.monotonic_ns()}"
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    function = WEATHER["function"]
+    call = {"type": "function_call", "call_id": "call_7", "name": TOOL,
+            "arguments": '{"city": "Paris"}'}  # fmt: skip
+    items: Any = [
+        {"role": "developer", "content": "Use the tools."},
+        {"role": "user", "content": [{"type": "input_text", "text": marker}]},
+        call,
+        {"type": "function_call_output", "call_id": "call_7", "output": "clear"},
+    ]
+    oai.responses.create(
+        model="wire", instructions="Be brief.", input=items, max_output_tokens=3,
+        temperature=0.5, top_p=0.9, parallel_tool_calls=False,
+        tools=[{"type": "function", "name": TOOL, "description": function["description"],
+                "parameters": function["parameters"], "strict": None}],
+        tool_choice={"type": "function", "name": TOOL},
+        text={"format": {"type": "json_schema", "name": "place", "schema": schema,
+                         "strict": True}},
+    )  # type: ignore[call-overload]  # fmt: skip
+    [body] = engines.received(marker)
+    assert [(m["role"], m.get("content")) for m in body["messages"]] == [
+        ("system", "Be brief."), ("system", "Use the tools."), ("user", marker),
+        ("assistant", None), ("tool", "clear"),
+    ]  # fmt: skip
+    assert body["messages"][3]["tool_calls"] == [
+        {"id": "call_7", "type": "function",
+         "function": {"name": TOOL, "arguments": '{"city": "Paris"}'}}
+    ]  # fmt: skip
+    assert body["messages"][4]["tool_call_id"] == "call_7"
+    assert body["tools"] == [WEATHER]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": TOOL}}
+    assert body["parallel_tool_calls"] is False
+    assert body["response_format"] == {
+        "type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}
+    }  # fmt: skip
+    assert (body["max_tokens"], body["temperature"], body["top_p"]) == (3, 0.5, 0.9)
+
+
+def test_a_background_response_s_end_is_a_signed_webhook_of_its_job(
+    oai: openai.OpenAI, api: Api
+) -> None:
+    """A response is a job: its `webhook` (mmq's field) is delivered as any job's."""
+    with receiving() as receiver:
+        path = f"resp-{time.monotonic_ns()}"
+        queued = oai.responses.create(
+            model="wire", input="Hi", background=True, max_output_tokens=3,
+            extra_body={"webhook": {"url": receiver.url(path)}},
+        )  # fmt: skip
+        wait_until(lambda: len(receiver.got(path)) == 1, timeout_s=30)
+        ((headers, body),) = receiver.got(path)
+    payload = Webhook(WEBHOOK_SECRET).verify(body, headers)
+    assert payload["type"] == "status" and payload["data"]["status"] == "succeeded"
+    assert payload["job_id"] == "job_" + queued.id.removeprefix("resp_")
+    assert oai.responses.retrieve(queued.id).status == "incomplete"  # 3 tokens of more

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from common.procs import free_port
 from harness.api_client import Api, new_owner
 from harness.batch_files import job_line, jsonl, upload
+from harness.webhook_receiver import Receiver, receiving
 from jobs.errors import InputError
 from security.netguard import NetPolicy, check_url
 from tests.conftest import WEBHOOK_SECRET
@@ -25,53 +22,10 @@ TIMEOUT_S = 5
 """`webhooks.timeout_s` here: long beside a job's run and a delivery on a busy machine."""
 
 
-@dataclass
-class Receiver:
-    port: int
-    calls: dict[str, list[tuple[dict[str, str], bytes]]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    closing: threading.Event = field(default_factory=threading.Event)
-    """Set as the receiver closes: the `hang` paths answer then, never before."""
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{path}"
-
-    def got(self, path: str) -> list[tuple[dict[str, str], bytes]]:
-        with self.lock:
-            return list(self.calls.get(path, []))
-
-
-def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["content-length"]))
-            path = self.path.strip("/").split("-")[0]
-            with receiver.lock:
-                calls = receiver.calls.setdefault(self.path.strip("/"), [])
-                calls.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                count = len(calls)
-            if path == "hang":
-                receiver.closing.wait(120)
-            status = {"flaky": 503 if count <= 2 else 200, "gone": 410, "down": 503}.get(path, 200)
-            self.send_response(status)
-            self.send_header("content-length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    return Handler
-
-
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
-    rec = Receiver(free_port())
-    server = ThreadingHTTPServer(("127.0.0.1", rec.port), _handler(rec))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield rec
-    rec.closing.set()
-    server.shutdown()
+    with receiving() as rec:
+        yield rec
 
 
 @pytest.fixture(scope="module")
