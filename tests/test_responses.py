@@ -18,6 +18,7 @@ import pytest
 import redis
 from openai.types.responses import Response, ResponseStreamEvent
 
+from common.sse import parse_lines
 from harness.api_client import Api, new_owner
 from tuning.deployment import Deployment, running_on, wait_until
 
@@ -183,6 +184,13 @@ def test_a_background_response_is_polled_and_its_stream_resumed_where_it_was(
     assert rest == whole[cut + 1 :]
     done = oai.responses.retrieve(queued.id)
     assert _text(whole) == done.output_text
+    # A job like any other: its own events say the same.
+    with api.http.stream("GET", f"/v1/jobs/{done.job_id}/events") as r:  # type: ignore[attr-defined]
+        job_events = [json.loads(m.data) for m in parse_lines(r.iter_lines())]
+    statuses = [e["data"]["status"] for e in job_events if e["type"] == "status"]
+    assert statuses[-1] == "succeeded" and "running" in statuses
+    partials = "".join(e["data"].get("text", "") for e in job_events if e["type"] == "partial")
+    assert partials == done.output_text
 
 
 def test_a_background_response_is_canceled_and_only_a_background_one(
@@ -194,6 +202,9 @@ def test_a_background_response_is_canceled_and_only_a_background_one(
     canceled = oai.responses.cancel(running.id)
     assert canceled.status == "cancelled"
     assert _job(api, running.id)["status"] == "canceled"
+    replayed = _events(api.http.get(f"/v1/responses/{running.id}", params={"stream": "true"}))
+    assert replayed[-1]["type"] == "response.failed"
+    assert replayed[-1]["response"]["status"] == "cancelled"
     with pytest.raises(openai.ConflictError):  # it has ended
         oai.responses.cancel(running.id)
     plain = oai.responses.create(model="llm", input="Hi", max_output_tokens=2)
