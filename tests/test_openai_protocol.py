@@ -434,6 +434,16 @@ UNKNOWN_FIELDS = [
     ("/v1/audio/translations", {"model": "whisper-1"}, "colour"),
     ("/v1/batches", {"input_file_id": "file-x", "endpoint": "/v1/embeddings"}, "colour"),
     ("/v1/realtime/client_secrets", {"session": {"type": "realtime"}}, "colour"),
+    ("/v1/responses", {"model": "m", "input": "Hi"}, "colour"),
+    ("/v1/responses", {"model": "m", "input": [{"role": "user", "content": "Hi", "colour": 1}]},
+     "input.0.colour"),
+    ("/v1/responses",
+     {"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", "text": "a",
+                                                            "colour": 1}]}]},
+     "input.0.content.0.colour"),
+    ("/v1/responses", {"model": "m", "input": "Hi", "text": {"format": {"type": "text"},
+                                                              "colour": 1}},
+     "text.colour"),
 ]  # fmt: skip
 """A valid request of each OpenAI route that takes one, and where an unknown field goes."""
 

@@ -157,7 +157,7 @@ async def get_response(
     return StreamingResponse(frames, media_type="text/event-stream", headers=STREAM_HEADERS)
 
 
-@router.delete("/{response_id}", responses=responses(401, 404))
+@router.delete("/{response_id}", responses=responses(401, 404, 422))
 async def delete_response(
     response_id: str, owner: Owner, service: Service, stored: StoredResponses
 ) -> DeletedResponse:
@@ -172,7 +172,7 @@ async def delete_response(
 
 
 @router.post(
-    "/{response_id}/cancel", response_model=ResponseObject, responses=responses(401, 404, 409)
+    "/{response_id}/cancel", response_model=ResponseObject, responses=responses(401, 404, 409, 422)
 )
 async def cancel_response(
     response_id: str, owner: Owner, service: Service, stored: StoredResponses
@@ -188,7 +188,7 @@ async def cancel_response(
 
 
 @router.get(
-    "/{response_id}/input_items", response_model=InputItemList, responses=responses(401, 404)
+    "/{response_id}/input_items", response_model=InputItemList, responses=responses(401, 404, 422)
 )
 async def list_input_items(
     response_id: str,
