@@ -98,6 +98,10 @@ def test_the_official_client_gets_a_response_reads_it_back_and_lists_its_input(
     assert job["metadata"] == {"ticket": "42"} and job["input"]["max_tokens"] == 6
     again = oai.responses.retrieve(answer.id)
     assert again.output_text == answer.output_text and again.status == "incomplete"
+    unstored = oai.responses.create(model="llm", input="Hi", max_output_tokens=2, store=False)
+    assert unstored.store is False and unstored.output_text
+    with pytest.raises(openai.NotFoundError):  # answered, and kept nowhere but in its job
+        oai.responses.retrieve(unstored.id)
     (item,) = oai.responses.input_items.list(answer.id).data
     assert item.type == "message" and item.role == "user"
     assert item.content[0].type == "input_text" and item.content[0].text == "Tell me a story."
