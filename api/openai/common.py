@@ -84,7 +84,8 @@ def ended_badly(event: Event) -> bool:
     }
 
 
-def _no_frames(event: Event) -> tuple[bytes, ...]:
+def no_frames(event: Event) -> tuple[bytes, ...]:
+    """`stream_job`'s frames of a route that only waits for the end."""
     return ()
 
 
@@ -98,7 +99,7 @@ async def wait_for_end(
     """The job once it has ended; cancels it if the client goes away first. `followed`:
     its events from `JobService.submit_following`."""
     events = await stream_job(
-        service, owner, job_id, _no_frames, cancel_on_disconnect=True, events=followed
+        service, owner, job_id, no_frames, cancel_on_disconnect=True, events=followed
     )
     async with until_disconnected(request):
         async for _ in events:

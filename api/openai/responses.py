@@ -27,7 +27,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from api.auth import Owner
 from api.deps import Service, StoredResponses
-from api.openai.common import Deadline, job_failure, renamed, wait_for_end
+from api.openai.common import Deadline, job_failure, no_frames, renamed, wait_for_end
 from api.openai.protocol import (
     SSE_KEEPALIVE,
     OpenAIResponse,
@@ -42,7 +42,7 @@ from api.openai.response_stream import ResponseEvents
 from api.service import JobService, new_job_id
 from api.streaming import stream_job
 from jobs.errors import InputError, NotFound
-from jobs.models import Event, Job, JobCreate
+from jobs.models import Job, JobCreate
 from jobs.states import JobStatus
 from jobstore.responses import AsyncResponses, ResponseRecord
 
@@ -247,7 +247,7 @@ async def _history(
 async def _ended(service: JobService, owner: str, job_id: str) -> Job:
     """The job once it has ended, or as it is after `CANCEL_WAIT_S`."""
     with anyio.move_on_after(CANCEL_WAIT_S):
-        events = await stream_job(service, owner, job_id, _no_frames)
+        events = await stream_job(service, owner, job_id, no_frames)
         async for _ in events:
             pass
     return await service.get(owner, job_id)
@@ -276,7 +276,3 @@ def _listed(item: InputItem, suffix: str) -> dict[str, Any]:
         "type": "message", "id": item.id or f"msg_{suffix}", "role": item.role,
         "content": content, "status": "completed",
     }  # fmt: skip
-
-
-def _no_frames(event: Event) -> tuple[bytes, ...]:
-    return ()
