@@ -97,7 +97,7 @@ def keys_limits(
     cost: Annotated[
         list[str] | None,
         typer.Option(
-            help="KIND=N: cost per quotas.window_s of a kind's jobs (llm/embed tokens, asr "
+            help="KIND=N: cost per quotas.window_s of a kind's jobs (llm/embed/rerank tokens, asr "
             "audio seconds, tts characters, image megapixel-steps; 0: no limit); repeat it"
         ),
     ] = None,

@@ -5,7 +5,7 @@ import { api, followJob, ms, TERMINAL, when } from "./lib.js";
 import { Output } from "./output.js";
 
 const STATUSES = ["", "queued", "running", "succeeded", "failed", "canceled", "expired"];
-const KIND_NAMES = ["", "asr", "tts", "image", "llm", "embed", "noop"];
+const KIND_NAMES = ["", "asr", "tts", "image", "llm", "embed", "rerank", "noop"];
 
 export function StatusBadge({ status }) {
   return html`<span class=${`badge ${status}`}>${status}</span>`;
