@@ -34,6 +34,7 @@ from api.ratelimit import RateLimitHeaders
 from api.readiness import Health
 from api.routes import admin, console, events, files, health, jobs, metrics, whoami
 from api.service import JobService
+from api.trace_context import TraceContext
 from broker.celery_app import make_celery, webhook_sender
 from common import redis_client
 from common.heap import freeze_startup_heap
@@ -43,6 +44,7 @@ from jobstore.responses import AsyncResponses
 from jobstore.store import AsyncJobStore
 from security import redact
 from storage.factory import make_storage
+from telemetry import tracing
 
 UPLOAD_PATHS = ("/v1/audio/transcriptions", "/v1/audio/translations")
 FILES_PATH = "/v1/files"
@@ -143,4 +145,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(RefuseUnstorableJson)  # inside the size limit: reads a bounded body
     app.add_middleware(BodyLimits, limit_for=limit_for, timeout_for=timeout_for)
     app.add_middleware(RateLimitHeaders)
+    if settings.tracing.enabled:  # outermost: a request's start is its trace's
+        tracing.setup(settings.tracing, "api")
+        app.add_middleware(TraceContext)
     return app

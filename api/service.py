@@ -25,7 +25,7 @@ from api.hub import Ends, EventHub
 from api.listing import JobFilter, list_jobs
 from broker.celery_app import job_message
 from broker.queues import pipeline_for
-from jobs.errors import Conflict, InputError, NotFound, QueueFull, QuotaExceeded
+from jobs.errors import Conflict, InputError, MmqError, NotFound, QueueFull, QuotaExceeded
 from jobs.models import Job, JobCreate
 from jobs.schemas import schema_for, validation_error_field
 from jobs.schemas.base import JobInput
@@ -38,6 +38,7 @@ from jobstore.job_indexes import jobs_of
 from jobstore.quotas import Quota
 from jobstore.store import AsyncJobStore
 from security.netguard import NetPolicy, check_url
+from telemetry import tracing
 
 
 class Validated(NamedTuple):
@@ -126,7 +127,25 @@ class JobService:
         idempotency_key: str | None = None,
         job_id: str | None = None,
     ) -> tuple[Job, bool]:
-        """Store and enqueue a job; returns (job, created). Raises QueueFull, InputError."""
+        """Store and enqueue a job; returns (job, created). Raises QueueFull, InputError.
+        Traced as its admission (`mmq.admit`) where tracing is on."""
+        job_id = job_id or new_job_id()
+        if not tracing.enabled():
+            return await self._submit(owner, body, idempotency_key, job_id)
+        attributes = {"mmq.job_id": job_id, "mmq.kind": body.kind, "mmq.owner": owner}
+        with tracing.admission(attributes) as admitted:
+            try:
+                job, created = await self._submit(owner, body, idempotency_key, job_id)
+            except MmqError as exc:
+                tracing.failed(admitted, f"{exc.code}: {exc}")
+                raise
+            if admitted is not None:
+                admitted.set_attribute("mmq.pipeline", job.pipeline)
+            return job, created
+
+    async def _submit(
+        self, owner: str, body: JobCreate, idempotency_key: str | None, job_id: str
+    ) -> tuple[Job, bool]:
         pipeline, request, normalised = self.validate(body)
         cached = await self._cache.lookup(owner, pipeline, request)
         used = await self.files.check_input_refs(owner, body.kind, body.input, request.file_refs())
@@ -135,7 +154,7 @@ class JobService:
         now = time.time()
         deadline = deadline_of(body, self.settings.pipelines[pipeline].max_queue_s, now)
         job = Job(
-            id=job_id or new_job_id(),
+            id=job_id,
             kind=body.kind,
             pipeline=pipeline,
             status=JobStatus.QUEUED,
@@ -148,6 +167,7 @@ class JobService:
             queued_at=now,
             deadline=deadline,
             cancel_at_deadline=body.cancel_at_deadline,
+            traceparent=tracing.current_traceparent(),
         )
         digest = body_hash(body) if idempotency_key else ""
         result = await self._store.submit(

@@ -15,9 +15,10 @@ sequences that ran in one step (`peak`).
 
 It writes vLLM's wire format for `n` (a chunk per choice, each with its `index`) and
 `logprobs` (a made-up log probability on each token, in the chat or the completions API's
-shape), and `GET /requests` answers the bodies of the last 256 generation requests as it
-received them: a test sees that a field reached the engine. It does nothing else with
-any field (no tools, no JSON): it measures, and shows what it was sent; it stands in for
+shape), and `GET /requests` answers the bodies (and W3C `traceparent` headers) of the last
+256 generation requests as it received them: a test sees that a field reached the engine.
+It does nothing else with any field (no tools, no JSON): it measures, and shows what it
+was sent; it stands in for
 no engine's behaviour.
 
 It also takes `vllm serve`'s command line (`serve MODEL --port N ...`, other flags
@@ -236,18 +237,20 @@ class EngineConnection(asyncio.Protocol):
             head = self.buffer[:end].decode("latin-1")
             lines = head.split("\r\n")
             method, path, _ = lines[0].split(" ", 2)
-            length = 0
+            length, traceparent = 0, None
             for line in lines[1:]:
                 name, _, value = line.partition(":")
                 if name.strip().lower() == "content-length":
                     length = int(value.strip())
+                elif name.strip().lower() == "traceparent":
+                    traceparent = value.strip()
             if len(self.buffer) < end + 4 + length:
                 return
             body = self.buffer[end + 4 : end + 4 + length]
             self.buffer = self.buffer[end + 4 + length :]
-            self.handle(method, path, body)
+            self.handle(method, path, body, traceparent)
 
-    def handle(self, method: str, target: str, raw: bytes) -> None:
+    def handle(self, method: str, target: str, raw: bytes, traceparent: str | None = None) -> None:
         path = target.partition("?")[0]
         if method == "GET" and path in ("/health", "/ping"):
             self.write(_response("200 OK", "text/plain", b""))
@@ -275,7 +278,7 @@ class EngineConnection(asyncio.Protocol):
                 return
             self.counter[0] += 1
             body = json.loads(raw or b"{}")
-            self.engine.received.append({"path": path, "body": body})
+            self.engine.received.append({"path": path, "body": body, "traceparent": traceparent})
             seq = new_sequence(self, path, body, self.counter[0])
             if seq.stream:
                 self.write(STREAM_HEAD)

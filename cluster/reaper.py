@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import redis
 from celery import Celery
@@ -30,6 +31,7 @@ from jobstore import operations
 from jobstore.changes import Transition
 from jobstore.liveness import LivenessStore
 from jobstore.store import JobStore
+from telemetry import tracing
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,7 @@ class Reaper:
                 log.exception("job %s: could not take it back; trying again next sweep", job_id)
                 continue
             handled += 1
+            _trace_lost_run(job)
             if change.target is JobStatus.QUEUED:
                 log.warning("job %s: worker lost, queued again (attempt %d)", job_id, job.attempts)
             else:
@@ -140,3 +143,18 @@ class Reaper:
                 log.warning("reaper sweep failed: %s: %s", type(exc).__name__, exc)
             except (redis.RedisError, OSError):
                 log.exception("reaper sweep failed")
+
+
+def _trace_lost_run(job: Job) -> None:
+    """The span of a run whose worker was lost (it could not end its own): from its start
+    to now, failed."""
+    if not (job.traceparent and tracing.enabled()):
+        return
+    attributes: tracing.Attributes = {
+        "mmq.job_id": job.id, "mmq.pipeline": job.pipeline, "mmq.kind": job.kind,
+        "mmq.attempt": job.attempts, "mmq.worker": job.worker or "", "mmq.status": "lost",
+    }  # fmt: skip
+    started = job.started_at or job.queued_at
+    tracing.record(
+        "mmq.run", started, time.time(), attributes, parent=job.traceparent, error="worker lost"
+    )

@@ -29,8 +29,10 @@ from common import redis_client
 from jobs.errors import InputError
 from jobs.settings import Settings
 from jobstore.deliveries import DeliveryLog
+from jobstore.job_lookup import JobLookup
 from security.netguard import AddressRefused, GuardedTransport, NetPolicy, check_url
 from security.signing import sign
+from telemetry import tracing
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,7 @@ class Deliverer:
         self.settings = settings
         self.secret = settings.webhooks.secret
         self.deliveries = DeliveryLog(client)
+        self.jobs = JobLookup(client)
         self.app = app
         self.policy = NetPolicy.from_settings(settings.net)
         # The guard checks the address again at connect time (DNS rebinding).
@@ -76,6 +79,24 @@ class Deliverer:
         )
 
     def deliver(self, job_id: str, url: str, event: WebhookEvent, attempt: int) -> str:
+        """One attempt; traced (`mmq.webhook`, a child of the job's admission) where
+        tracing is on."""
+        parent = self.jobs.traceparent_of(job_id) if tracing.enabled() else ""
+        if not parent:
+            return self._deliver(job_id, url, event, attempt)
+        attributes: tracing.Attributes = {
+            "mmq.job_id": job_id, "mmq.attempt": attempt, "mmq.event_type": event["type"],
+            "url.full": url,
+        }  # fmt: skip
+        with tracing.span("mmq.webhook", parent, attributes) as made:
+            outcome = self._deliver(job_id, url, event, attempt)
+            if made is not None:
+                made.set_attribute("mmq.outcome", outcome)
+            if outcome != "delivered":
+                tracing.failed(made, outcome)
+            return outcome
+
+    def _deliver(self, job_id: str, url: str, event: WebhookEvent, attempt: int) -> str:
         body = json.dumps(event, separators=(",", ":")).encode()
         msg_id = f"{job_id}.{event['id']}"
         started = time.monotonic()
@@ -150,6 +171,7 @@ def run_webhook_worker(settings: Settings) -> None:
     app.conf.worker_disable_prefetch = False
     app.conf.worker_prefetch_multiplier = 4
     client = redis_client.connect(settings.redis_url)
+    tracing.setup(settings.tracing, "webhooks")
     deliverer = Deliverer(settings, client, app)
 
     def deliver_webhook(job_id: str, url: str, event: WebhookEvent, attempt: int) -> str:

@@ -192,6 +192,9 @@ class Job(BaseModel):
     deadline: float | None = None
     """Unix seconds after which it is not run (`JobCreate.deadline`, `max_queue_s`)."""
     cancel_at_deadline: bool = False
+    traceparent: str | None = None
+    """The W3C trace context of its admission span, where tracing is on (`[tracing]`): the
+    spans of its queue wait, runs and webhooks are its children (`telemetry.tracing`)."""
 
     @property
     def timings(self) -> Timings:

@@ -30,6 +30,7 @@ from jobs.packaged_llm import NAME as PACKAGED_LLM_NAME
 from jobs.packaged_llm import model_dir as packaged_model_dir
 from jobs.packaged_llm import packaged_model
 from jobs.realtime_settings import RealtimeSettings
+from jobs.tracing_settings import TracingSettings
 
 DEFAULT_CONFIG_FILE = Path("mmq.toml")
 
@@ -509,6 +510,7 @@ class Settings(BaseSettings):
     quotas: QuotaSettings = Field(default_factory=QuotaSettings)
     fairness: FairnessSettings = Field(default_factory=FairnessSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     kinds: dict[str, KindConfig] = Field(default_factory=dict)
     """Extra job kinds and their input schemas."""
     pipelines: dict[str, PipelineConfig] = Field(default_factory=dict)

@@ -26,6 +26,8 @@ def job_to_fields(job: Job) -> dict[str, str]:
     raw = job.model_dump(mode="json")
     out: dict[str, str] = {}
     for key, value in raw.items():
+        if key == "traceparent" and value is None:
+            continue  # tracing off: no field at all
         if key in _JSON_FIELDS:
             out[key] = "" if value is None else dumps(value)
         elif key in _BOOL_FIELDS:

@@ -49,3 +49,7 @@ class JobLookup:
     def worker_of(self, job_id: str) -> str:
         """The worker its record names ("" for none)."""
         return _text(self.r.hget(keys.job(job_id), "worker"))
+
+    def traceparent_of(self, job_id: str) -> str:
+        """The trace context its record keeps ("" for none: tracing was off)."""
+        return _text(self.r.hget(keys.job(job_id), "traceparent"))

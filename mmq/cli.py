@@ -164,8 +164,10 @@ def reaper(config: ConfigOpt = None) -> None:
     from cluster.reaper import Reaper
     from cluster.retention import start_sweeper
     from jobstore.store import JobStore
+    from telemetry import tracing
 
     settings = with_redis(command_settings(config))
+    tracing.setup(settings.tracing, "reaper")
     stop = _stop_on_signals()
     celery = make_celery(settings)
     store = JobStore.connect(settings, on_event=webhook_sender(celery), metered=True)

@@ -63,6 +63,12 @@ class WorkItem:
     cancel_event: threading.Event = field(default_factory=threading.Event)
     job_files: Files | None = None
     submitted_at: float = field(default_factory=time.monotonic)
+    submitted_s: float = field(default_factory=time.time)
+    """When it came (unix seconds), for its trace (`telemetry.tracing`)."""
+    batch_started_s: float | None = None
+    """When its batch began to run (unix seconds)."""
+    finished_s: float | None = None
+    """When it finished here (unix seconds)."""
     eager: bool = False
     """It came more than `max_wait_ms` after the request before it: it waits for no mates."""
     batch: BatchInfo | None = None
@@ -132,6 +138,7 @@ class WorkItem:
                 return
             outcome.timings = dict(self.timings)
             outcome.batch = self.batch
+            self.finished_s = time.time()
             self.outcome = outcome
         self._finished.set()
 
@@ -276,8 +283,10 @@ class Engine:
             size=len(batch),
             job_ids=[item.job_id for item in batch[:BATCH_IDS_MAX]],
         )
+        began = time.time()
         for item in batch:
             item.batch = info
+            item.batch_started_s = began
         prepared = [ready for item in batch for ready in self._prepare(item)]
         error: BaseException | None = None
         try:

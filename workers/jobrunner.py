@@ -28,7 +28,8 @@ from jobstore.changes import Transition, TransitionResult
 from jobstore.codec import dumps, job_from_fields
 from jobstore.store import JobStore, NewEvent
 from pipelines.base import Files
-from workers.engine import Engine, EventSink, Outcome
+from telemetry import tracing
+from workers.engine import Engine, EventSink, Outcome, WorkItem
 from workers.event_writer import EventWriter
 from workers.leases import Held, LeaseKeeper
 from workers.residency import Residency
@@ -82,21 +83,46 @@ class JobRunner:
         # now on reaches `held.cancel` through the keeper (notice, or its heartbeat).
         held = self.keeper.hold(job_id, lease)
         try:
-            self._run_held(job, held)
+            if job.traceparent and tracing.enabled():
+                self._run_traced(job, held)
+            else:
+                self._run_held(job, held)
         finally:
             self.keeper.release(job_id)
         return "ran"
+
+    def _run_traced(self, job: Job, held: Held) -> None:
+        """`_run_held` with the job's spans: its wait in the queue, and this run."""
+        attributes: tracing.Attributes = {
+            "mmq.job_id": job.id,
+            "mmq.pipeline": job.pipeline,
+            "mmq.kind": job.kind,
+            "mmq.attempt": job.attempts,
+            "mmq.worker": self.worker_name,
+            "mmq.device": self.engine.pipeline.config.device,
+        }
+        started = job.started_at or time.time()
+        tracing.record("mmq.queue", job.queued_at, started, attributes, parent=job.traceparent)
+        with tracing.span("mmq.run", job.traceparent, attributes) as run:
+            outcome = self._run_held(job, held)
+            if run is not None:
+                run.set_attribute("mmq.status", outcome.status)
+                if outcome.batch is not None:
+                    run.set_attribute("mmq.batch_size", outcome.batch.size)
+                if outcome.status == "failed":
+                    tracing.failed(run, str(outcome.error))
 
     def _end_canceled_in_queue(self, job_id: str) -> None:
         """A job canceled while queued whose end the API has not recorded yet."""
         self._apply_end(operations.cancel_queued_by_id(job_id, self.kind))
 
-    def _run_held(self, job: Job, held: Held) -> None:
+    def _run_held(self, job: Job, held: Held) -> Outcome:
         try:
             request = self.schema.model_validate(job.input)
         except ValidationError as exc:
-            self._record(job, held, Outcome("failed", error=validation_error_field(exc, "input")))
-            return
+            refused = Outcome("failed", error=validation_error_field(exc, "input"))
+            self._record(job, held, refused)
+            return refused
 
         token = held.lease.token
 
@@ -107,9 +133,12 @@ class JobRunner:
 
         files = self.files_for(job, held.cancel) if self.files_for else None
         load_ms = 0.0
+        item: WorkItem | None = None
+        loaded_s = time.time()
         try:
             if self.residency is not None:
                 load_ms = self._load_for(job, emit, held)
+            loaded_s = time.time()
             item = self.engine.submit(job.id, request, emit, held.cancel, files)
             outcome = item.wait()
         except Exception as exc:  # the model did not load, or found no room
@@ -127,6 +156,9 @@ class JobRunner:
             # Before the end: a client that saw the end and asks again is answered from it.
             self._remember(job, request, outcome.output)
         self._record(job, held, outcome, request)
+        if item is not None and tracing.enabled():
+            _record_phases(item, loaded_s, load_ms)
+        return outcome
 
     def _load_for(self, job: Job, emit: EventSink, held: Held) -> float:
         """The pipeline's model loaded (on demand); the milliseconds the job waited."""
@@ -196,6 +228,22 @@ class JobRunner:
         except NotDurable as exc:
             log.error("%s", exc.message)
             return None
+
+
+def _record_phases(item: WorkItem, loaded_s: float, load_ms: float) -> None:
+    """The spans of a run's phases (children of the run's span, current here), from the
+    times its engine noted: the model's load, the wait for a batch, the batch, and the
+    writes after it (its outputs flushed, its end)."""
+    if load_ms:
+        tracing.record("mmq.model_load", loaded_s - load_ms / 1000, loaded_s)
+    began, finished = item.batch_started_s, item.finished_s
+    if began is not None:
+        tracing.record("mmq.batch_wait", item.submitted_s, began)
+        if finished is not None:
+            size = item.batch.size if item.batch is not None else 1
+            tracing.record("mmq.inference", began, finished, {"mmq.batch_size": size})
+    if finished is not None:
+        tracing.record("mmq.finish", finished, time.time())
 
 
 def _error_info(error: BaseException | None) -> JobError:

@@ -40,6 +40,7 @@ from jobstore.retention_index import RetentionIndex
 from jobstore.store import JobStore
 from pipelines.base import Pipeline
 from storage.factory import make_storage
+from telemetry import tracing
 from telemetry.metric_defs import batch_samples
 from workers.engine import Engine
 from workers.event_writer import EventWriter
@@ -238,6 +239,7 @@ def run_worker(settings: Settings, pipelines: Sequence[str], instance: int = 0) 
     if (why := check_shared(settings, pipelines)) is not None:
         raise ValueError(why)
     names = {p: worker_name(p, instance, settings.host_name) for p in pipelines}
+    tracing.setup(settings.tracing, "worker")
     built = [start_or_exit(settings, p, names[p]) for p in pipelines]
     app = make_celery(settings)
     if len(built) > 1:

@@ -133,20 +133,29 @@ class EngineClient:
         if not self._loop.is_running():
             self._loop.close()
 
-    def stream(self, path: str, body: dict[str, Any], on_delta: OnDelta) -> Finish | None:
+    def stream(
+        self,
+        path: str,
+        body: dict[str, Any],
+        on_delta: OnDelta,
+        traceparent: str | None = None,
+    ) -> Finish | None:
         """One streamed generation, waited for: `on_delta` gets each chunk's delta of each
         choice as it arrives. Returns how it finished, or None where `on_delta` stopped it. Raises
         EngineLost when the engine goes away, InputError when it refuses the request (a
-        prompt over its context), EngineRefused for another error answer."""
-        return self._run(self._stream(path, body, on_delta))
+        prompt over its context), EngineRefused for another error answer. `traceparent`
+        goes to the engine with the request."""
+        return self._run(self._stream(path, body, on_delta, traceparent))
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    async def _stream(self, path: str, body: dict[str, Any], on_delta: OnDelta) -> Finish | None:
+    async def _stream(
+        self, path: str, body: dict[str, Any], on_delta: OnDelta, traceparent: str | None
+    ) -> Finish | None:
         stream = _Stream(on_delta)
         try:
-            status = await self._pool.request(path, orjson.dumps(body), stream.feed)
+            status = await self._pool.request(path, orjson.dumps(body), stream.feed, traceparent)
         except Broken as exc:
             if stream.stopped:
                 return None  # closing the connection aborted the sequence in the engine

@@ -157,12 +157,16 @@ class Pool:
         self._busy: set[Exchange] = set()
         self._watcher: asyncio.Task[None] | None = None
 
-    async def request(self, path: str, body: bytes, sink: Sink) -> int:
+    async def request(
+        self, path: str, body: bytes, sink: Sink, traceparent: str | None = None
+    ) -> int:
         """POST `body` (JSON) to `path` and feed the response to `sink`; returns its status
-        once the response has ended. Raises `Broken` (or what `sink` raised)."""
+        once the response has ended. Raises `Broken` (or what `sink` raised). `traceparent`:
+        the W3C trace context the engine's spans join (vLLM takes it)."""
+        traced = f"traceparent: {traceparent}\r\n" if traceparent else ""
         head = (
             f"POST {self._prefix}{path} HTTP/1.1\r\nHost: {self._host_header}\r\n"
-            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n{traced}"
             f"Content-Length: {len(body)}\r\n\r\n"
         ).encode()
         async with self._slots:

@@ -27,6 +27,7 @@ from pipelines.llm.packaged import prepare_if_packaged
 from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
 from pipelines.llm.sizing import GIB
 from pipelines.llm.timing import TokenClock
+from telemetry import tracing
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,9 @@ class LlmPipeline(SimplePipeline[LlmInput]):
                 return True
 
             try:
-                finish = self.client.stream(path, body, on_delta)
+                with tracing.span("mmq.engine", attributes={"gen_ai.request.model": model}):
+                    traceparent = tracing.current_traceparent()
+                    finish = self.client.stream(path, body, on_delta, traceparent)
             except EngineLost as exc:
                 self._engine_lost(restarts)
                 raise BackendLost(str(exc)) from exc
