@@ -22,8 +22,10 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from api import autoscale
 from jobs.settings import Settings
 from jobstore.deployment_reader import DeploymentReader, Snapshot
+from jobstore.pipeline_signals import PipelineSignalsReader
 from jobstore.quotas import Quota
 from telemetry.metric_defs import RECORDED, MetricDef
 
@@ -36,11 +38,14 @@ class MetricsReader:
 
     def __init__(self, client: aredis.Redis, settings: Settings) -> None:
         self._reader = DeploymentReader(client)
+        self._signals = PipelineSignalsReader(client)
         self._settings = settings
 
     async def snapshot(self, per_key: bool = True) -> Snapshot:
         """The deployment now; `per_key`: with each key's usage (it names owners)."""
-        return await self._reader.snapshot(self._settings, per_key)
+        snap = await self._reader.snapshot(self._settings, per_key)
+        snap.pipelines = await self._signals.read(list(self._settings.enabled_pipelines), snap.at)
+        return snap
 
 
 def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
@@ -105,6 +110,7 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
         value=snap.realtime_sessions,
     )
     yield from _workers(snap, settings.lease.heartbeat_s * 3)
+    yield from autoscale.families(snap, settings)
     yield from _devices(snap.devices)
     yield from _backends(snap.backends)
 

@@ -1,7 +1,9 @@
-"""What `/readyz` reads of the deployment: whether Redis answers, and which job kinds
-have a live worker (one whose heartbeat is recent). For a kind without one, what its
+"""What `/readyz` reads of the deployment: whether Redis answers, which job kinds have a
+live worker (one whose heartbeat is recent), and which pipelines have none (their jobs
+wait queued for the first worker that starts). For a kind without one, what its
 pipelines' workers recorded of their start (`LivenessStore.record_start`) says why:
-still loading, or failed with the reason."""
+still loading, or failed with the reason; where workers scale to zero
+(`autoscale.ready_without_workers`), a kind without one is no reason to be unready."""
 
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ class Readiness:
     """What keeps the deployment from being ready; empty when it is."""
     cold: list[str] = field(default_factory=list)
     """On-demand pipelines that no worker has loaded now: ready, their next job loads."""
+    no_workers: list[str] | None = None
+    """Enabled pipelines without a live worker: their jobs are accepted and wait queued
+    (None: Redis did not answer)."""
 
 
 class Health:
@@ -40,15 +45,18 @@ class Health:
             await self._liveness.ping()
             stale_s = self._settings.lease.heartbeat_s * STALE_HEARTBEATS
             workers = await self._liveness.live_workers(stale_s)
-            live = await self._liveness.kinds_of(workers)
+            served = await self._liveness.served_by(workers)
+            live = {kind for kind, _ in served}
             missing = []
             for kind in self._settings.enabled_kinds:
-                if kind not in live:
+                if kind not in live and not self._settings.autoscale.ready_without_workers:
                     missing += await self.why_not(kind) or [f"worker for kind {kind}"]
             cold = await self.cold_pipelines(set(workers))
         except (RedisError, OSError) as exc:
             return Readiness(missing=[f"redis: {exc}"])
-        return Readiness(sorted(live), missing, cold)
+        pipelines = {pipeline for _, pipeline in served}
+        no_workers = [name for name in self._settings.enabled_pipelines if name not in pipelines]
+        return Readiness(sorted(live), missing, cold, sorted(no_workers))
 
     async def cold_pipelines(self, live: set[str]) -> list[str]:
         """The on-demand pipelines that no live worker (`live`) has loaded now."""

@@ -26,6 +26,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from jobs.autoscale_settings import AutoscaleSettings
 from jobs.packaged_llm import NAME as PACKAGED_LLM_NAME
 from jobs.packaged_llm import model_dir as packaged_model_dir
 from jobs.packaged_llm import packaged_model
@@ -510,6 +511,7 @@ class Settings(BaseSettings):
     quotas: QuotaSettings = Field(default_factory=QuotaSettings)
     fairness: FairnessSettings = Field(default_factory=FairnessSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
+    autoscale: AutoscaleSettings = Field(default_factory=AutoscaleSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     kinds: dict[str, KindConfig] = Field(default_factory=dict)
     """Extra job kinds and their input schemas."""

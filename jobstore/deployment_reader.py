@@ -23,6 +23,7 @@ from jobs.device_models import ModelEntry, split_member
 from jobs.settings import Settings
 from jobstore import quotas
 from jobstore.codec import text_list, text_map, time_seconds
+from jobstore.pipeline_signals import PipelineReading
 from jobstore.quotas import READS, Quota
 from jobstore.recent_counts import Counts, add_up
 from telemetry.metric_defs import RECORDED
@@ -75,6 +76,9 @@ class Snapshot:
     """Voice sessions open now (`jobstore.realtime_sessions`)."""
     at: float = 0.0
     """When it was read (Redis's clock, unix seconds)."""
+    pipelines: dict[str, PipelineReading] = field(default_factory=dict)
+    """Each enabled pipeline's oldest waiting job and recent run times, where the reader
+    read them (`/metrics`: `jobstore.pipeline_signals`)."""
 
 
 class DeploymentReader:

@@ -87,12 +87,16 @@ class AsyncLiveness:
 
     async def kinds_of(self, workers: Sequence[str]) -> set[str]:
         """The kinds that `workers` serve (as they say of themselves)."""
+        return {kind for kind, _ in await self.served_by(workers)}
+
+    async def served_by(self, workers: Sequence[str]) -> set[tuple[str, str]]:
+        """The (kind, pipeline) pairs that `workers` serve (as they say of themselves)."""
         if not workers:
             return set()
         pipe = self.r.pipeline(transaction=False)
         for name in workers:
-            pipe.hget(keys.worker(name), "kind")
-        return {kind for kind in await pipe.execute() if kind}
+            pipe.hmget(keys.worker(name), ["kind", "pipeline"])
+        return {(kind, pipeline or "") for kind, pipeline in await pipe.execute() if kind}
 
     async def starts_of(self, pipelines: Sequence[str]) -> list[dict[str, str]]:
         """The last start recorded of each of `pipelines`, in order (`LivenessStore.start_of`)."""

@@ -11,6 +11,9 @@ a Prometheus scrape wants; a console wants "now": jobs/s, p50 and p95 of the las
   of `QUEUE_WAIT`, seconds; the bucket is its upper bound or `+Inf`)
 - `["end_to_end", kind, pipeline, bucket]`: jobs that succeeded, by submit-to-end time
 - `["rejected", kind, pipeline]`: submits refused with 429
+- `["run_ms", kind, pipeline]` and `["runs", kind, pipeline]`: the run time (start to end,
+  milliseconds) and the number of the jobs that succeeded or failed after they started:
+  the service time that `/metrics`' desired workers use (`api/autoscale.py`)
 
 They ride on the writes the counters make anyway: the worker's tally flush
 (`MetricsTally.count`), the API's pipelined end and reject writes (`jobstore/store.py`,
@@ -24,6 +27,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from jobs import keys
+from jobs.states import JobStatus
 from telemetry.metric_defs import END_TO_END, QUEUE_WAIT, MetricDef, Sample, bucket_of, field_of
 
 KEEP_S = 900
@@ -31,6 +35,9 @@ KEEP_S = 900
 
 HISTOGRAMS: dict[str, MetricDef] = {"queue_wait": QUEUE_WAIT, "end_to_end": END_TO_END}
 """The series kept as histograms, with the metric whose buckets they use."""
+
+RAN = (str(JobStatus.SUCCEEDED), str(JobStatus.FAILED))
+"""The ends whose run time is a service time."""
 
 Cell = tuple[str, str, int]
 """(hash key, field, count to add)."""
@@ -58,7 +65,21 @@ def end_cells(fields: Mapping[str, str | None], samples: Iterable[Sample]) -> li
             if sample_metric is metric:
                 bucket = bucket_of(metric, value)
                 cells.append((key, field_of((series, kind, pipeline, bucket)), 1))
-    return cells
+    return cells + run_cells(key, fields)
+
+
+def run_cells(key: str, fields: Mapping[str, str | None]) -> list[Cell]:
+    """The run time of a job that ran to its end (succeeded or failed; a canceled one's
+    run was cut short), in the minute's hash `key`."""
+    started, finished = fields.get("started_at"), fields.get("finished_at")
+    if not started or not finished or fields.get("status") not in RAN:
+        return []
+    kind, pipeline = fields.get("kind") or "", fields.get("pipeline") or ""
+    run_ms = max(0, round((float(finished) - float(started)) * 1000))
+    return [
+        (key, field_of(("run_ms", kind, pipeline)), run_ms),
+        (key, field_of(("runs", kind, pipeline)), 1),
+    ]
 
 
 def rejected_cell(kind: str, pipeline: str, now: float) -> Cell:

@@ -24,6 +24,7 @@ from harness.inprocess import (
     serve_in_process,
 )
 from jobs import keys
+from jobs.autoscale_settings import AutoscaleSettings
 from jobstore.api_keys import create_key
 from tuning.deployment import flush
 
@@ -337,8 +338,36 @@ async def test_readiness_names_kinds_without_a_worker_and_metrics_answer(
     assert r.json() == {
         "status": "unavailable",
         "missing": [f"worker for kind {k}" for k in ("echo", "image", "llm", "sleep")],
+        "no_workers": ["chat", "chat-vllm", "echo", "img", "sleep"],
     }
     await _submit(api)
     metrics = await api.get("/metrics")
     assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
     assert 'mmq_jobs_queued{kind="echo"} 1.0' in metrics.text
+
+
+async def test_ready_without_workers_where_they_scale_to_zero(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """`autoscale.ready_without_workers`: the API is ready with no worker at all, names
+    the pipelines without one, and takes their jobs, which wait queued."""
+    flush(redis_url)
+    settings = inprocess_settings(redis_url, tmp_path)
+    scaled = settings.model_copy(
+        update={"autoscale": AutoscaleSettings(ready_without_workers=True)}
+    )
+    async with serve_in_process(scaled) as served, served.owner("zero") as client:
+        r = await client.get("/readyz")
+        assert r.status_code == 200, r.text
+        assert r.json()["no_workers"] == ["chat", "chat-vllm", "echo", "img", "sleep"]
+        job = await _submit(client)
+        assert job["status"] == "queued"
+        assert (await client.get(f"/v1/jobs/{job['id']}")).json()["status"] == "queued"
+        metrics = (await client.get("/metrics")).text
+        for line in (
+            'mmq_pipeline_jobs_waiting{pipeline="echo"} 1.0',
+            'mmq_pipeline_slots_live{pipeline="echo"} 0.0',
+            'mmq_pipeline_desired_workers{pipeline="echo"} 1.0',  # no service time yet
+            'mmq_pipeline_desired_workers{pipeline="sleep"} 0.0',
+        ):
+            assert line in metrics, metrics

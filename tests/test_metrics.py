@@ -1,22 +1,60 @@
 """`GET /metrics` on a real deployment: one scrape of the API sees what every process
 counted (submits in the API, job ends and batches in the workers, cancels in the API),
-queue depth by priority, live workers, and GPU readings that workers stored."""
+queue depth by priority, live workers, GPU readings that workers stored, and each
+pipeline's signals to scale on (a pipeline without workers, `nap`, until one starts)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
+import pytest
 import redis
 
+from api.autoscale import desired_workers
 from api.prometheus import Snapshot, render
 from harness.api_client import Api
 from harness.hosts import cpu_host_only
 from harness.scrape import Samples, parse, scrape, value
 from host.devices import Usage
 from jobs.settings import Settings
-from tuning.deployment import Deployment, wait_until
+from tuning.deployment import Deployment, flush, serving, wait_until
 from workers.sampler import WorkerMetrics
+
+NAP = """
+[pipelines.nap]
+kind = "sleep"
+impl = "harness.pipelines:SleepPipeline"
+max_batch = 1
+runners = 2
+concurrency = 2
+"""
+"""A second sleep pipeline (its jobs name it as their `model`), without a worker until
+a test starts one."""
+NAP_JOB: dict[str, Any] = {"model": "nap", "steps": 10, "step_ms": 100}
+"""A job that runs a second at least: as long as the target wait (`deployment`)."""
+
+
+@pytest.fixture(scope="module")
+def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """The tests' deployment (API, reaper, scheduler, an echo and a sleep worker), with
+    `nap` beside them and a target wait of 1 s."""
+    flush(redis_url)
+    dep = Deployment(
+        redis_url,
+        tmp_path_factory.mktemp("deploy"),
+        env_overrides={"MMQ_API__KEEPALIVE_S": "1", "MMQ_AUTOSCALE__TARGET_WAIT_S": "1"},
+        config=NAP,
+    )
+    with serving(dep):
+        dep.start_api()
+        dep.start_reaper()
+        dep.start_scheduler()
+        dep.start_worker("echo")
+        dep.start_worker("sleep")
+        yield dep
 
 
 def test_one_scrape_sees_jobs_queues_and_workers(deployment: Deployment, api: Api) -> None:
@@ -135,3 +173,83 @@ def test_histogram_buckets_are_made_cumulative() -> None:
     assert value(samples, "mmq_batch_size_bucket", le="+Inf", **p) == 4
     assert value(samples, "mmq_batch_size_count", **p) == 4
     assert value(samples, "mmq_batch_size_sum", **p) == 300
+
+
+def nap(samples: Samples, signal: str) -> float:
+    """`mmq_pipeline_SIGNAL` of the `nap` pipeline."""
+    return value(samples, f"mmq_pipeline_{signal}", pipeline="nap")
+
+
+def nap_worker(dep: Deployment) -> None:
+    """A worker of `nap`, started unless one runs."""
+    if not dep.pids("worker-nap-"):
+        dep.start_worker("nap")
+
+
+def nap_idle(dep: Deployment) -> bool:
+    """Nothing waits or runs at `nap`, whose worker is live: it wants no worker."""
+    samples = scrape(dep)
+    signals = ("jobs_waiting", "oldest_wait_seconds", "jobs_running", "desired_workers")
+    return nap(samples, "slots_live") == 2 and not any(nap(samples, s) for s in signals)
+
+
+def test_a_pipeline_without_workers_queues_its_jobs_for_the_first_worker(
+    deployment: Deployment, api: Api
+) -> None:
+    ready = httpx.get(f"{deployment.base_url}/readyz")
+    assert ready.status_code == 200 and ready.json()["no_workers"] == ["nap"]
+    jobs = [api.submit("sleep", **NAP_JOB) for _ in range(4)]  # each a 202 (or it raises)
+    assert {job["status"] for job in jobs} == {"queued"}
+    samples = scrape(deployment)
+    assert nap(samples, "jobs_waiting") == 4
+    assert nap(samples, "jobs_running") == nap(samples, "slots_live") == 0
+    assert nap(samples, "desired_workers") == 1  # a backlog, no service time measured yet
+    assert nap(samples, "service_seconds") == 0  # absent
+    wait_until(lambda: nap(scrape(deployment), "oldest_wait_seconds") > 0)
+    assert {api.get(job["id"])["status"] for job in jobs} == {"queued"}
+
+    nap_worker(deployment)
+    assert [api.wait(job["id"])["status"] for job in jobs] == ["succeeded"] * 4
+    assert httpx.get(f"{deployment.base_url}/readyz").json()["no_workers"] == []
+    wait_until(lambda: nap_idle(deployment))
+    assert nap(scrape(deployment), "service_seconds") >= 1.0  # ten steps of 100 ms
+
+
+def test_desired_workers_follow_a_burst(deployment: Deployment, api: Api) -> None:
+    nap_worker(deployment)
+    if not nap(scrape(deployment), "service_seconds"):  # run alone: measure it first
+        api.wait(api.submit("sleep", **NAP_JOB)["id"])
+        wait_until(lambda: nap(scrape(deployment), "service_seconds"))
+    with ThreadPoolExecutor(4) as pool:
+        jobs = list(pool.map(lambda _: api.submit("sleep", **NAP_JOB), range(12)))
+    peak: Samples = {}
+
+    def risen() -> bool:
+        nonlocal peak
+        peak = scrape(deployment)
+        return nap(peak, "jobs_waiting") >= 1 and nap(peak, "desired_workers") >= 2
+
+    # A job takes the target wait or longer: each job wants its own slot, so three jobs or
+    # more want two workers of two slots.
+    wait_until(risen)
+    assert nap(peak, "oldest_wait_seconds") > 0
+    assert [api.wait(job["id"])["status"] for job in jobs] == ["succeeded"] * 12
+    wait_until(lambda: nap_idle(deployment))
+
+
+@pytest.mark.parametrize(
+    ("waiting", "running", "service_s", "want"),
+    [
+        (0, 0, 2.0, 0),  # nothing to do: scale to zero
+        (5, 0, None, 1),  # a backlog, no service time yet: one worker measures it
+        (0, 9, None, 3),  # no service time: the workers of what runs
+        (120, 0, 1.0, 1),  # 120 s of work: one worker's 4 slots do it in 30 s
+        (121, 0, 1.0, 2),
+        (10, 0, 60.0, 3),  # jobs longer than the target: a slot each, no more
+        (10**6, 0, 10.0, 100),  # at most max_workers
+    ],
+)
+def test_the_desired_workers_rule(
+    waiting: int, running: int, service_s: float | None, want: int
+) -> None:
+    assert desired_workers(waiting, running, service_s, 4, 30.0, 100) == want
