@@ -268,10 +268,15 @@ format that `transformers serve` would drop."""
 
 @pytest.mark.parametrize(("extra", "field"), BAD)
 def test_what_is_not_served_is_refused_by_name_and_submits_nothing(
-    api: Api, extra: dict[str, Any], field: str
+    kinds_dep: Deployment, api: Api, extra: dict[str, Any], field: str
 ) -> None:
     body = {"model": "llm", "input": "Hi"} | extra
     r = api.http.post("/v1/responses", json=body)
     assert r.status_code == 422, r.text
     assert r.json()["error"]["param"] == field, r.text
     assert api.http.get("/v1/jobs", params={"kind": "llm"}).json()["data"] == []
+    # Nor is a response kept (one refused at submit, as the last, had its record written).
+    store = redis.Redis.from_url(kinds_dep.redis_url, decode_responses=True)
+    records = [json.loads(store.get(key) or "{}") for key in store.scan_iter("mmq:response:*")]
+    owner = api.http.get("/v1/whoami").json()["owner"]
+    assert [record for record in records if record.get("owner") == owner] == []

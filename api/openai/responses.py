@@ -110,10 +110,13 @@ async def create_response(
             job, _ = await service.submit(owner, create, job_id=job_id)
             return json_answer(response_object(job, record), {"X-Job-Id": job.id})
         job, events = await service.submit_following(owner, create, job_id=job_id)
-    except InputError as exc:
-        with contextlib.suppress(Exception):
-            await stored.delete(owner, job_id)
-        raise renamed(exc, PARAMS) from None
+    except Exception as exc:  # refused (422, 413, 429...): no job, so no response either
+        if body.store:
+            with contextlib.suppress(Exception):
+                await stored.delete(owner, job_id)
+        if isinstance(exc, InputError):
+            raise renamed(exc, PARAMS) from None
+        raise
     headers = {"X-Job-Id": job.id}
     if body.stream:
         frames = await stream_job(
