@@ -295,10 +295,14 @@ def test_on_demand_pipelines_scale_to_zero(
         assert spec["maxReplicaCount"] >= 1
 
 
-def test_api_probes_and_service(overlay: tuple[str, list[Obj]]) -> None:
+def test_api_probes_and_service(
+    overlay: tuple[str, list[Obj]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, objs = overlay
     api = named(objs, "Deployment", "mmq-api")
     ctr = container(api)
+    # Workers scale to zero: a kind without one must not take the API out of its Service.
+    assert settings_of(objs, api, tmp_path, monkeypatch).autoscale.ready_without_workers
     ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
     assert ctr["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert ctr["startupProbe"]["httpGet"]["path"] == "/healthz"
