@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -80,15 +81,25 @@ def configured_slots(config: PipelineConfig) -> int:
     return config.concurrency
 
 
+def waiting_of(snap: Snapshot) -> Counter[tuple[str, str]]:
+    """The jobs waiting in `snap` by (pipeline, priority): messages in its Celery lists,
+    and jobs held by fair share."""
+    waiting: Counter[tuple[str, str]] = Counter()
+    for (pipeline, _kind, priority), n in snap.depth.items():
+        waiting[(pipeline, priority)] += n
+    for field, n in snap.held.items():
+        pipeline, _, priority = field.partition("|")
+        waiting[(pipeline, priority)] += max(0, n)
+    return waiting
+
+
 def signals(snap: Snapshot, settings: Settings) -> list[PipelineSignals]:
     """Each enabled pipeline's signals in `snap`."""
     stale_s = settings.lease.heartbeat_s * STALE_HEARTBEATS
+    waits = waiting_of(snap)
     out = []
     for name, config in sorted(settings.enabled_pipelines.items()):
-        waiting = sum(n for (pipeline, _k, _p), n in snap.depth.items() if pipeline == name)
-        waiting += sum(
-            max(0, n) for field, n in snap.held.items() if field.partition("|")[0] == name
-        )
+        waiting = sum(n for (pipeline, _), n in waits.items() if pipeline == name)
         live = [
             info
             for info, age_s in snap.workers

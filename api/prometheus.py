@@ -44,7 +44,8 @@ class MetricsReader:
     async def snapshot(self, per_key: bool = True) -> Snapshot:
         """The deployment now; `per_key`: with each key's usage (it names owners)."""
         snap = await self._reader.snapshot(self._settings, per_key)
-        snap.pipelines = await self._signals.read(list(self._settings.enabled_pipelines), snap.at)
+        pipelines = list(self._settings.enabled_pipelines)
+        snap.pipelines = await self._signals.read(pipelines, snap.at, autoscale.waiting_of(snap))
         return snap
 
 

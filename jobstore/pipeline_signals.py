@@ -9,14 +9,15 @@ lengths, the held counts and the workers' heartbeats):
 - the run time of its jobs that ended in the last minutes (`jobstore.recent_counts`:
   `run_ms` and `runs`), its measured service time.
 
-Three pipelined round trips, whatever the backlog: their commands count the pipelines'
-lists, the keys holding jobs, and the minutes read, never the jobs waiting.
+At most three pipelined round trips, whatever the backlog: their commands count the
+pipelines' lists and holds that have jobs, the keys holding jobs, and the minutes read,
+never the jobs waiting.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aredis
@@ -58,11 +59,25 @@ class PipelineSignalsReader:
     def __init__(self, client: aredis.Redis) -> None:
         self._r = client
 
-    async def read(self, pipelines: Sequence[str], now: float) -> dict[str, PipelineReading]:
+    async def read(
+        self, pipelines: Sequence[str], now: float, waiting: Mapping[tuple[str, str], int]
+    ) -> dict[str, PipelineReading]:
         """Each of `pipelines`' oldest waiting job and recent run times, at `now`
-        (Redis's clock)."""
-        lists = [key for name in pipelines for key in priority_lists(queue_name(name)).values()]
-        holders = [(name, priority) for name in pipelines for priority in INTERACTIVE]
+        (Redis's clock). `waiting`: the jobs waiting by (pipeline, priority), in its
+        Celery lists or held (the snapshot's), so that an empty list or hold costs no
+        read."""
+        lists = [
+            key
+            for name in pipelines
+            for priority, key in priority_lists(queue_name(name)).items()
+            if waiting.get((name, priority), 0) > 0
+        ]
+        holders = [
+            (name, priority)
+            for name in pipelines
+            for priority in INTERACTIVE
+            if waiting.get((name, priority), 0) > 0
+        ]
         minute = minute_of(now)
         pipe = self._r.pipeline(transaction=False)
         for key in lists:
@@ -93,6 +108,8 @@ class PipelineSignalsReader:
     async def _records(self, job_ids: list[str], holds: list[str]) -> list[list[str | None]]:
         """The status, `queued_at` and pipeline of `job_ids` and of the first job of each
         hold list of `holds`."""
+        if not job_ids and not holds:
+            return []
         pipe = self._r.pipeline(transaction=False)
         for key in holds:
             pipe.lindex(key, 0)
