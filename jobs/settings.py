@@ -32,6 +32,7 @@ from jobs.packaged_llm import model_dir as packaged_model_dir
 from jobs.packaged_llm import packaged_model
 from jobs.realtime_settings import RealtimeSettings
 from jobs.tracing_settings import TracingSettings
+from jobs.worker_settings import WorkerSettings
 
 DEFAULT_CONFIG_FILE = Path("mmq.toml")
 
@@ -502,6 +503,7 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
     limits: Limits = Field(default_factory=Limits)
     storage: StorageSettings = Field(default_factory=StorageSettings)

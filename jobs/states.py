@@ -3,7 +3,8 @@
 ```
 queued ──> running ──> succeeded | failed | canceled
   │  ^         │
-  │  └─────────┘  (only the reaper, taking a dead worker's job back)
+  │  └─────────┘  (the reaper taking a dead worker's job back; a run giving its job back:
+  │                 preempted for interactive work, or its worker stopping)
   ├──> canceled
   └──> expired    (its deadline passed before it ran: it never runs)
 ```

@@ -112,7 +112,8 @@ class StatusData(TypedDict):
     worker: NotRequired[str]
     error: NotRequired[JobError]
     reason: NotRequired[str]
-    """Why it changed where the change says: `deadline`, `worker_lost`, `preempted`."""
+    """Why it changed where the change says: `deadline`, `worker_lost`, `preempted`,
+    `shutdown` (its worker stopped and handed it back)."""
     attempts: NotRequired[int]
 
 

@@ -31,7 +31,7 @@ class StatusData(TypedDict, total=False):
     worker: str
     """`running`: the worker that took the job."""
     reason: str
-    """`queued` again: `worker_lost` or `preempted`; `expired` (and `canceled` at a
+    """`queued` again: `worker_lost`, `preempted` or `shutdown`; `expired` (and `canceled` at a
     deadline): `deadline`."""
     attempts: int
     """`queued` again after a lost worker: the runs it has had."""

@@ -8,6 +8,7 @@ transition script, with its source states and its lease rule inside.
 | `cancel_queued` | queued -> canceled | none (no run exists) |
 | `expire`, `expire_by_id` | queued -> expired | none (its deadline passed: it never runs) |
 | `requeue_preempted` | running -> queued | held (`check`): its run stopped for interactive work |
+| `hand_back` | running -> queued | held (`check`): its worker is stopping (SIGTERM) |
 | `requeue_lost`, `fail_lost` | running -> queued / failed | gone (`absent`): its worker was lost |
 | `answer_from_cache` | queued -> running -> succeeded | a lease of its own for the two steps |
 
@@ -154,6 +155,23 @@ def requeue_preempted(job: Job, lease: Lease, message: TaskMessage) -> Transitio
     """The run holding `lease` stopped a batch line for interactive work (`batches.preempt`):
     the job is queued again with a new task message, and the run does not count as one of
     its attempts."""
+    return _requeue_held(job, lease, message, "preempted", {"preempt_requested": ""})
+
+
+def hand_back(job: Job, lease: Lease, message: TaskMessage) -> Transition:
+    """The run holding `lease` gives the job back because its worker is stopping (SIGTERM,
+    `worker.shutdown_grace_s`): queued again with a new task message, the run not counted
+    as one of its attempts. Refused (and the job left alone) once the lease is not this
+    run's: the job ended, or the reaper took it back after the lease ran out."""
+    return _requeue_held(job, lease, message, "shutdown", {})
+
+
+def _requeue_held(
+    job: Job, lease: Lease, message: TaskMessage, reason: str, fields: dict[str, str]
+) -> Transition:
+    """Queued again by the run that holds its lease, which gives up the attempt its start
+    counted (`job.attempts` as the start read it back: under the lease, no other start
+    counted one since)."""
     return transition(
         job,
         JobStatus.QUEUED,
@@ -164,10 +182,10 @@ def requeue_preempted(job: Job, lease: Lease, message: TaskMessage) -> Transitio
             "queued_at": _now(),
             "started_at": "",
             "first_output_at": "",
-            "preempt_requested": "",
             "attempts": str(max(0, job.attempts - 1)),
+            **fields,
         },
-        event_data={"reason": "preempted"},
+        event_data={"reason": reason},
         message=message,
     )
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +25,7 @@ from jobs.models import Job
 from jobs.settings import load_settings
 from jobstore.store import JobStore
 from tuning.deployment import Deployment, flush, running_on, serving, status_events, wait_until
+from workers.shutdown import HAND_BACK_WAIT_S, STRAGGLER_WAIT_S
 
 LEASE = {"ttl_s": 2.0, "heartbeat_s": 0.4, "reaper_interval_s": 0.3, "max_attempts": 2}
 
@@ -199,3 +202,73 @@ def test_a_job_that_kills_every_worker_ends_failed_after_max_attempts(
         supervisor.stop()
         runner.join(20)
     assert all(c.process is None for c in supervisor.children)
+
+
+GRACE_S = 5.0
+"""`worker.shutdown_grace_s` of the workers stopped with SIGTERM here."""
+
+
+def _status_data(r: redis.Redis, job_id: str) -> list[dict[str, object]]:
+    return [
+        json.loads(e["data"]) for _, e in r.xrange(keys.job_events(job_id)) if e["type"] == "status"
+    ]
+
+
+def test_a_sigtermed_worker_finishes_what_it_can_hands_back_the_rest_and_exits(
+    dep: Deployment, owner: Api, rclient: redis.Redis
+) -> None:
+    """SIGTERM (as Kubernetes sends it: to the process alone) with jobs in flight of three
+    sorts: a batch that ends within the grace (succeeds there, once, attempts 1), a batch
+    of a pipeline that ignores cancel and would run past it, and a step-wise job that stops
+    on cancel (both queued again by the stopping worker, attempts back to 0, and run once
+    on another worker, attempts 1). A job submitted after the signal never runs there.
+
+    "Without counting an attempt": `attempts` counts the runs a job started that were not
+    handed back; a handed-back job's `attempts` goes back to what it was before that run
+    (0 here), and its next start makes it 1."""
+    env = {"MMQ_WORKER__SHUTDOWN_GRACE_S": str(GRACE_S)}
+    echo = dep.start_worker("echo", 3, env=env)
+    sleeper = dep.start_worker("sleep", 3, env=env)
+    quick = owner.submit("echo", text="quick", group="quick", sleep_ms=1500)["id"]
+    wait_until(lambda: owner.get(quick)["status"] == "running", echo)
+    # Its batch runs after the quick one's and past the grace, ignoring its cancel (echo
+    # never looks): the stopping thread hands it back.
+    stuck = owner.submit("echo", text="stuck", group="stuck", sleep_ms=12_000)["id"]
+    steps = owner.submit("sleep", steps=90, step_ms=100)["id"]  # stops at its next step
+    wait_until(lambda: owner.get(stuck)["status"] == "running", echo)
+    wait_until(lambda: owner.get(steps)["status"] == "running", sleeper)
+
+    signaled_at = time.monotonic()
+    for proc in (echo, sleeper):
+        os.kill(proc.process.pid, signal.SIGTERM)
+    late = owner.submit("echo", text="late", group="late")["id"]  # a free slot is there
+    for proc in (echo, sleeper):
+        proc.process.wait(GRACE_S + HAND_BACK_WAIT_S + STRAGGLER_WAIT_S + 20)
+        assert proc.process.returncode == 0, proc.log()[-3000:]
+    # A liveness bound (a stuck echo thread is left behind after the straggler wait).
+    assert time.monotonic() - signaled_at < GRACE_S + HAND_BACK_WAIT_S + STRAGGLER_WAIT_S + 20
+
+    job = owner.get(quick)
+    assert job["status"] == "succeeded" and job["attempts"] == 1
+    assert job["output"]["pid"] == echo.process.pid
+    assert status_events(rclient, quick) == ["queued", "running", "succeeded"]
+    for job_id in (stuck, steps):
+        job = owner.get(job_id)
+        assert job["status"] == "queued" and job["attempts"] == 0, job
+        assert _status_data(rclient, job_id)[-1] == {"status": "queued", "reason": "shutdown"}
+    assert owner.get(late)["status"] == "queued"
+    assert status_events(rclient, late) == ["queued"]
+    assert "1 jobs handed back for runs that did not stop" in echo.log()
+    assert f"job {steps}: handed back to the queue" in sleeper.log()
+    assert f"job {late}: refused:stopping" in echo.log() or late not in echo.log()
+
+    others = [dep.start_worker("echo", 4), dep.start_worker("sleep", 4)]
+    for job_id, pid in ((stuck, others[0]), (late, others[0]), (steps, others[1])):
+        job = owner.wait(job_id, timeout_s=90)
+        assert job["status"] == "succeeded" and job["attempts"] == 1, job
+        assert job["output"]["pid"] == pid.process.pid
+    assert status_events(rclient, stuck) == ["queued", "running", "queued", "running", "succeeded"]
+    assert status_events(rclient, steps) == ["queued", "running", "queued", "running", "succeeded"]
+    assert status_events(rclient, late) == ["queued", "running", "succeeded"]
+    for proc in others:
+        proc.stop()

@@ -3,6 +3,10 @@
 A task for a job that has ended, is canceled, or whose lease another worker holds is
 dropped without running. Only the holder of the lease can record the result, so a job
 never ends twice with two different results.
+
+A worker that is stopping (`workers.shutdown`) closes its runner: it starts no job more,
+and the jobs it holds are handed back (`operations.hand_back`) by their runs, or, where a
+run does not stop in time, by the stopping thread under the run's lease.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ from workers.residency import Residency
 
 log = logging.getLogger(__name__)
 
+STOPPING = "refused:stopping"
+"""What `JobRunner.run` answers once closed: the caller puts the message back."""
+
 
 class JobRunner:
     def __init__(
@@ -61,6 +68,11 @@ class JobRunner:
         self.schema = schema
         self.worker_name = worker_name
         self.kind = engine.pipeline.config.kind
+        self._lock = threading.Lock()
+        self._closed = False
+        self._starting = 0
+        """Runs between the closed check and their end (held ones included)."""
+        self._running: dict[str, tuple[Job, Held]] = {}
 
     def run(self, job_id: str) -> str:
         """Run one job; returns what happened (for logs): ran, dropped:<why>, deferred
@@ -70,6 +82,18 @@ class JobRunner:
         is after the change: one round trip before the engine gets the request."""
         if self.residency is not None and self.residency.defer(job_id):
             return "deferred"
+        with self._lock:
+            if self._closed:
+                return STOPPING
+            self._starting += 1
+        try:
+            return self._start_and_run(job_id)
+        finally:
+            with self._lock:
+                self._starting -= 1
+                self._running.pop(job_id, None)
+
+    def _start_and_run(self, job_id: str) -> str:
         lease = self.keeper.new_lease()
         started = self.store.apply(operations.start(job_id, self.kind, lease, self.worker_name))
         if not started.ok:
@@ -82,6 +106,8 @@ class JobRunner:
         # The script refused a job whose cancel was requested before; a request from
         # now on reaches `held.cancel` through the keeper (notice, or its heartbeat).
         held = self.keeper.hold(job_id, lease)
+        with self._lock:
+            self._running[job_id] = (job, held)
         try:
             if job.traceparent and tracing.enabled():
                 self._run_traced(job, held)
@@ -111,6 +137,56 @@ class JobRunner:
                     run.set_attribute("mmq.batch_size", outcome.batch.size)
                 if outcome.status == "failed":
                     tracing.failed(run, str(outcome.error))
+
+    def close(self) -> None:
+        """Start no job from now on (`run` answers `STOPPING`)."""
+        with self._lock:
+            self._closed = True
+
+    def active(self) -> int:
+        """Jobs this runner is starting or holds now."""
+        with self._lock:
+            return self._starting
+
+    def ask_hand_back(self) -> int:
+        """Stop every job held here (their engines' work is canceled): each run queues its
+        job again instead of ending it. Returns how many were asked."""
+        with self._lock:
+            held = [entry for _, entry in self._running.values()]
+        for entry in held:
+            entry.handing_back = True
+            entry.cancel.set()
+        return len(held)
+
+    def hand_back_now(self) -> int:
+        """Queue again, from this thread, every job whose run has not let it go (a pipeline
+        that does not stop on cancel): the run's own end, should it come later, is dropped
+        (its lease is gone). Returns how many were handed back."""
+        with self._lock:
+            stuck = list(self._running.values())
+        handed = 0
+        for job, held in stuck:
+            held.handing_back = True
+            held.lost.set()
+            held.cancel.set()
+            self.keeper.release(job.id)  # no more renewals of a lease it gives up
+            result = self._hand_back(job, held)
+            if result is not None and result.ok:
+                handed += 1
+        return handed
+
+    def _hand_back(self, job: Job, held: Held) -> TransitionResult | None:
+        """Queue the job again under the run's lease, not counting the run; refused (the
+        job left alone) where the lease is not the run's any more."""
+        if self.message_for is None:  # no way to queue it here: the reaper will
+            self.store.give_back_lease(job.id, held.lease)
+            return None
+        result = self._apply_end(operations.hand_back(job, held.lease, self.message_for(job)))
+        if result is not None and result.ok:
+            log.info("job %s: handed back to the queue (worker stopping)", job.id)
+        elif result is not None:
+            log.info("job %s: not handed back (%s): it ended or moved on", job.id, result.reason)
+        return result
 
     def _end_canceled_in_queue(self, job_id: str) -> None:
         """A job canceled while queued whose end the API has not recorded yet."""
@@ -196,6 +272,8 @@ class JobRunner:
                 )
                 change = replace(change, charge=charge)
             self._end(job, change)
+        elif held.handing_back and not _bad_input(outcome):
+            self._hand_back(job, held)  # stopped by its worker's shutdown, whatever it said
         elif outcome.status == "canceled" and self.message_for and self.store.preempted(job.id):
             # A batch line stopped for interactive work (`batches.preempt`), not canceled.
             self._end(job, operations.requeue_preempted(job, lease, self.message_for(job)))
@@ -244,6 +322,11 @@ def _record_phases(item: WorkItem, loaded_s: float, load_ms: float) -> None:
             tracing.record("mmq.inference", began, finished, {"mmq.batch_size": size})
     if finished is not None:
         tracing.record("mmq.finish", finished, time.time())
+
+
+def _bad_input(outcome: Outcome) -> bool:
+    """A run that failed on its input: that end stands even while handing back."""
+    return outcome.status == "failed" and isinstance(outcome.error, InputError)
 
 
 def _error_info(error: BaseException | None) -> JobError:

@@ -39,6 +39,9 @@ class Held:
     ended: bool = False
     """The run is recording its end, which gives the lease up: a renewal that finds it gone
     then is no loss."""
+    handing_back: bool = False
+    """Its worker is stopping (`workers.shutdown`): the run stops (`cancel`) and queues the
+    job again instead of ending it."""
 
 
 class LeaseKeeper:

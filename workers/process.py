@@ -45,10 +45,11 @@ from telemetry.metric_defs import batch_samples
 from workers.engine import Engine
 from workers.event_writer import EventWriter
 from workers.jobfiles import JobFiles
-from workers.jobrunner import JobRunner
+from workers.jobrunner import STOPPING, JobRunner
 from workers.leases import LeaseKeeper
 from workers.residency import OnDemand, Resident, residency_for
 from workers.sampler import Backend, WorkerMetrics, has_readings
+from workers.shutdown import Drain
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,9 @@ def register_task(app: Celery, hosted: dict[str, Hosted]) -> None:
             outcome = h.runner.run(job_id)
         finally:
             h.slots.release()
+        if outcome == STOPPING:  # taken as the worker began to stop: for another worker
+            time.sleep(FULL_BACKOFF_S)
+            h.push_back(job_id)
         log.info("job %s: %s", job_id, outcome)
         return outcome
 
@@ -235,7 +239,8 @@ def check_shared(settings: Settings, pipelines: Sequence[str]) -> str | None:
 
 def run_worker(settings: Settings, pipelines: Sequence[str], instance: int = 0) -> None:
     """Serve `pipelines` (one, or several on-demand ones of a device) until the Celery
-    worker stops (SIGTERM, SIGINT)."""
+    worker stops (SIGTERM, SIGINT: `workers.shutdown.Drain` finishes or hands back the jobs
+    held here within `worker.shutdown_grace_s`)."""
     if (why := check_shared(settings, pipelines)) is not None:
         raise ValueError(why)
     names = {p: worker_name(p, instance, settings.host_name) for p in pipelines}
@@ -274,6 +279,8 @@ def run_worker(settings: Settings, pipelines: Sequence[str], instance: int = 0) 
         host(settings, app, store, p, names[p.name], instance, files_for, exits) for p in built
     ]
     register_task(app, {queue_name(h.pipeline.name): h for h in hosted})
+    drain = Drain([h.runner for h in hosted], settings.worker.shutdown_grace_s)
+    drain.install()
     for h in hosted:
         h.start()
     metrics.start()
@@ -295,6 +302,7 @@ def run_worker(settings: Settings, pipelines: Sequence[str], instance: int = 0) 
             ]
         )
     finally:
+        drain.exited()
         metrics.stop()
         for h in hosted:
             h.stop()
