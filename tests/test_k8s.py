@@ -36,9 +36,12 @@ KUBECTL = shutil.which("kubectl")
 KUBE_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
 GPU_RESOURCE = {"cpu": None, "gpu": "nvidia.com/gpu", "gpu-mig": "nvidia.com/mig-1g.10gb"}
 GPU_DEVICE = {"gpu": "gpu:0", "gpu-mig": "mig:*"}
+KUSTOMIZATIONS = {name: ROOT / "overlays" / name for name in GPU_RESOURCE}
+KUSTOMIZATIONS["example"] = ROOT / "example"
+"""The overlays, and the docs' example of a cluster's own (on the gpu overlay)."""
+KIND = {**{name: name for name in GPU_RESOURCE}, "example": "gpu"}
 HAND_MADE_SECRETS = {"mmq-secrets", "mmq-redis"}
 """Made with `kubectl create secret` (docs/deployment/kubernetes.md), never rendered."""
-OVERLAYS = sorted(GPU_RESOURCE)
 
 needs_kubectl = pytest.mark.skipif(
     KUBECTL is None, reason="kubectl is not installed: the overlays cannot be rendered"
@@ -56,12 +59,12 @@ def render(path: Path) -> list[Obj]:
     return [o for o in yaml.safe_load_all(done.stdout) if o]
 
 
-@pytest.fixture(scope="module", params=OVERLAYS)
+@pytest.fixture(scope="module", params=sorted(KUSTOMIZATIONS))
 def overlay(request: pytest.FixtureRequest) -> tuple[str, list[Obj]]:
     if KUBECTL is None:
         pytest.skip("kubectl is not installed: the overlays cannot be rendered")
     name: str = request.param
-    return name, render(ROOT / "overlays" / name)
+    return name, render(KUSTOMIZATIONS[name])
 
 
 def of_kind(objs: list[Obj], kind: str) -> list[Obj]:
@@ -248,7 +251,7 @@ def test_workers_ask_for_their_device(
     overlay: tuple[str, list[Obj]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     name, objs = overlay
-    resource = GPU_RESOURCE[name]
+    resource = GPU_RESOURCE[KIND[name]]
     gpu_workers = 0
     for deployment in workers(objs):
         ctr = container(deployment)
@@ -261,19 +264,27 @@ def test_workers_ask_for_their_device(
             gpu_workers += 1
             assert resource is not None, f"{name}: a GPU worker on a CPU overlay"
             assert nvidia == {resource: 1}, deployment["metadata"]["name"]
-            assert config.device == GPU_DEVICE[name]
-            assert ctr["image"].startswith("registry.example.com/mmq-cuda:")
+            assert config.device == GPU_DEVICE[KIND[name]]
+            assert image_name(ctr) == "mmq-cuda"
             # The device plugin pins the pod: nothing in the pod may narrow it further.
             assert "CUDA_VISIBLE_DEVICES" not in environment(objs, ctr)
         else:
             assert config.device == "cpu"
             assert nvidia == {}, deployment["metadata"]["name"]
             assert environment(objs, ctr)["CUDA_VISIBLE_DEVICES"] == ""
-            assert ctr["image"].startswith("registry.example.com/mmq-cpu:")
+            assert image_name(ctr) == "mmq-cpu"
     assert (gpu_workers > 0) == (resource is not None)
     others = [o for o in of_kind(objs, "Deployment") if o not in workers(objs)]
     for deployment in others:
         assert ctr_has_no_gpu(deployment), deployment["metadata"]["name"]
+
+
+def image_name(ctr: Obj) -> str:
+    """The image's last path part (Dockerfile.cpu's or .cuda's), once `images:` set its
+    tag."""
+    path, _, tag = ctr["image"].rpartition(":")
+    assert tag and "/" not in tag, ctr["image"]
+    return path.rsplit("/", 1)[-1]
 
 
 def ctr_has_no_gpu(deployment: Obj) -> bool:
