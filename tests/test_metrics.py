@@ -233,6 +233,10 @@ def test_desired_workers_follow_a_burst(deployment: Deployment, api: Api) -> Non
     # more want two workers of two slots.
     wait_until(risen)
     assert nap(peak, "oldest_wait_seconds") > 0
+    queued, held = (
+        value(peak, name, pipeline="nap") for name in ("mmq_queue_depth", "mmq_jobs_held")
+    )
+    assert nap(peak, "jobs_waiting") == queued + held  # in its queue, or held by fair share
     assert [api.wait(job["id"])["status"] for job in jobs] == ["succeeded"] * 12
     wait_until(lambda: nap_idle(deployment))
 
