@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,12 +19,22 @@ from dataclasses import dataclass
 import httpx
 import psutil
 import pytest
+import redis
 
 from common.procs import free_port
 from common.sse import SseParser
 from harness.api_client import Api, new_owner
 from harness.kinds import llm_toml
-from tuning.deployment import Deployment, Proc, flush, serving, wait_until
+from tuning.deployment import (
+    Deployment,
+    Proc,
+    flush,
+    running_on,
+    serving,
+    status_events,
+    wait_until,
+)
+from workers.shutdown import HAND_BACK_WAIT_S, STRAGGLER_WAIT_S
 
 STEP_MS = 10
 TOKEN = " tok"
@@ -47,6 +60,12 @@ def relay(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             "relay",
             "synthetic",
             {"engine": "url", "engine_url": f"http://127.0.0.1:{port}", "max_inflight": 32},
+        )
+        # Served only by the workers that the shutdown test starts and stops.
+        + llm_toml(
+            "relay_stop",
+            "synthetic",
+            {"engine": "url", "engine_url": f"http://127.0.0.1:{port}", "max_inflight": 16},
         )
     )
     with serving(dep):
@@ -91,9 +110,9 @@ class Streamed:
     job_id: str
 
 
-async def _stream(http: httpx.AsyncClient, tokens: int) -> Streamed:
+async def _stream(http: httpx.AsyncClient, tokens: int, model: str = "relay") -> Streamed:
     body = {
-        "model": "relay",
+        "model": model,
         "messages": [{"role": "user", "content": "Count."}],
         "max_tokens": tokens,
         "stream": True,
@@ -170,3 +189,55 @@ def test_a_canceled_stream_aborts_its_sequence_in_the_engine(relay: Relay, api: 
     assert api.wait(job["id"])["status"] == "canceled"
     wait_until(lambda: _stats(relay)["aborted"] > before["aborted"], timeout_s=30)
     assert _stats(relay)["running"] == 0
+
+
+def test_a_sigtermed_relay_finishes_short_streams_and_hands_back_long_ones(
+    relay: Relay, api: Api
+) -> None:
+    """SIGTERM to a relay worker with streams in flight: those that end within the grace end
+    there (attempts 1); the rest are aborted in the engine and handed back, run again on
+    another worker (attempts 1, not 2), and each client's stream still reads its whole text
+    once. The worker exits 0 and takes no job after the signal."""
+    dep = relay.dep
+    r = redis.Redis.from_url(dep.redis_url, decode_responses=True)
+    grace_s = 5.0
+    victim = dep.start_worker("relay_stop", 0, env={"MMQ_WORKER__SHUTDOWN_GRACE_S": str(grace_s)})
+    short, long = 300, 1000  # 3 s and 10 s at 10 ms a step
+    sizes = [short] * 4 + [long] * 4
+    streamed: list[Streamed] = []
+
+    async def clients() -> None:
+        async with httpx.AsyncClient(
+            base_url=dep.base_url, headers=api.http.headers, timeout=120
+        ) as http:
+            streamed.extend(await asyncio.gather(*(_stream(http, n, "relay_stop") for n in sizes)))
+
+    readers = threading.Thread(target=asyncio.run, args=(clients(),))
+    readers.start()
+    before = _stats(relay)
+    wait_until(lambda: len(running_on(r, victim)) == len(sizes), victim, timeout_s=30)
+    held = running_on(r, victim)
+    os.kill(victim.process.pid, signal.SIGTERM)
+    late = api.submit("llm", model="relay_stop", prompt="Late.", max_tokens=5)["id"]
+    victim.process.wait(grace_s + HAND_BACK_WAIT_S + STRAGGLER_WAIT_S + 20)
+    assert victim.process.returncode == 0, victim.log()[-3000:]
+    assert _stats(relay)["aborted"] - before["aborted"] == 4
+    handed = {j for j in held if api.get(j)["status"] == "queued"}
+    assert len(handed) == 4 and all(api.get(j)["attempts"] == 0 for j in handed)
+    assert api.get(late)["status"] == "queued" and status_events(r, late) == ["queued"]
+
+    other = dep.start_worker("relay_stop", 1)
+    readers.join(120)
+    assert sorted(len(s.text) for s in streamed) == sorted(len(TOKEN) * n for n in sizes)
+    for s in streamed:
+        assert s.text == TOKEN * len(s.text.split()) and s.finish == "length"
+        job = api.wait(s.job_id)
+        assert job["status"] == "succeeded" and job["attempts"] == 1, job
+        statuses = status_events(r, s.job_id)
+        if s.job_id in handed:
+            assert len(s.text) == len(TOKEN) * long
+            assert statuses == ["queued", "running", "queued", "running", "succeeded"]
+        else:
+            assert statuses == ["queued", "running", "succeeded"]
+    assert api.wait(late)["status"] == "succeeded"
+    other.stop()

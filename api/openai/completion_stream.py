@@ -8,6 +8,10 @@ per token, is by far the most frequent: its chunk is the model's JSON made once 
 choice with a marker where the text goes, and each delta only encodes its text into it
 (`TextDelta`); building and dumping a chunk's three models for each token would cost
 the API more CPU than the rest of what it does for one.
+
+A job that runs again (its worker died, or stopped and handed it back) streams its text
+from the start again: of each choice's text only what goes beyond what was sent is sent
+(`realtime.stages.Delivered`), so the client reads it once.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from api.openai.completion_models import (
 )
 from api.openai.protocol import SSE_DONE, sse
 from jobs.models import Event, EventType, Job
+from jobs.states import JobStatus
+from realtime.stages import Delivered
 
 MARK = "\x00"
 """Stands in for a delta's text in its chunk's JSON."""
@@ -174,20 +180,27 @@ class CompletionEvents:
         self.include_usage = include_usage
         self.params = params
         self.started: set[int] = set()
+        self.delivered = Delivered()
+        self.ran = False
 
     def __call__(self, event: Event) -> Iterator[bytes]:
         view = self.view
         yield from self._role(0)
         if event.type is EventType.PARTIAL:
+            self.ran = True
             data = event.data
             index = data.get("choice", 0)
             yield from self._role(index)
-            yield view.delta(
-                str(data.get("text", "")),
-                index=index,
-                calls=data.get("tool_calls"),
-                logprobs=data.get("logprobs"),
-            )
+            text = str(data.get("text", ""))
+            new = self.delivered.take(f"text:{index}", text)
+            calls = data.get("tool_calls")
+            if new or calls or not text:  # a piece sent before, whole, is not sent again
+                logprobs = data.get("logprobs") if new == text else None
+                yield view.delta(new, index=index, calls=calls, logprobs=logprobs)
+        elif event.type is EventType.STATUS and event.data.get("status") == JobStatus.QUEUED:
+            if self.ran:  # it runs again: its text starts over
+                self.ran = False
+                self.delivered.new_attempt()
         elif event.type is EventType.OUTPUT:
             yield from self._output(event.data)
         elif ended_badly(event):
