@@ -53,8 +53,12 @@ class Supervisor:
         backoff_s: float = 1.0,
         max_backoff_s: float = 30.0,
         stable_s: float = 30.0,
+        stop_timeout_s: float = 10.0,
     ) -> None:
         self.children = [Child(spec) for spec in specs]
+        self.stop_timeout_s = stop_timeout_s
+        """How long the children have to exit once told to stop (SIGTERM), before SIGKILL:
+        a worker's `shutdown_grace_s` and its hand-back."""
         self.base_env = base_env if base_env is not None else dict(os.environ)
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -120,7 +124,7 @@ class Supervisor:
             if on_pass is not None:
                 on_pass()
             self.check()
-        self.terminate()
+        self.terminate(self.stop_timeout_s)
 
     def stop(self) -> None:
         self._stop.set()

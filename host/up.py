@@ -157,6 +157,8 @@ def _describe(plan: Plan) -> str:
 
 READY_POLL_S = 0.5
 READY_WAIT_S = 3600.0
+WORKER_STOP_SLACK_S = 10.0
+"""Beyond `worker.shutdown_grace_s`: the hand-back of what did not stop, and the exit."""
 
 
 def announce_ready(base_url: str, stopping: threading.Event) -> None:
@@ -253,7 +255,12 @@ def _run(
             f"durability {durability}; restarted if it dies)"
         )
     reasons = StartReasons(env.get("MMQ_REDIS_URL") or settings.redis_url)
-    supervisor = Supervisor(deployment_specs(settings, config, plan, services, reasons))
+    # A worker finishes or hands back its jobs within its grace (workers.shutdown), then
+    # needs a few seconds more for the jobs that ignore their cancel.
+    stop_timeout_s = settings.worker.shutdown_grace_s + WORKER_STOP_SLACK_S
+    supervisor = Supervisor(
+        deployment_specs(settings, config, plan, services, reasons), stop_timeout_s=stop_timeout_s
+    )
     supervisor.base_env.update({**settings.child_env(), **env})
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: supervisor.stop())
