@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -17,6 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from common.procs import free_port
+from harness.http_server import serving_http
 
 
 @dataclass(frozen=True)
@@ -107,10 +108,5 @@ def _handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
 def receiving_spans() -> Iterator[OtlpReceiver]:
     """An OTLP endpoint serving on a free loopback port until the block ends."""
     receiver = OtlpReceiver(free_port())
-    server = ThreadingHTTPServer(("127.0.0.1", receiver.port), _handler(receiver))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving_http(receiver.port, _handler(receiver)):
         yield receiver
-    finally:
-        server.shutdown()

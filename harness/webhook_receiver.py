@@ -8,10 +8,11 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from common.procs import free_port
+from harness.http_server import serving_http
 
 
 @dataclass
@@ -56,11 +57,8 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
 def receiving() -> Iterator[Receiver]:
     """A receiver serving on a free loopback port until the block ends."""
     rec = Receiver(free_port())
-    server = ThreadingHTTPServer(("127.0.0.1", rec.port), _handler(rec))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield rec
-    finally:
-        rec.closing.set()
-        server.shutdown()
+    with serving_http(rec.port, _handler(rec)):
+        try:
+            yield rec
+        finally:
+            rec.closing.set()  # the `hang` paths answer now

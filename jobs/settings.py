@@ -27,6 +27,7 @@ from pydantic_settings import (
 )
 
 from jobs.autoscale_settings import AutoscaleSettings
+from jobs.input_limits import Limits as Limits
 from jobs.packaged_llm import NAME as PACKAGED_LLM_NAME
 from jobs.packaged_llm import model_dir as packaged_model_dir
 from jobs.packaged_llm import packaged_model
@@ -175,46 +176,6 @@ class QuotaSettings(BaseModel):
     shown_keys: int = Field(default=100, ge=0, le=10_000)
     """Keys whose usage `/metrics` (label `owner`) and the admin overview show, the
     first by name; 0: none."""
-
-
-class Limits(BaseModel):
-    """Limits on job input; a request over one gets 422 naming the field."""
-
-    text_max_chars: int = 5000
-    """TTS input text."""
-    audio_max_bytes: int = 50 * 1024 * 1024
-    """ASR audio upload."""
-    audio_max_seconds: float = 3600.0
-    """ASR audio duration."""
-    image_max_side: int = 1024
-    """Image width and height."""
-    image_max_steps: int = 100
-    """Image denoising steps."""
-    image_max_n: int = 4
-    """Images per request."""
-    image_max_bytes: int = Field(default=50 * 1024 * 1024, ge=1)
-    """An image or a mask uploaded to `/v1/images/edits` (413 above)."""
-    llm_max_tokens: int = 4096
-    """LLM `max_tokens`."""
-    llm_max_prompt_chars: int = 200_000
-    """LLM prompt size (all messages)."""
-    llm_max_images: int = 8
-    """Image parts in one LLM request."""
-    llm_max_image_bytes: int = 8 * 1024 * 1024
-    """One image an LLM worker fetches (by file key or URL), and all of a request's data
-    URLs together (413 over)."""
-    llm_image_urls: bool = True
-    """Image parts may be http(s) URLs, fetched by the worker behind the network guard
-    (`net`); false: refused (422)."""
-    embed_max_inputs: int = 256
-    """Texts in one embedding request."""
-    embed_max_chars: int = 32_000
-    """One text of an embedding request (the model's window is checked by the worker)."""
-    rerank_max_documents: int = Field(default=1000, ge=1)
-    """Documents in one rerank request (413 over)."""
-    rerank_max_chars: int = Field(default=32_000, ge=1)
-    """A rerank request's query, and each of its documents (the model's window is checked
-    by the worker)."""
 
 
 class WebhookSettings(BaseModel):

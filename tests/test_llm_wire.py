@@ -32,7 +32,7 @@ from harness.models.tool_caller import TOOL, WEATHER_TOOL
 from harness.webhook_receiver import receiving
 from jobs.schemas.llm import Feature
 from tests.conftest import WEBHOOK_SECRET
-from tuning.deployment import Deployment, flush, serving, wait_until
+from tuning.deployment import Deployment, flush, responds, serving, wait_until
 
 VLLM_FEATURES = [f for f in get_args(Feature) if f != "images"]
 """What vLLM honours but images (this engine takes none)."""
@@ -69,7 +69,7 @@ def engines(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
              "--step-ms", "5"],
         )  # fmt: skip
         wire_url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _answers(f"{wire_url}/health"), engine, timeout_s=30)
+        wait_until(lambda: responds(f"{wire_url}/health"), engine, timeout_s=30)
         dep.start_api()
         dep.start_reaper()
         dep.start_scheduler()
@@ -78,13 +78,6 @@ def engines(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         wait_until(lambda: "ready." in worker.log(), worker, timeout_s=60)
         wait_until(lambda: "ready." in hooks.log(), hooks, timeout_s=30)
         yield Engines(dep, wire_url)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from harness.kinds import llm_toml
 from harness.otlp_receiver import OtlpReceiver, ReceivedSpan, receiving_spans
 from harness.webhook_receiver import Receiver, receiving
 from tests.conftest import WEBHOOK_SECRET
-from tuning.deployment import Deployment, flush, running_on, serving, wait_until
+from tuning.deployment import Deployment, flush, responds, running_on, serving, wait_until
 
 
 class Traced:
@@ -67,7 +67,7 @@ def traced(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                 "engine", [sys.executable, "-m", "bench.synthetic_engine", "--port", str(port)]
             )
             engine_url = f"http://127.0.0.1:{port}"
-            wait_until(lambda: _answers(f"{engine_url}/health"), engine, timeout_s=30)
+            wait_until(lambda: responds(f"{engine_url}/health"), engine, timeout_s=30)
             dep.start_api()
             dep.start_reaper()
             dep.start_scheduler()
@@ -78,13 +78,6 @@ def traced(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             wait_until(lambda: "ready." in worker.log(), worker, timeout_s=60)
             wait_until(lambda: "ready." in webhooks.log(), webhooks, timeout_s=30)
             yield Traced(dep, spans, hooks, engine_url)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @pytest.fixture
@@ -184,6 +177,8 @@ def test_a_worker_killed_mid_job_leaves_two_run_spans_attempts_1_and_2(
     job_id = r.json()["id"]
     store = redis.Redis.from_url(dep.redis_url, decode_responses=True)
     wait_until(lambda: job_id in running_on(store, worker), worker, timeout_s=30)
+    # Its queue span has left the worker (spans of a killed process that had not, are lost).
+    traced.trace(trace_id, {"mmq.queue"})
     worker.kill()
     dep.procs.remove(worker)
     dep.start_worker("sleep")

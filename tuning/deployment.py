@@ -347,11 +347,16 @@ def private_deployment(
         )
 
 
-def _healthy(base_url: str) -> bool:
+def responds(url: str) -> bool:
+    """Whether a GET of `url` answers 200 within a second."""
     try:
-        return httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200
+        return httpx.get(url, timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _healthy(base_url: str) -> bool:
+    return responds(f"{base_url}/healthz")
 
 
 def wait_until(
