@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,10 +92,11 @@ def pipeline_toml(kind: str, models: dict[str, Path], extra: str = "") -> str:
 
 @contextlib.contextmanager
 def kinds_deployment(
-    tmp: Path, models: dict[str, Path], env: dict[str, str]
+    tmp: Path, models: dict[str, Path], env: dict[str, str], also: str = ""
 ) -> Iterator[Deployment]:
     """Its own Redis, the API, the reaper, echo and sleep workers, and a worker of each
-    built-in kind (`models`: `llm` and `sd` directories), all started before it yields."""
+    built-in kind (`models`: `llm` and `sd` directories), all started before it yields.
+    `also`: more `[pipelines.NAME]` tables, each given a worker too."""
     server = RedisServer(tmp / "redis", persist=False)
     server.start()
     try:
@@ -102,9 +104,10 @@ def kinds_deployment(
         dep = Deployment(server.url, tmp / "deploy", env_overrides={"HF_HUB_OFFLINE": "1", **env})
         extra = "".join(pipeline_toml(kind, models) for kind in KIND_NAMES)
         previews = "\n[pipelines.image.options]\npreview_every_steps = 1\n"
-        dep.config_path.write_text(dep.config_path.read_text() + extra + previews)
+        dep.config_path.write_text(dep.config_path.read_text() + extra + previews + also)
+        names = [*KIND_NAMES, *re.findall(r"^\[pipelines\.([\w-]+)\]$", also, re.MULTILINE)]
         with serving(dep):
-            workers = [dep.spawn(f"worker-{n}", "worker", "--pipeline", n) for n in KIND_NAMES]
+            workers = [dep.spawn(f"worker-{n}", "worker", "--pipeline", n) for n in names]
             dep.start_api()
             dep.start_reaper()
             dep.start_scheduler()
