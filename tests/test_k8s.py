@@ -59,10 +59,11 @@ def render(path: Path) -> list[Obj]:
     return [o for o in yaml.safe_load_all(done.stdout) if o]
 
 
-@pytest.fixture(scope="module", params=sorted(KUSTOMIZATIONS))
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(name, marks=needs_kubectl) for name in sorted(KUSTOMIZATIONS)],
+)
 def overlay(request: pytest.FixtureRequest) -> tuple[str, list[Obj]]:
-    if KUBECTL is None:
-        pytest.skip("kubectl is not installed: the overlays cannot be rendered")
     name: str = request.param
     return name, render(KUSTOMIZATIONS[name])
 

@@ -124,7 +124,7 @@ def test_a_job_s_spans_form_one_trace_under_the_client_s_from_every_process(
     assert run.attributes["mmq.pipeline"] == "echo" and run.attributes["mmq.device"] == "cpu"
     assert run.attributes["mmq.batch_size"] >= 1 and run.attributes["mmq.job_id"] == job_id
     queue = _one(spans, "mmq.queue")
-    assert queue.end_s <= run.start_s + 0.5 and admit.start_s <= queue.start_s
+    assert admit.start_s <= queue.start_s <= queue.end_s <= run.start_s  # in that order
     # The webhook itself is the job's, signed, as without tracing.
     ((hook_headers, hook_body),) = traced.hooks.got(path)
     assert Webhook(WEBHOOK_SECRET).verify(hook_body, hook_headers)["job_id"] == job_id
