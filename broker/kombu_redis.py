@@ -54,6 +54,7 @@ from kombu.utils.json import loads as kombu_loads
 
 from broker.queues import TASK_NAME
 from common import redis_client
+from common.combining import Combiner
 from common.redis_client import RedisOptions, SentinelUrl
 
 KOMBU_VERSIONS = (">=5.6", "<5.8")
@@ -351,11 +352,32 @@ class Unacked:
 
 class QoS(kombu_redis.QoS):
     """kombu's acknowledgement emulation, whose `unacked` records can be written for
-    several messages in one round trip (`note`) before they are delivered."""
+    several messages in one round trip (`note`) before they are delivered, and removed
+    for several in one round trip (`ack`).
+
+    kombu's ack removes one message's record in a transaction of its own (MULTI, ZREM,
+    HDEL, EXEC), on the task's thread after the task. The tasks of a worker that feeds an
+    LLM engine end in bursts, at the engine's steps: here the acks that threads make while
+    one is in flight go together in the next (`common.combining.Combiner`), two commands
+    for the group. Each thread returns once its own record is gone, as with kombu's."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
         self._noted: set[str] = set()
+        self._acks: Combiner[str, None] = Combiner(self._forget)
+
+    def ack(self, delivery_tag: str) -> None:
+        self._acks.call(delivery_tag)
+        virtual.QoS.ack(self, delivery_tag)  # type: ignore[no-untyped-call]
+
+    def _forget(self, tags: Sequence[str]) -> list[None]:
+        """Remove these messages' `unacked` records, in one round trip."""
+        with self.channel.conn_or_acquire() as client:
+            pipe = client.pipeline(transaction=False)
+            pipe.zrem(self.unacked_index_key, *tags)
+            pipe.hdel(self.unacked_key, *tags)
+            pipe.execute()
+        return [None] * len(tags)
 
     def note(self, payloads: Sequence[Envelope]) -> None:
         """Record these messages in `unacked` as kombu's `append` does, in one pipeline;

@@ -167,146 +167,182 @@ return {'ok', id, tostring(limits.requests), tostring(used), tostring(cost_limit
 """
 )
 
-TRANSITION = (
+_TRANSITION = (
     _PUBLISH
     + _DEADLINE
     + PUSH_MESSAGE_LUA
     + """
--- KEYS: job, events stream, lease, running zset, queued set, task list, deadlines zset,
+-- K (keys): job, events stream, lease, running zset, queued set, task list, deadlines zset,
 --   the kind's queued set of batch lines (where a job of priority `batch` is counted)
 -- The owner's usage hash (`keys.usage`) is named here from the job's owner and
--- `usage_prefix` (ARGV): a worker that starts a job knows only its id. (One Redis, or
+-- `usage_prefix` (a): a worker that starts a job knows only its id. (One Redis, or
 -- Sentinel: not Redis Cluster.)
--- ARGV[1]: JSON {job_id, sources: [status, ...], target, now, lease_mode, lease_token,
---   lease_ttl_ms, end_ttl_s (0: not an end), maxlen, channel, ends_channel, event (JSON
---   text), pre_event_type ('' for none: an output or error event written just before the
---   status event), pre_event (JSON text), read_back: [field, ...] (['*']: all of them),
+-- a (the change, from JSON): {job_id, sources: [status, ...], target, now, lease_mode,
+--   lease_token, lease_ttl_ms, end_ttl_s (0: not an end), maxlen, channel, ends_channel,
+--   event (JSON text), pre_event_type ('' for none: an output or error event written just
+--   before the status event), pre_event (JSON text), read_back: [field, ...] (['*']: all of them),
 --   fields: {name: value}, message: a task message to push on the task list ('' for none),
 --   hold: true to return the notices instead of publishing them, charge: absent, or a
 --   cost known at the end, {key (`keys.cost_in`), amount, ttl_s}}
 -- Returns {'ok', event id, pre-event id, held notices (JSON [[channel, message], ...] or
 -- ''), read-back values...} or {reason, status}. A start ('acquire') is refused with
 -- 'expired' once the job's deadline has passed (Redis's time): it must never run.
-local a = cjson.decode(ARGV[1])
-if a.hold then held = {} end
-local current = redis.call('HMGET', KEYS[1], 'status', 'cancel_requested', 'deadline',
-                           'cancel_at_deadline', 'priority', 'owner', 'released')
-local queued_set = KEYS[5]
-if current[5] == 'batch' then queued_set = KEYS[8] end
-local status = current[1]
-if not status then return {'missing', ''} end
-local allowed = false
-for _, source in ipairs(a.sources) do
-  if source == status then allowed = true end
-end
-if not allowed then return {'status', status} end
-local mode = a.lease_mode
-if mode == 'check' then
-  if redis.call('GET', KEYS[3]) ~= a.lease_token then return {'lease', status} end
-elseif mode == 'absent' then
-  if redis.call('EXISTS', KEYS[3]) == 1 then return {'lease', status} end
-elseif mode == 'acquire' then
-  if current[2] == '1' then return {'canceled', status} end
-  if current[3] and current[3] ~= '' and now_s() > tonumber(current[3]) then
-    return {'expired', status}
+local function transition(K, a)
+  held = nil
+  if a.hold then held = {} end
+  local current = redis.call('HMGET', K[1], 'status', 'cancel_requested', 'deadline',
+                             'cancel_at_deadline', 'priority', 'owner', 'released')
+  local queued_set = K[5]
+  if current[5] == 'batch' then queued_set = K[8] end
+  local status = current[1]
+  if not status then return {'missing', ''} end
+  local allowed = false
+  for _, source in ipairs(a.sources) do
+    if source == status then allowed = true end
   end
-  if not redis.call('SET', KEYS[3], a.lease_token, 'NX', 'PX', a.lease_ttl_ms) then
-    return {'lease', status}
+  if not allowed then return {'status', status} end
+  local mode = a.lease_mode
+  if mode == 'check' then
+    if redis.call('GET', K[3]) ~= a.lease_token then return {'lease', status} end
+  elseif mode == 'absent' then
+    if redis.call('EXISTS', K[3]) == 1 then return {'lease', status} end
+  elseif mode == 'acquire' then
+    if current[2] == '1' then return {'canceled', status} end
+    if current[3] and current[3] ~= '' and now_s() > tonumber(current[3]) then
+      return {'expired', status}
+    end
+    if not redis.call('SET', K[3], a.lease_token, 'NX', 'PX', a.lease_ttl_ms) then
+      return {'lease', status}
+    end
+    redis.call('HINCRBY', K[1], 'attempts', 1)
   end
-  redis.call('HINCRBY', KEYS[1], 'attempts', 1)
-end
--- The first write of a requeue: should it fail, the job is left as it was.
-if a.message ~= '' then push_message(KEYS[6], a.message) end
-local target = a.target
-local pairs_ = {'status', target}
-for name, value in pairs(a.fields) do
-  pairs_[#pairs_ + 1] = name
-  pairs_[#pairs_ + 1] = value
-end
-redis.call('HSET', KEYS[1], unpack(pairs_))
-local ttl = nil
-local pre_id = ''
-if a.end_ttl_s > 0 then ttl = a.end_ttl_s end
-if a.pre_event_type ~= '' then
-  if a.pre_event_type == 'output' then
-    local cur = redis.call('HGET', KEYS[1], 'first_output_at')
-    if not cur or cur == '' then redis.call('HSET', KEYS[1], 'first_output_at', a.now) end
+  -- The first write of a requeue: should it fail, the job is left as it was.
+  if a.message ~= '' then push_message(K[6], a.message) end
+  local target = a.target
+  local pairs_ = {'status', target}
+  for name, value in pairs(a.fields) do
+    pairs_[#pairs_ + 1] = name
+    pairs_[#pairs_ + 1] = value
   end
-  pre_id = announce(a.channel, KEYS[2], a.maxlen, a.job_id, a.pre_event_type, a.pre_event,
-                    a.now, nil)
-end
-if target == 'queued' then
-  redis.call('SADD', queued_set, a.job_id)
-  redis.call('ZREM', KEYS[4], a.job_id)
-elseif target == 'running' then
-  redis.call('SREM', queued_set, a.job_id)
-  redis.call('ZADD', KEYS[4], deadline_after(a.lease_ttl_ms), a.job_id)
-else
-  redis.call('SREM', queued_set, a.job_id)
-  redis.call('ZREM', KEYS[4], a.job_id)
-end
--- A run that leaves `running` under its lease (an end, or a preempted line queued again)
--- gives the lease up: the next start takes the job at once.
-if mode == 'check' and target ~= 'running' then redis.call('DEL', KEYS[3]) end
--- The owner's queued count follows the job in and out of `queued` (batch lines apart).
-if current[6] and current[5] ~= 'batch' and (status == 'queued') ~= (target == 'queued') then
-  local usage = a.usage_prefix .. current[6]
+  redis.call('HSET', K[1], unpack(pairs_))
+  local ttl = nil
+  local pre_id = ''
+  if a.end_ttl_s > 0 then ttl = a.end_ttl_s end
+  if a.pre_event_type ~= '' then
+    if a.pre_event_type == 'output' then
+      local cur = redis.call('HGET', K[1], 'first_output_at')
+      if not cur or cur == '' then redis.call('HSET', K[1], 'first_output_at', a.now) end
+    end
+    pre_id = announce(a.channel, K[2], a.maxlen, a.job_id, a.pre_event_type, a.pre_event,
+                      a.now, nil)
+  end
   if target == 'queued' then
-    redis.call('HINCRBY', usage, 'queued', 1)
-  elseif redis.call('HINCRBY', usage, 'queued', -1) < 0 then
-    redis.call('HSET', usage, 'queued', 0)  -- a job queued before counts were kept
-  end
-end
--- A job released to the workers gives its key's `max_running` slot back when it ends.
-if ttl and current[7] == '1' and current[6] then
-  local usage = a.usage_prefix .. current[6]
-  if redis.call('HINCRBY', usage, 'running', -1) < 0 then
-    redis.call('HSET', usage, 'running', 0)
-  end
-  redis.call('HDEL', KEYS[1], 'released')
-end
-if a.charge then
-  redis.call('INCRBY', a.charge.key, a.charge.amount)
-  redis.call('EXPIRE', a.charge.key, a.charge.ttl_s)
-end
--- A deadline is watched while the job waits, and while it runs if it asked to be
--- canceled at it; the reaper sweeps the set.
-local deadline = current[3]
-if deadline and deadline ~= '' then
-  if target == 'queued' or (target == 'running' and current[4] == '1') then
-    redis.call('ZADD', KEYS[7], deadline, a.job_id)
+    redis.call('SADD', queued_set, a.job_id)
+    redis.call('ZREM', K[4], a.job_id)
+  elseif target == 'running' then
+    redis.call('SREM', queued_set, a.job_id)
+    redis.call('ZADD', K[4], deadline_after(a.lease_ttl_ms), a.job_id)
   else
-    redis.call('ZREM', KEYS[7], a.job_id)
+    redis.call('SREM', queued_set, a.job_id)
+    redis.call('ZREM', K[4], a.job_id)
+  end
+  -- A run that leaves `running` under its lease (an end, or a preempted line queued again)
+  -- gives the lease up: the next start takes the job at once.
+  if mode == 'check' and target ~= 'running' then redis.call('DEL', K[3]) end
+  -- The owner's queued count follows the job in and out of `queued` (batch lines apart).
+  if current[6] and current[5] ~= 'batch' and (status == 'queued') ~= (target == 'queued') then
+    local usage = a.usage_prefix .. current[6]
+    if target == 'queued' then
+      redis.call('HINCRBY', usage, 'queued', 1)
+    elseif redis.call('HINCRBY', usage, 'queued', -1) < 0 then
+      redis.call('HSET', usage, 'queued', 0)  -- a job queued before counts were kept
+    end
+  end
+  -- A job released to the workers gives its key's `max_running` slot back when it ends.
+  if ttl and current[7] == '1' and current[6] then
+    local usage = a.usage_prefix .. current[6]
+    if redis.call('HINCRBY', usage, 'running', -1) < 0 then
+      redis.call('HSET', usage, 'running', 0)
+    end
+    redis.call('HDEL', K[1], 'released')
+  end
+  if a.charge then
+    redis.call('INCRBY', a.charge.key, a.charge.amount)
+    redis.call('EXPIRE', a.charge.key, a.charge.ttl_s)
+  end
+  -- A deadline is watched while the job waits, and while it runs if it asked to be
+  -- canceled at it; the reaper sweeps the set.
+  local deadline = current[3]
+  if deadline and deadline ~= '' then
+    if target == 'queued' or (target == 'running' and current[4] == '1') then
+      redis.call('ZADD', K[7], deadline, a.job_id)
+    else
+      redis.call('ZREM', K[7], a.job_id)
+    end
+  end
+  if ttl then redis.call('EXPIRE', K[1], ttl) end
+  local id, notice = announce(a.channel, K[2], a.maxlen, a.job_id, 'status', a.event, a.now,
+                              ttl)
+  local function held_json()
+    if held and #held > 0 then return cjson.encode(held) end
+    return ''
+  end
+  if not ttl and #a.read_back == 0 then return {'ok', id, pre_id, held_json()} end
+  -- The job as it is now, read once: an end publishes it on the ends channel (so that a
+  -- request waiting for the end needs no second read) unless it is large, and the caller
+  -- gets the fields it asked for.
+  local flat = redis.call('HGETALL', K[1])
+  local fields, size = {}, 0
+  for i = 1, #flat, 2 do
+    size = size + #flat[i] + #flat[i + 1]
+    fields[flat[i]] = flat[i + 1]
+  end
+  if ttl then
+    local job = ''
+    if size <= NOTICE_JOB_MAX_BYTES then job = ',"job":' .. cjson.encode(fields) end
+    publish(a.ends_channel, notice .. job .. '}')
+  end
+  if #a.read_back == 0 then return {'ok', id, pre_id, held_json()} end
+  if a.read_back[1] == '*' then return {'ok', id, pre_id, held_json(), unpack(flat)} end
+  local values = {}
+  for _, name in ipairs(a.read_back) do values[#values + 1] = fields[name] or '' end
+  return {'ok', id, pre_id, held_json(), unpack(values)}
+end
+""".replace("NOTICE_JOB_MAX_BYTES", str(NOTICE_JOB_MAX_BYTES))
+)
+
+TRANSITION = (
+    _TRANSITION
+    + """
+-- KEYS: the eight keys of `transition`; ARGV[1]: the change (JSON).
+return transition(KEYS, cjson.decode(ARGV[1]))
+"""
+)
+
+TRANSITION_KEYS = 8
+"""Keys of one change (`Transition.script_args`)."""
+
+TRANSITIONS = (
+    _TRANSITION
+    + """
+-- Several changes in one call (a worker's group commit): ARGV[i] is change i (JSON),
+-- and its eight keys are KEYS[8(i-1)+1 .. 8i]. Each runs as `TRANSITION` would, and
+-- returns what it would, in order; a change that raises an error returns
+-- {'error', message} in its place, and the others are made all the same.
+local out = {}
+for i = 1, #ARGV do
+  local K = {}
+  for k = 1, 8 do K[k] = KEYS[(i - 1) * 8 + k] end
+  local ok, reply = pcall(transition, K, cjson.decode(ARGV[i]))
+  if ok then
+    out[i] = reply
+  else  -- redis.call's errors are tables {err = message}
+    if type(reply) == 'table' then reply = reply.err end
+    out[i] = {'error', tostring(reply)}
   end
 end
-if ttl then redis.call('EXPIRE', KEYS[1], ttl) end
-local id, notice = announce(a.channel, KEYS[2], a.maxlen, a.job_id, 'status', a.event, a.now,
-                            ttl)
-local function held_json()
-  if held and #held > 0 then return cjson.encode(held) end
-  return ''
-end
-if not ttl and #a.read_back == 0 then return {'ok', id, pre_id, held_json()} end
--- The job as it is now, read once: an end publishes it on the ends channel (so that a
--- request waiting for the end needs no second read) unless it is large, and the caller
--- gets the fields it asked for.
-local flat = redis.call('HGETALL', KEYS[1])
-local fields, size = {}, 0
-for i = 1, #flat, 2 do
-  size = size + #flat[i] + #flat[i + 1]
-  fields[flat[i]] = flat[i + 1]
-end
-if ttl then
-  local job = ''
-  if size <= NOTICE_JOB_MAX_BYTES then job = ',"job":' .. cjson.encode(fields) end
-  publish(a.ends_channel, notice .. job .. '}')
-end
-if #a.read_back == 0 then return {'ok', id, pre_id, held_json()} end
-if a.read_back[1] == '*' then return {'ok', id, pre_id, held_json(), unpack(flat)} end
-local values = {}
-for _, name in ipairs(a.read_back) do values[#values + 1] = fields[name] or '' end
-return {'ok', id, pre_id, held_json(), unpack(values)}
-""".replace("NOTICE_JOB_MAX_BYTES", str(NOTICE_JOB_MAX_BYTES))
+return out
+"""
 )
 
 RESEND = (

@@ -125,6 +125,7 @@ class JobStore(StoreBase):
         self.r = client
         self.tally = MetricsTally(client, settings.metrics_flush_s)
         self._transition = client.register_script(lua.TRANSITION)
+        self._transitions = client.register_script(lua.TRANSITIONS)
         self._submit = client.register_script(lua.SUBMIT)
         self._append = client.register_script(lua.APPEND_EVENTS)
         self._renew = client.register_script(lua.RENEW_LEASE)
@@ -182,6 +183,33 @@ class JobStore(StoreBase):
         done = self._applied(change, raw, wait, now)
         self._follow_up(change.job_id, done)
         return done.result()
+
+    def apply_many(self, changes: Sequence[Transition]) -> list[Done[TransitionResult]]:
+        """The changes in one script call (`lua.TRANSITIONS`), and one wait for their
+        confirmation where one of them ends its job: each made as `apply` makes it, with
+        what it implies done (the notices held back published in one round trip). The
+        answers come as `Done`s, in order: `result()` returns or raises what `apply` would
+        (a change that raised in the script raises its `ResponseError` there alone)."""
+        if not changes:
+            return []
+        now = time.time()
+        calls = [self._change_call(change, now) for change in changes]
+        key_list = [k for _, change_keys, _, _ in calls for k in change_keys]
+        args = [arg for _, _, change_args, _ in calls for arg in change_args]
+        waits = [wait_ms for *_, wait_ms in calls if wait_ms is not None]
+        raws, wait = self._run(self._transitions, key_list, args, max(waits, default=None))
+        dones = []
+        for (change, _, _, wait_ms), raw in zip(calls, raws, strict=True):
+            if raw[0] == "error":
+                dones.append(Done(TransitionResult(ok=False, reason="error", status=raw[1])))
+                dones[-1].failed = redis.ResponseError(f"job {change.job_id}: {raw[1]}")
+                continue
+            dones.append(self._applied(change, raw, NOT_WAITED if wait_ms is None else wait, now))
+        self._publish([notice for done in dones for notice in done.held])
+        for (change, *_), done in zip(calls, dones, strict=True):
+            done.held = []
+            self._follow_up(change.job_id, done)
+        return dones
 
     def get(self, job_id: str) -> Job | None:
         fields = text_map(self.r.hgetall(keys.job(job_id)))

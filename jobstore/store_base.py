@@ -114,8 +114,12 @@ class Done(Generic[Answer]):
     samples: list[Sample] = field(default_factory=list)
     cells: list[recent.Cell] = field(default_factory=list)
     unconfirmed: NotDurable | None = None
+    failed: Exception | None = None
+    """The error of a change that raised in its script (`JobStore.apply_many`)."""
 
     def result(self) -> Answer:
+        if self.failed is not None:
+            raise self.failed
         if self.unconfirmed is not None:
             raise self.unconfirmed
         return self.answer

@@ -30,6 +30,7 @@ from jobs.wire import JobError
 from jobstore import operations, quotas
 from jobstore.changes import Transition, TransitionResult
 from jobstore.codec import dumps, job_from_fields
+from jobstore.group_commit import GroupCommit
 from jobstore.store import JobStore, NewEvent
 from pipelines.base import Files
 from telemetry import tracing
@@ -62,6 +63,11 @@ class JobRunner:
         """The task message that queues a job again (a preempted batch line)."""
         self.residency = residency
         self.store = store
+        self.starts = GroupCommit(store)
+        """The starts of this runner's jobs, made in groups (one script call each)."""
+        self.ends = GroupCommit(store)
+        """Their ends (and requeues), in groups too: a start never waits for an end's
+        confirmation at `redis.durability`."""
         self.engine = engine
         self.keeper = keeper
         self.events = events
@@ -95,7 +101,7 @@ class JobRunner:
 
     def _start_and_run(self, job_id: str) -> str:
         lease = self.keeper.new_lease()
-        started = self.store.apply(operations.start(job_id, self.kind, lease, self.worker_name))
+        started = self.starts.apply(operations.start(job_id, self.kind, lease, self.worker_name))
         if not started.ok:
             if started.reason == "canceled":
                 self._end_canceled_in_queue(job_id)
@@ -302,7 +308,7 @@ class JobRunner:
         leaves the job as it was there (a run's lease expires, and the reaper takes the
         job back), which the task left unacknowledged would not change."""
         try:
-            return self.store.apply(change)
+            return self.ends.apply(change)
         except NotDurable as exc:
             log.error("%s", exc.message)
             return None
