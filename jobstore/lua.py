@@ -6,6 +6,8 @@ from broker.kombu_redis import PUSH_MESSAGE_LUA
 
 NOTICE_JOB_MAX_BYTES = 16_384
 """A job whose fields add up to more than this is not carried in its end notice."""
+FRONT_MAX = 32
+"""Newcomers' messages at the front of a queue list that keep their order (`SUBMIT`)."""
 
 # A status event as JSON, built inside Redis so that its stream id can go into the notice.
 # `data` is JSON text already (decoding and encoding it again here would round its
@@ -68,9 +70,10 @@ SUBMIT = (
 --   hold: fair share's (absent: push the message at once) {entry: JSON of the held job
 --   for its hold list, field: `pipeline|priority`, priority, takes: the priorities whose
 --   room a pushed message takes (its own and those below)}}
--- More KEYS with `hold`: the pipeline's room (hash by priority), the holders of
---   priorities high, normal and low (those below the job's: unused names), the job's own
---   holders, its hold list, the passes, the held counts.
+-- More KEYS with `hold`: the pipeline's room (hash by priority, `newcomers` and the
+--   newcomers' marks, see below), the holders of priorities high, normal and low (those
+--   below the job's: unused names), the job's own holders, its hold list, the passes,
+--   the held counts.
 -- Returns {'ok', event id, requests limit, requests used, cost limit, cost used} or
 -- {'dup', value} or {'full', ''} or {'quota', name, limit, used}.
 local a = cjson.decode(ARGV[1])
@@ -111,22 +114,62 @@ if redis.call('SCARD', KEYS[3]) >= a.max_queued then return {'full', ''} end
 -- stage's `room`), a job of another key waiting at its priority or above, or its key at
 -- its `max_running`, is held for the scheduler; the owner joins the turn at the last
 -- release's pass if it was not waiting.
-local hold_job = false
+-- A newcomer's job is released here, as the scheduler's next release would release it,
+-- without waiting for that step: its key has nothing at the workers (no job released
+-- and not ended, so none in the queue) and none held at its priority, nothing is held
+-- above it, no held key's pass is below the one it joins at, and the pipeline takes
+-- newcomers (`newcomers`: it has live workers and is not draining). Its pass moves on as
+-- a release's would, and its message goes to the consumers' end of its list, behind the
+-- newcomers' still there (taken next, not behind what waits in the queue).
+local hold_job, front = false, false
 if a.message ~= '' and a.hold then
   local room = redis.call('HGET', KEYS[15], a.hold.priority)
   if room then
-    local waiting = 0
-    for i = 16, 18 do waiting = waiting + redis.call('ZCARD', KEYS[i]) end
-    local capped = limits.max_running > 0 and
-      tonumber(redis.call('HGET', KEYS[11], 'running') or '0') >= limits.max_running
-    if waiting == 0 and tonumber(room) > 0 and not capped then
+    local waiting, above = 0, 0
+    for i = 16, 18 do
+      local n = redis.call('ZCARD', KEYS[i])
+      waiting = waiting + n
+      if KEYS[i] ~= KEYS[19] then above = above + n end
+    end
+    local running = tonumber(redis.call('HGET', KEYS[11], 'running') or '0')
+    local capped = limits.max_running > 0 and running >= limits.max_running
+    if q.counts and running == 0 and above == 0
+        and redis.call('HGET', KEYS[15], 'newcomers') == '1'
+        and not redis.call('ZSCORE', KEYS[19], q.owner) then
+      local mine = tonumber(redis.call('HGET', KEYS[21], q.owner) or '0')
+      local pass = math.max(mine, tonumber(redis.call('HGET', KEYS[21], '') or '0'))
+      local first = redis.call('ZRANGE', KEYS[19], 0, 0, 'WITHSCORES')
+      if #first == 0 or pass <= tonumber(first[2]) then
+        front = true
+        redis.call('HSET', KEYS[21], q.owner, tostring(pass + 1 / tonumber(limits.weight or 1)),
+                   '', tostring(pass))
+      end
+    end
+    if front or (waiting == 0 and tonumber(room) > 0 and not capped) then
       for _, p in ipairs(a.hold.takes) do redis.call('HINCRBY', KEYS[15], p, -1) end
     else
       hold_job = true
     end
   end
 end
-if hold_job then
+if front then
+  -- After the last newcomer's message (its mark) if it is among the FRONT_MAX last.
+  local mark = 'front|' .. a.hold.priority
+  local last = redis.call('HGET', KEYS[15], mark)
+  local moved = {}
+  if last then
+    local ends = redis.call('LRANGE', KEYS[6], -FRONT_MAX, -1)
+    for i = #ends, 1, -1 do
+      if ends[i] == last then
+        for j = 1, #ends - i + 1 do moved[j] = redis.call('RPOP', KEYS[6]) end
+        break
+      end
+    end
+  end
+  redis.call('RPUSH', KEYS[6], a.message)
+  for j = #moved, 1, -1 do redis.call('RPUSH', KEYS[6], moved[j]) end
+  redis.call('HSET', KEYS[15], mark, a.message)
+elseif hold_job then
   redis.call('RPUSH', KEYS[20], a.hold.entry)
   if not redis.call('ZSCORE', KEYS[19], q.owner) then
     local mine = tonumber(redis.call('HGET', KEYS[21], q.owner) or '0')
@@ -164,7 +207,7 @@ if q.counts then
 end
 return {'ok', id, tostring(limits.requests), tostring(used), tostring(cost_limit),
         tostring(spent)}
-"""
+""".replace("FRONT_MAX", str(FRONT_MAX))
 )
 
 _TRANSITION = (

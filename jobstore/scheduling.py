@@ -145,12 +145,18 @@ class SchedulingStore:
         )  # fmt: skip
         return len(pushed)
 
-    def write_rooms(self, rooms: dict[str, list[int]], ttl_ms: int) -> None:
-        """What a submit may push at once, per pipeline and `INTERACTIVE` priority, kept
-        `ttl_ms` (past it, with no scheduler running, submits push at once)."""
+    def write_rooms(self, rooms: dict[str, list[int]], newcomers: set[str], ttl_ms: int) -> None:
+        """What a submit may push at once, per pipeline and `INTERACTIVE` priority, and
+        whether a newcomer's job goes to the front of its queue at once (`newcomers`: the
+        pipelines with live workers, not draining; `SUBMIT`), kept `ttl_ms` (past it, with
+        no scheduler running, submits push at once)."""
         pipe = self.r.pipeline(transaction=False)
         for pipeline, room in rooms.items():
-            pipe.hset(keys.room(pipeline), mapping=dict(zip(INTERACTIVE, room, strict=True)))
+            pipe.hset(
+                keys.room(pipeline),
+                mapping={**dict(zip(INTERACTIVE, room, strict=True)),
+                         "newcomers": int(pipeline in newcomers)},
+            )  # fmt: skip
             pipe.pexpire(keys.room(pipeline), ttl_ms)
         pipe.execute()
 

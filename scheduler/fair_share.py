@@ -1,7 +1,9 @@
 """Fair share: each pipeline's free slots go to its held jobs, highest priority first, and
 within a priority to the key whose turn it is (stride scheduling in `RELEASE_HELD`: a
 release adds 1 / weight to its key's pass, so a key with one job goes before another
-key's thousandth)."""
+key's thousandth). The release a step would make first, a newcomer's job (its key has
+nothing at the workers), its submit makes at once (`SUBMIT`), to the front of the queue:
+it waits neither for the next step nor behind the messages queued ahead of the slots."""
 
 from __future__ import annotations
 
