@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 import anyio
 from fastapi import FastAPI
 
-from api import error_handlers, openapi
+from api import error_handlers, openapi, plain_routes
 from api.batch_service import BatchService
 from api.cache import ResponseCache
 from api.callers import ApiKeys
@@ -125,6 +125,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(metrics.router)
     app.include_router(admin.router)
     app.include_router(whoami.router)
+    # The LLM routes as plain Starlette routes, matched first (their FastAPI routes above
+    # are what the OpenAPI document describes).
+    app.router.routes[:0] = plain_routes.ROUTES
     console.mount(app)
     openapi.install(app, settings)
 

@@ -63,7 +63,7 @@ async def create_chat_completion(
     request: Request, owner: Owner, body: ChatRequest, service: Service, deadline: Deadline
 ) -> Response:
     """A chat completion (OpenAI's chat.completions.create), streamed or not."""
-    return await _complete(request, service, owner, body, deadline, chat=True)
+    return await complete(request, service, owner, body, deadline, chat=True)
 
 
 @router.post(
@@ -77,7 +77,7 @@ async def create_completion(
     request: Request, owner: Owner, body: CompletionRequest, service: Service, deadline: Deadline
 ) -> Response:
     """A text completion (OpenAI's completions.create), streamed or not."""
-    return await _complete(request, service, owner, body, deadline, chat=False)
+    return await complete(request, service, owner, body, deadline, chat=False)
 
 
 @router.get("/models", responses=responses(401))
@@ -99,7 +99,7 @@ async def list_models(owner: Owner, settings: SettingsDep) -> ModelList:
     return ModelList(data=list(seen.values()))
 
 
-async def _complete(
+async def complete(
     request: Request,
     service: JobService,
     owner: str,
@@ -108,6 +108,9 @@ async def _complete(
     *,
     chat: bool,
 ) -> Response:
+    """The answer to a chat (`chat`) or text completion request: its job submitted, then
+    its stream or its end. These routes' FastAPI functions call it, and so do their plain
+    routes (`api.plain_routes`), which serve the requests."""
     if isinstance(body, ChatRequest):  # speech in, and the answer spoken: the voice stages
         body = await chat_audio.transcribed(service, owner, body)
         if body.speaks:

@@ -42,9 +42,12 @@ async def _request_timeout(  # async: FastAPI runs a plain `def` on its thread p
         ),
     ] = None,
 ) -> DeadlineFields:
-    if x_request_timeout is None:
-        return {}
-    return {"max_queue_s": x_request_timeout, "cancel_at_deadline": True}
+    return {} if x_request_timeout is None else deadline_fields(x_request_timeout)
+
+
+def deadline_fields(seconds: float) -> DeadlineFields:
+    """The deadline fields of `X-Request-Timeout: seconds`."""
+    return {"max_queue_s": seconds, "cancel_at_deadline": True}
 
 
 Deadline = Annotated[DeadlineFields, Depends(_request_timeout)]

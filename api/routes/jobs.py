@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Header, Query, Response
 from api.auth import JobOwner, Owner
 from api.deps import Service, SettingsDep
 from api.listing import JobFilter, unix_seconds
+from api.service import JobService
 from api.views import JobList, JobView, job_view
 from jobs.models import Job, JobCreate
 from jobs.settings import Settings
@@ -27,11 +28,12 @@ Prefer = Annotated[
         description="`wait=N`: answer 200 once the job has ended, or 202 after N seconds.",
     ),
 ]
+IDEMPOTENCY_KEY_MAX = 255
 IdempotencyKey = Annotated[
     str | None,
     Header(
         alias="Idempotency-Key",
-        max_length=255,
+        max_length=IDEMPOTENCY_KEY_MAX,
         description="A repeated submit with the same key returns the same job.",
     ),
 ]
@@ -76,6 +78,19 @@ async def submit_job(
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Submit a job. 202 at once; with `Prefer: wait=N`, 200 if it ends within N seconds."""
+    return await submit(owner, body, service, settings, prefer, idempotency_key)
+
+
+async def submit(
+    owner: str,
+    body: JobCreate,
+    service: JobService,
+    settings: Settings,
+    prefer: str | None,
+    idempotency_key: str | None,
+) -> Response:
+    """The answer to a submit (`submit_job`, and its plain route, `api.plain_routes`, which
+    serves the requests)."""
     waited = prefer_wait(prefer)
     if waited is None:
         job, _created = await service.submit(owner, body, idempotency_key)
