@@ -117,10 +117,10 @@ if redis.call('SCARD', KEYS[3]) >= a.max_queued then return {'full', ''} end
 -- A newcomer's job is released here, as the scheduler's next release would release it,
 -- without waiting for that step: its key has nothing at the workers (no job released
 -- and not ended, so none in the queue) and none held at its priority, nothing is held
--- above it, no held key's pass is below the one it joins at, and the pipeline takes
--- newcomers (`newcomers`: it has live workers and is not draining). Its pass moves on as
--- a release's would, and its message goes to the consumers' end of its list, behind the
--- newcomers' still there (taken next, not behind what waits in the queue).
+-- above it, no held key's pass is below the one it would join at, and the pipeline takes
+-- newcomers (`newcomers`: it has live workers and is not draining). Its message goes to
+-- the consumers' end of its list, behind the newcomers' still there (taken next, not
+-- behind what waits in the queue). Like a push that found room, it moves no pass.
 local hold_job, front = false, false
 if a.message ~= '' and a.hold then
   local room = redis.call('HGET', KEYS[15], a.hold.priority)
@@ -139,11 +139,7 @@ if a.message ~= '' and a.hold then
       local mine = tonumber(redis.call('HGET', KEYS[21], q.owner) or '0')
       local pass = math.max(mine, tonumber(redis.call('HGET', KEYS[21], '') or '0'))
       local first = redis.call('ZRANGE', KEYS[19], 0, 0, 'WITHSCORES')
-      if #first == 0 or pass <= tonumber(first[2]) then
-        front = true
-        redis.call('HSET', KEYS[21], q.owner, tostring(pass + 1 / tonumber(limits.weight or 1)),
-                   '', tostring(pass))
-      end
+      front = #first == 0 or pass <= tonumber(first[2])
     end
     if front or (waiting == 0 and tonumber(room) > 0 and not capped) then
       for _, p in ipairs(a.hold.takes) do redis.call('HINCRBY', KEYS[15], p, -1) end

@@ -166,7 +166,8 @@ def test_a_newcomers_job_is_released_by_its_submit_to_the_front_of_the_queue(
     """A key with nothing at the workers: its submit releases its job, with no scheduler
     step (it is paused), to the front of the queue, ahead of the other key's jobs released
     before and held; a second newcomer's goes behind the first's; a key with a job at the
-    workers is held as before."""
+    workers is held as before; once its job ended, a key is a newcomer again, even with
+    no release made since."""
     a, b, c = _key(dep, r), _key(dep, r), _key(dep, r)
     blocker = _busy(a)
     burst = [_sleep(a) for _ in range(10)]
@@ -180,6 +181,11 @@ def test_a_newcomers_job_is_released_by_its_submit_to_the_front_of_the_queue(
         assert r.hget(keys.job(first), "released") == "1"
         again = _sleep(b)  # b has a job at the workers now: held for its turn
         assert r.hget(keys.job(again), "held") == "1"
+        last = second
+        for _ in range(3):  # once its job ended, a newcomer again, with no release since
+            assert c.wait(last)["status"] == "succeeded"
+            last = _sleep(c)
+            assert r.hget(keys.job(last), "held") is None
         assert _held(r) == held + 1  # and nothing was released meanwhile
     done = {j: a.wait(j) for j in burst}
     one, two = b.wait(first), c.wait(second)
@@ -187,6 +193,7 @@ def test_a_newcomers_job_is_released_by_its_submit_to_the_front_of_the_queue(
     assert _ts(one["started_at"]) < _ts(two["started_at"])
     assert _ts(two["started_at"]) < min(_ts(j["started_at"]) for j in done.values())
     assert b.wait(again)["status"] == "succeeded"
+    assert c.wait(last)["status"] == "succeeded"
     assert a.wait(blocker)["status"] == "succeeded"
     _idle(r)
 
