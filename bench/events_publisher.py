@@ -1,6 +1,8 @@
 """The publisher of `bench.events`: a child process that acts as the worker, appending
 one PROGRESS event per job per round through the job store (XADD + PUBLISH), each stamped
-with the time just before it is sent."""
+with the time just before it is sent: one append at a time (`--publish-batch 1`), or
+`batch` events per script call, as a worker's event writer writes what its jobs made
+meanwhile (`workers.event_writer`), each event stamped just before its call."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from redis.exceptions import RedisError
 
 from jobs.models import EventType
 from jobs.settings import load_settings
-from jobstore.store import JobStore
+from jobstore.store import JobStore, NewEvent
 
 BENCH_CLIENT_PREFIX = "mmq-bench"
 """Redis client names of the benchmark's own connections (told apart in CLIENT LIST)."""
@@ -33,21 +35,28 @@ class PublishReport:
     errors: dict[str, int]
 
 
-def publish_round(store: JobStore, round_no: int, job_ids: list[str]) -> PublishReport:
-    """One PROGRESS event per job, one append at a time, each stamped just before it."""
+def publish_round(
+    store: JobStore, round_no: int, job_ids: list[str], batch: int = 1
+) -> PublishReport:
+    """One PROGRESS event per job, `batch` per script call, each stamped just before its
+    call."""
     errors: Counter[str] = Counter()
     start = time.perf_counter()
-    for job_id in job_ids:
-        data = {"sent_ns": time.time_ns(), "round": round_no}
+    published = 0
+    for at in range(0, len(job_ids), batch):
+        sent_ns = time.time_ns()
+        events = [
+            NewEvent(job_id, EventType.PROGRESS, {"sent_ns": sent_ns, "round": round_no})
+            for job_id in job_ids[at : at + batch]
+        ]
         try:
-            store.append_event(job_id, EventType.PROGRESS, data, first_output=False)
+            published += sum(1 for event_id in store.append_events(events) if event_id)
         except RedisError as exc:
-            errors[f"publish: {type(exc).__name__}: {exc}"[:200]] += 1
-    published = len(job_ids) - sum(errors.values())
+            errors[f"publish: {type(exc).__name__}: {exc}"[:200]] += len(events)
     return PublishReport(published, time.perf_counter() - start, dict(errors))
 
 
-def publisher_main(conn: Connection, config: str, redis_url: str) -> None:
+def publisher_main(conn: Connection, config: str, redis_url: str, batch: int) -> None:
     """Child process: answers each (round, job ids) order with a PublishReport."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     settings = load_settings(Path(config), redis_url=redis_url)
@@ -58,19 +67,19 @@ def publisher_main(conn: Connection, config: str, redis_url: str) -> None:
     with contextlib.suppress(EOFError, KeyboardInterrupt):
         while (order := conn.recv()) is not None:
             round_no, job_ids = order
-            conn.send(publish_round(store, round_no, job_ids))
+            conn.send(publish_round(store, round_no, job_ids, batch))
     client.close()
 
 
 class Publisher:
     """The parent's handle on the publisher process."""
 
-    def __init__(self, config: Path, redis_url: str) -> None:
+    def __init__(self, config: Path, redis_url: str, batch: int = 1) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(
             target=publisher_main,
-            args=(child_conn, str(config.resolve()), redis_url),
+            args=(child_conn, str(config.resolve()), redis_url, batch),
             name="mmq-bench-publisher",
             daemon=True,
         )
@@ -100,8 +109,8 @@ class Publisher:
 
 
 @contextlib.contextmanager
-def publisher_process(config: Path, redis_url: str) -> Iterator[Publisher]:
-    publisher = Publisher(config, redis_url)
+def publisher_process(config: Path, redis_url: str, batch: int = 1) -> Iterator[Publisher]:
+    publisher = Publisher(config, redis_url, batch)
     try:
         yield publisher
     finally:

@@ -16,6 +16,12 @@ from bench.overhead import jsonable
 
 GOALS_P50_MS = {1: 2.0, 1000: 20.0}
 """Streams -> the p50 delay goal in milliseconds."""
+GOALS_EVENTS_PER_S = {1000: 4 * 2_800}
+"""Streams -> the goal for events/s through the one API process: 4x the 2,800 it carried
+at 1,000 SSE streams before issue 31."""
+PUBLISHER_BOUND = 0.9
+"""A level whose API received at least this share of the publisher's pace was bounded by
+the publisher (one append at a time), not by the API: its events/s is the publisher's."""
 
 console = Console(width=None if sys.stdout.isatty() else 120)
 """Tables stay unwrapped when the output goes to a file or a pipe."""
@@ -58,6 +64,9 @@ class LevelResult:
     """Time to open every stream and see its replayed `queued` event."""
     goal_p50_ms: float | None
     goal_met: bool | None
+    goal_events_per_s: float | None = None
+    run: int = 1
+    """Which run of `--runs` it belongs to."""
     api_cpu_us_per_event: float | None = None
     """The API process's CPU time over the rounds per event published (warm-up included)."""
     api_rss_kb: dict[str, int | None] = field(default_factory=dict)
@@ -66,8 +75,8 @@ class LevelResult:
     errors: dict[str, int] = field(default_factory=dict)
 
 
-DELAY_COLUMNS = ("via", "streams", "rounds", "events", "p50 ms", "p90 ms", "p99 ms", "max ms",
-                 "events/s", "p50 goal", "fail")  # fmt: skip
+DELAY_COLUMNS = ("run", "via", "streams", "rounds", "events", "p50 ms", "p90 ms", "p99 ms",
+                 "max ms", "events/s", "events/s goal", "bound by", "p50 goal", "fail")  # fmt: skip
 COST_COLUMNS = ("via", "streams", "API RSS MiB", "KiB/stream", "API CPU us/event", "Redis conns",
                 "bench", "API+other", "pub/sub", "open s")  # fmt: skip
 RSS_POINTS = ("before_streams", "streams_open", "after_rounds")
@@ -99,14 +108,35 @@ def new_table(title: str, columns: tuple[str, ...]) -> Table:
     return table
 
 
+def bound_by(r: LevelResult) -> str:
+    """What limited the level's events/s: the publisher's pace, or the API."""
+    if r.publish_per_s <= 0:
+        return "-"
+    return "publisher" if r.events_per_s >= PUBLISHER_BOUND * r.publish_per_s else "API"
+
+
+def events_goal_text(r: LevelResult) -> str:
+    goal = r.goal_events_per_s
+    if goal is None:
+        return "-"
+    met = r.events_per_s >= goal
+    verdict = (
+        "met" if met else ("missed (publisher-bound)" if bound_by(r) == "publisher" else "missed")
+    )
+    return f">={goal:,.0f} {verdict}"
+
+
 def delay_row(r: LevelResult) -> list[str]:
     return [
+        str(r.run),
         r.transport,
         str(r.streams),
         str(r.rounds),
         f"{r.received}/{r.published}",
         *(f"{ms:.2f}" for ms in (r.p50_ms, r.p90_ms, r.p99_ms, r.max_ms)),
         f"{r.events_per_s:,.0f}",
+        events_goal_text(r),
+        bound_by(r),
         goal_text(r),
         str(r.failures),
     ]
@@ -149,7 +179,8 @@ def print_report(results: list[LevelResult], out: Path) -> None:
     console.print(cost_table(results))
     for r in results:
         console.print(
-            f"{r.streams} stream(s): publisher {r.publish_per_s:,.0f} appends/s",
+            f"run {r.run}, {r.streams} stream(s): publisher {r.publish_per_s:,.0f} appends/s, "
+            f"received {r.events_per_s:,.0f} events/s: bound by the {bound_by(r)}",
             highlight=False,
         )
         for error, count in r.errors.items():
