@@ -23,9 +23,10 @@ one of `--runs` runs. Each level says what bound its events/s: the API, or the p
 (the API received at least 0.9x what the publisher sent: its pace was the limit, and the
 API's own is not known from that level). One append at a time, the publisher manages about
 4,000 a second on a 2-core machine beside the API: `--publish-batch 64` writes as a
-worker's event writer does, a call for many events, to find the API's own limit. It also reports the API
-process's RSS (when it started the API) and the Redis connections during each level, to
-show that an idle stream costs little memory and no Redis connection of its own.
+worker's event writer does, a call for many events, to find the API's own limit. It also
+reports the API process's RSS (when it started the API) and the Redis connections during
+each level, to show that an idle stream costs little memory and no Redis connection of its
+own.
 
 Without `--url` it starts Redis and one API process on free ports (auth off, 127.0.0.1)
 and stops them at the end. Each stream is a socket on both sides: the open-file limit of
