@@ -35,6 +35,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import logging
 import os
 import socket
 import time
@@ -56,6 +57,8 @@ from broker.queues import TASK_NAME
 from common import redis_client
 from common.combining import Combiner
 from common.redis_client import RedisOptions, SentinelUrl
+
+log = logging.getLogger(__name__)
 
 KOMBU_VERSIONS = (">=5.6", "<5.8")
 """The kombu releases whose Redis layout this module matches (pyproject pins the same)."""
@@ -212,6 +215,17 @@ Envelope = TypedDict(
 )
 """A message as kombu's Redis transport keeps it (JSON): in a queue's list, and first in
 an `unacked` record."""
+
+IntakeHook = Callable[[str, Sequence[Envelope]], None]
+"""(queue, messages) -> None: what a worker does with an intake's messages together."""
+
+
+def on_intake(hook: IntakeHook | None) -> None:
+    """Have this process's consumers call `hook` with the messages of each intake (the
+    messages one BLMPOP took, up to `INTAKE_MAX`) before they are delivered one by one: a
+    worker starts their jobs in one script call (`workers.jobrunner.JobRunner.prestart`).
+    Not called on Redis before 7 (one message per BRPOP)."""
+    Channel.intake_hook = hook
 
 
 class TaskTemplate(NamedTuple):
@@ -436,6 +450,9 @@ class Channel(kombu_redis.Channel):
     servers get kombu's BRPOP."""
 
     QoS = QoS
+    intake_hook: IntakeHook | None = None
+    """Called on the consumer thread with each intake's queue and messages, after their
+    `unacked` records are written and before they are delivered (`on_intake`)."""
     _shared_client: Any = None
     _multi_pop: bool | None = None
     """Whether reads are BLMPOPs (Redis 7, no key prefix): decided on the first read."""
@@ -492,6 +509,7 @@ class Channel(kombu_redis.Channel):
             self._queue_cycle.rotate(dest)
             payloads = [kombu_loads(_text(item)) for item in items]  # type: ignore[no-untyped-call]
             self.qos.note(payloads)
+            self._intake(dest, payloads)
             for payload in payloads:
                 self.connection._deliver(payload, dest)
             return True
@@ -501,6 +519,18 @@ class Channel(kombu_redis.Channel):
             flush_reauth = getattr(self, "_flush_brpop_reauth", None)
             if flush_reauth is not None:
                 flush_reauth()
+
+    def _intake(self, queue: str, payloads: list[Envelope]) -> None:
+        """Hand an intake's messages to the process's hook (`on_intake`) before delivery;
+        its failure is logged and delivery goes on (each task then does alone what the
+        hook would have done for all)."""
+        hook = Channel.intake_hook
+        if hook is None:
+            return
+        try:
+            hook(queue, payloads)
+        except Exception:
+            log.exception("the intake hook failed for %d messages of %s", len(payloads), queue)
 
     def _pops_many(self) -> bool:
         """Whether reads are BLMPOPs: the server has it (Redis 7) and kombu adds no key

@@ -4,6 +4,7 @@ alone, against real Redis; and a worker's acknowledgements go together the same 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -11,16 +12,24 @@ from collections.abc import Sequence
 import pytest
 import redis
 
+from broker.celery_app import job_message, make_celery
+from broker.kombu_redis import queued_job_ids
+from broker.queues import queue_name
 from common.combining import Combiner
+from harness.pipelines import EchoInput, EchoPipeline
 from jobs import keys
 from jobs.models import Job
-from jobs.settings import Settings
+from jobs.settings import PipelineConfig, Settings
 from jobs.states import JobStatus
 from jobstore import operations
 from jobstore.changes import Lease
 from jobstore.codec import job_to_fields
 from jobstore.group_commit import GroupCommit
 from jobstore.store import JobStore
+from workers.engine import Engine
+from workers.event_writer import EventWriter
+from workers.jobrunner import JobRunner
+from workers.leases import LeaseKeeper
 
 
 def test_a_combiner_groups_what_threads_ask_meanwhile_and_answers_each_its_own() -> None:
@@ -150,3 +159,78 @@ def test_group_commit_starts_a_burst_of_jobs_in_fewer_calls(store: JobStore) -> 
     assert results == {job.id: True for job in jobs}
     assert all(store.r.get(keys.lease(job.id)) == f"l-{job.id}" for job in jobs)
     assert commits.calls < len(jobs)
+
+
+def _runner(store: JobStore) -> JobRunner:
+    settings = store.settings
+    config = PipelineConfig(kind="echo", impl="harness.pipelines:EchoPipeline")
+    engine = Engine(EchoPipeline(config, settings), name="echo")
+    keeper = LeaseKeeper(store, settings, "w", {})
+    writer = EventWriter(store)
+    app = make_celery(settings)
+    runner = JobRunner(
+        store, engine, keeper, writer, EchoInput, "w", message_for=lambda j: job_message(app, j)
+    )
+    writer.start()
+    engine.start()
+    keeper.start()
+    return runner
+
+
+def test_an_intake_is_started_in_one_call_and_each_run_takes_its_start_up(
+    store: JobStore,
+) -> None:
+    jobs = [_put(store, input=json.dumps({"text": f"t{n}"})) for n in range(3)]
+    canceled = _put(store, cancel_requested="1")
+    runner = _runner(store)
+    try:
+        assert runner.prestarts  # no residency: it runs every job it is handed
+        before = _transition_calls(store)
+        runner.prestart([j.id for j in [*jobs, canceled, jobs[0]]])  # a job twice: once
+        assert _transition_calls(store) == before + 1
+        assert runner.active() == 4  # started with the intake, not run yet
+        for job in jobs:
+            stored = store.get(job.id)
+            assert stored is not None and stored.status == "running" and stored.attempts == 1
+        assert [runner.run(j.id) for j in jobs] == ["ran"] * 3
+        assert runner.run(canceled.id) == "dropped:canceled"
+        assert runner.active() == 0
+        for job in jobs:
+            ended = store.get(job.id)
+            assert ended is not None and ended.status == "succeeded" and ended.attempts == 1
+            starts = [e for e in store.events(job.id) if e.data.get("status") == "running"]
+            assert len(starts) == 1  # started once: the run made no start of its own
+        # A run that finds no start of its job makes its own.
+        alone = _put(store, input=json.dumps({"text": "alone"}))
+        assert runner.run(alone.id) == "ran"
+    finally:
+        runner.engine.stop()
+        runner.keeper.stop()
+        runner.events.stop()
+
+
+def test_a_job_started_with_its_intake_is_handed_back_if_the_runner_closed_first(
+    store: JobStore,
+) -> None:
+    job = _put(store, input=json.dumps({"text": "late"}))
+    runner = _runner(store)
+    try:
+        runner.prestart([job.id])
+        runner.close()
+        assert runner.run(job.id) == "handed-back"
+        stored = store.get(job.id)
+        assert stored is not None and stored.status == "queued" and stored.attempts == 0
+        assert store.r.get(keys.lease(job.id)) is None
+        assert job.id in queued_job_ids(store.r, queue_name("echo"))  # its new message
+        assert runner.active() == 0
+    finally:
+        runner.engine.stop()
+        runner.keeper.stop()
+        runner.events.stop()
+
+
+def _transition_calls(store: JobStore) -> int:
+    """Script calls made so far (Redis counts every EVALSHA; nothing else calls one while
+    no job runs)."""
+    stats = store.r.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,15 @@ from packaging.specifiers import SpecifierSet
 
 from broker import kombu_redis
 from broker.celery_app import job_message, make_celery
-from broker.kombu_redis import KOMBU_VERSIONS, UNACKED, UNACKED_INDEX, Unacked, job_id_of
+from broker.kombu_redis import (
+    KOMBU_VERSIONS,
+    UNACKED,
+    UNACKED_INDEX,
+    Envelope,
+    Unacked,
+    job_id_of,
+    on_intake,
+)
 from broker.queues import TASK_NAME, queue_name
 from jobs.models import Job
 from jobs.settings import Priority, load_settings
@@ -180,9 +189,23 @@ def test_a_consumer_takes_queued_messages_in_one_read_each_recorded_as_kombu_doe
     app = make_celery(load_settings(redis_url=redis_url))
     queue = "test.intake"
     with app.connection_for_write() as conn:
-        got, stats = _consume(conn, rclient, queue, sent=5, reads=1)
+        intakes: list[tuple[str, int, bool]] = []
+
+        def hook(source: str, messages: Sequence[Envelope]) -> None:
+            recorded = all(
+                m["properties"]["delivery_tag"] in rclient.hkeys(UNACKED) for m in messages
+            )
+            intakes.append((source, len(messages), recorded))
+
+        on_intake(hook)
+        try:
+            got, stats = _consume(conn, rclient, queue, sent=5, reads=1)
+        finally:
+            on_intake(None)
         assert [m.payload for m in got] == [{"n": n} for n in range(5)]
         assert stats["cmdstat_blmpop"]["calls"] == 1 and "cmdstat_brpop" not in stats
+        # The intake's messages went to the hook together, recorded in `unacked` first.
+        assert intakes == [(queue, 5, True)]
         records = rclient.hgetall(UNACKED)
         assert {m.delivery_tag for m in got} == set(records)
         # kombu's own path (one message, `basic_get`) writes the same record.

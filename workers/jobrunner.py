@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from pydantic import ValidationError
@@ -28,16 +28,17 @@ from jobs.schemas import validation_error_field
 from jobs.schemas.base import JobInput
 from jobs.wire import JobError
 from jobstore import operations, quotas
-from jobstore.changes import Transition, TransitionResult
+from jobstore.changes import Lease, Transition, TransitionResult
 from jobstore.codec import dumps, job_from_fields
 from jobstore.group_commit import GroupCommit
 from jobstore.store import JobStore, NewEvent
+from jobstore.store_base import Done
 from pipelines.base import Files
 from telemetry import tracing
 from workers.engine import Engine, EventSink, Outcome, WorkItem
 from workers.event_writer import EventWriter
 from workers.leases import Held, LeaseKeeper
-from workers.residency import Residency
+from workers.residency import Residency, Resident
 
 log = logging.getLogger(__name__)
 
@@ -79,29 +80,85 @@ class JobRunner:
         self._starting = 0
         """Runs between the closed check and their end (held ones included)."""
         self._running: dict[str, tuple[Job, Held]] = {}
+        self._prestarted: dict[str, tuple[Lease, Done[TransitionResult]]] = {}
+        """Jobs started with their intake (`prestart`) whose runs have not taken them up."""
+
+    def prestart(self, job_ids: Sequence[str]) -> None:
+        """Start these jobs in one script call: the jobs of one intake (the messages one
+        read of the queue took), on the consumer's thread, before their tasks run. Each run
+        then takes its job's start up instead of making its own. Only for a runner that
+        runs every job it is handed (`prestarts`); a run that finds no start of its job
+        here (a message outside an intake, the second message of a job) makes its own."""
+        with self._lock:
+            if self._closed:
+                return
+            fresh = [j for j in dict.fromkeys(job_ids) if j not in self._prestarted]
+        if not fresh:
+            return
+        leases = [self.keeper.new_lease() for _ in fresh]
+        changes = [
+            operations.start(job_id, self.kind, lease, self.worker_name)
+            for job_id, lease in zip(fresh, leases, strict=True)
+        ]
+        dones = self.store.apply_many(changes)
+        with self._lock:
+            for job_id, lease, done in zip(fresh, leases, dones, strict=True):
+                self._prestarted[job_id] = (lease, done)
+
+    @property
+    def prestarts(self) -> bool:
+        """Whether its jobs may be started with their intake: a run here never gives its
+        job to another worker before it starts (models on demand may: `Residency.defer`)."""
+        return self.residency is None or isinstance(self.residency, Resident)
 
     def run(self, job_id: str) -> str:
         """Run one job; returns what happened (for logs): ran, dropped:<why>, deferred
-        (given back for a worker whose model is warm).
+        (given back for a worker whose model is warm), handed-back (started with its
+        intake as this runner closed: queued again).
 
         The script that takes the lease also checks the status and returns the job as it
-        is after the change: one round trip before the engine gets the request."""
+        is after the change: one round trip before the engine gets the request, or none
+        where it was started with its intake (`prestart`)."""
         if self.residency is not None and self.residency.defer(job_id):
             return "deferred"
         with self._lock:
-            if self._closed:
-                return STOPPING
-            self._starting += 1
+            prestarted = self._prestarted.pop(job_id, None)
+            closed = self._closed
+            if not closed:
+                self._starting += 1
+        if closed:
+            return self._hand_back_prestarted(prestarted) if prestarted else STOPPING
         try:
-            return self._start_and_run(job_id)
+            return self._start_and_run(job_id, prestarted)
         finally:
             with self._lock:
                 self._starting -= 1
                 self._running.pop(job_id, None)
 
-    def _start_and_run(self, job_id: str) -> str:
-        lease = self.keeper.new_lease()
-        started = self.starts.apply(operations.start(job_id, self.kind, lease, self.worker_name))
+    def _hand_back_prestarted(self, prestarted: tuple[Lease, Done[TransitionResult]]) -> str:
+        """A job started with its intake whose run came after the runner closed: queued
+        again under its lease (its message is the new one the hand-back pushes)."""
+        lease, done = prestarted
+        started = done.result()
+        if not started.ok:
+            return STOPPING  # not started here: its message goes back as it is
+        job = job_from_fields(started.read_back)
+        if self.message_for is None:
+            self.store.give_back_lease(job.id, lease)  # the reaper queues it again
+            return "handed-back"
+        self._apply_end(operations.hand_back(job, lease, self.message_for(job)))
+        return "handed-back"
+
+    def _start_and_run(
+        self, job_id: str, prestarted: tuple[Lease, Done[TransitionResult]] | None
+    ) -> str:
+        if prestarted is not None:
+            lease, done = prestarted
+            started = done.result()
+        else:
+            lease = self.keeper.new_lease()
+            change = operations.start(job_id, self.kind, lease, self.worker_name)
+            started = self.starts.apply(change)
         if not started.ok:
             if started.reason == "canceled":
                 self._end_canceled_in_queue(job_id)
@@ -150,9 +207,10 @@ class JobRunner:
             self._closed = True
 
     def active(self) -> int:
-        """Jobs this runner is starting or holds now."""
+        """Jobs this runner is starting or holds now (or started with their intake, whose
+        runs have not come yet)."""
         with self._lock:
-            return self._starting
+            return self._starting + len(self._prestarted)
 
     def ask_hand_back(self) -> int:
         """Stop every job held here (their engines' work is canceled): each run queues its

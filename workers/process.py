@@ -27,8 +27,9 @@ from typing import Any
 from celery import Celery, Task
 from redis.exceptions import RedisError
 
+from broker import kombu_redis
 from broker.celery_app import job_message, make_celery, webhook_sender
-from broker.kombu_redis import task_message
+from broker.kombu_redis import Envelope, IntakeHook, job_id_of, task_message
 from broker.queues import TASK_NAME, queue_name
 from common import redis_client
 from common.heap import freeze_startup_heap
@@ -104,6 +105,21 @@ def register_task(app: Celery, hosted: dict[str, Hosted]) -> None:
         return outcome
 
     app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True)(run_job)
+
+
+def intake_starter(hosted: Hosted) -> IntakeHook:
+    """The consumer's intake hook of a worker serving one pipeline: the jobs of each
+    intake from its queue started in one script call (`JobRunner.prestart`)."""
+    queue = queue_name(hosted.pipeline.name)
+
+    def start_intake(source: str, messages: Sequence[Envelope]) -> None:
+        if source != queue:
+            return
+        job_ids = [job_id for job_id in map(job_id_of, messages) if job_id is not None]
+        if job_ids:
+            hosted.runner.prestart(job_ids)
+
+    return start_intake
 
 
 class StartState:
@@ -279,6 +295,8 @@ def run_worker(settings: Settings, pipelines: Sequence[str], instance: int = 0) 
         host(settings, app, store, p, names[p.name], instance, files_for, exits) for p in built
     ]
     register_task(app, {queue_name(h.pipeline.name): h for h in hosted})
+    if len(hosted) == 1 and hosted[0].runner.prestarts:
+        kombu_redis.on_intake(intake_starter(hosted[0]))
     drain = Drain([h.runner for h in hosted], settings.worker.shutdown_grace_s)
     drain.install()
     for h in hosted:
