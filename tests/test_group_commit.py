@@ -20,12 +20,11 @@ from harness.pipelines import EchoInput, EchoPipeline
 from jobs import keys
 from jobs.models import Job
 from jobs.settings import PipelineConfig, Settings
-from jobs.states import JobStatus
 from jobstore import operations
 from jobstore.changes import Lease
-from jobstore.codec import job_to_fields
 from jobstore.group_commit import GroupCommit
 from jobstore.store import JobStore
+from tests.test_states_store import put_echo_job
 from workers.engine import Engine
 from workers.event_writer import EventWriter
 from workers.jobrunner import JobRunner
@@ -82,25 +81,12 @@ def store(redis_url: str) -> JobStore:
     return JobStore(redis.Redis.from_url(redis_url, decode_responses=True), settings)
 
 
-def _put(store: JobStore, status: JobStatus = JobStatus.QUEUED, **extra: str) -> Job:
-    now = time.time()
-    job = Job(
-        id=f"job_g{time.monotonic_ns()}",
-        kind="echo",
-        pipeline="echo",
-        status=status,
-        owner="o",
-        priority="normal",
-        input={},
-        created_at=now,
-        queued_at=now,
-    )
-    store.r.hset(keys.job(job.id), mapping={**job_to_fields(job), **extra})
-    return job
-
-
 def test_apply_many_makes_each_change_as_apply_would(store: JobStore) -> None:
-    queued, canceled, running = _put(store), _put(store, cancel_requested="1"), _put(store)
+    queued, canceled, running = (
+        put_echo_job(store),
+        put_echo_job(store, cancel_requested="1"),
+        put_echo_job(store),
+    )
     assert store.apply(operations.start(running.id, "echo", Lease("first", 5000), "w")).ok
     lease = Lease("mine", 5000)
     starts = [operations.start(j.id, "echo", lease, "w") for j in (queued, canceled, running)]
@@ -128,8 +114,8 @@ def test_apply_many_makes_each_change_as_apply_would(store: JobStore) -> None:
 
 
 def test_a_change_that_raises_in_the_script_fails_alone(store: JobStore) -> None:
-    good = _put(store)
-    broken = _put(store)
+    good = put_echo_job(store)
+    broken = put_echo_job(store)
     store.r.delete(keys.job_events(broken.id))
     store.r.set(keys.job_events(broken.id), "not a stream")  # its XADD raises
     lease = Lease("l", 5000)
@@ -141,7 +127,7 @@ def test_a_change_that_raises_in_the_script_fails_alone(store: JobStore) -> None
 
 
 def test_group_commit_starts_a_burst_of_jobs_in_fewer_calls(store: JobStore) -> None:
-    jobs = [_put(store) for _ in range(64)]
+    jobs = [put_echo_job(store) for _ in range(64)]
     commits = GroupCommit(store)
     results: dict[str, bool] = {}
     barrier = threading.Barrier(len(jobs))
@@ -180,8 +166,8 @@ def _runner(store: JobStore) -> JobRunner:
 def test_an_intake_is_started_in_one_call_and_each_run_takes_its_start_up(
     store: JobStore,
 ) -> None:
-    jobs = [_put(store, input=json.dumps({"text": f"t{n}"})) for n in range(3)]
-    canceled = _put(store, cancel_requested="1")
+    jobs = [put_echo_job(store, input=json.dumps({"text": f"t{n}"})) for n in range(3)]
+    canceled = put_echo_job(store, cancel_requested="1")
     runner = _runner(store)
     try:
         assert runner.prestarts  # no residency: it runs every job it is handed
@@ -201,7 +187,7 @@ def test_an_intake_is_started_in_one_call_and_each_run_takes_its_start_up(
             starts = [e for e in store.events(job.id) if e.data.get("status") == "running"]
             assert len(starts) == 1  # started once: the run made no start of its own
         # A run that finds no start of its job makes its own.
-        alone = _put(store, input=json.dumps({"text": "alone"}))
+        alone = put_echo_job(store, input=json.dumps({"text": "alone"}))
         assert runner.run(alone.id) == "ran"
     finally:
         runner.engine.stop()
@@ -212,7 +198,7 @@ def test_an_intake_is_started_in_one_call_and_each_run_takes_its_start_up(
 def test_a_job_started_with_its_intake_is_handed_back_if_the_runner_closed_first(
     store: JobStore,
 ) -> None:
-    job = _put(store, input=json.dumps({"text": "late"}))
+    job = put_echo_job(store, input=json.dumps({"text": "late"}))
     runner = _runner(store)
     try:
         runner.prestart([job.id])

@@ -61,7 +61,8 @@ def store(redis_url: str) -> JobStore:
     return JobStore(redis.Redis.from_url(redis_url, decode_responses=True), settings)
 
 
-def _put(store: JobStore, status: JobStatus = JobStatus.QUEUED) -> Job:
+def put_echo_job(store: JobStore, status: JobStatus = JobStatus.QUEUED, **extra: str) -> Job:
+    """An `echo` job stored as it is (no script), with `extra` fields on its record."""
     now = time.time()
     job = Job(
         id=f"job_t{time.monotonic_ns()}",
@@ -74,12 +75,12 @@ def _put(store: JobStore, status: JobStatus = JobStatus.QUEUED) -> Job:
         created_at=now,
         queued_at=now,
     )
-    store.r.hset(keys.job(job.id), mapping=job_to_fields(job))
+    store.r.hset(keys.job(job.id), mapping={**job_to_fields(job), **extra})
     return job
 
 
 def test_start_takes_the_lease_once(store: JobStore) -> None:
-    job = _put(store)
+    job = put_echo_job(store)
     first = Lease("a", 5000)
     second = Lease("b", 5000)
     q = frozenset({JobStatus.QUEUED})
@@ -98,7 +99,7 @@ def test_start_takes_the_lease_once(store: JobStore) -> None:
 
 
 def test_only_the_lease_holder_records_the_end(store: JobStore) -> None:
-    job = _put(store)
+    job = put_echo_job(store)
     lease = Lease("holder", 5000)
     store.apply(transition(job, JobStatus.RUNNING, lease_mode="acquire", lease=lease))
     r = frozenset({JobStatus.RUNNING})
@@ -134,7 +135,7 @@ def test_only_the_lease_holder_records_the_end(store: JobStore) -> None:
 
 
 def test_a_transition_reads_back_the_fields_it_is_asked_for(store: JobStore) -> None:
-    job = _put(store)
+    job = put_echo_job(store)
     fields = ("status", "started_at", "first_output_at")
     change = replace(
         transition(job, JobStatus.CANCELED, fields={"started_at": "12.5"}), read_back=fields
@@ -147,7 +148,7 @@ def test_a_transition_reads_back_the_fields_it_is_asked_for(store: JobStore) -> 
 
 
 def test_the_start_reads_back_the_whole_job(store: JobStore) -> None:
-    job = _put(store)
+    job = put_echo_job(store)
     start = replace(
         transition(job, JobStatus.RUNNING, lease_mode="acquire", lease=Lease("w", 5000)),
         read_back=ALL_FIELDS,
@@ -183,7 +184,7 @@ def _end_notices(store: JobStore, job: Job) -> dict[str, dict[str, Any]]:
 def test_the_end_notice_carries_the_job_on_the_ends_channel_unless_large(
     store: JobStore,
 ) -> None:
-    small = _put(store)
+    small = put_echo_job(store)
     notices = _end_notices(store, small)
     event, end = notices[keys.EVENTS_CHANNEL], notices[keys.ENDS_CHANNEL]
     assert event["data"] == end["data"] == {"status": "canceled"} and event["id"] == end["id"]
@@ -192,14 +193,14 @@ def test_the_end_notice_carries_the_job_on_the_ends_channel_unless_large(
     assert carried == store.get(small.id) and carried.status is JobStatus.CANCELED
     assert "job" not in store.events(small.id)[-1].data
 
-    large = _put(store)
+    large = put_echo_job(store)
     store.r.hset(keys.job(large.id), "input", json.dumps({"text": "x" * NOTICE_JOB_MAX_BYTES}))
     end = _end_notices(store, large)[keys.ENDS_CHANNEL]
     assert end["data"] == {"status": "canceled"} and "job" not in end
 
 
 def test_only_an_end_goes_to_the_ends_channel(store: JobStore) -> None:
-    job = _put(store)
+    job = put_echo_job(store)
     pubsub = store.r.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(keys.ENDS_CHANNEL)
     try:
@@ -220,7 +221,7 @@ def test_only_an_end_goes_to_the_ends_channel(store: JobStore) -> None:
 
 
 def test_the_reaper_path_needs_an_expired_lease(store: JobStore) -> None:
-    job = _put(store)
+    job = put_echo_job(store)
     store.apply(transition(job, JobStatus.RUNNING, lease_mode="acquire", lease=Lease("w", 300)))
     r = frozenset({JobStatus.RUNNING})
     early = store.apply(transition(job, JobStatus.QUEUED, sources=r, lease_mode="absent"))
@@ -234,7 +235,7 @@ def test_the_reaper_path_needs_an_expired_lease(store: JobStore) -> None:
 def test_a_preempted_run_gives_its_job_back_under_its_lease_without_an_attempt(
     store: JobStore,
 ) -> None:
-    job = _put(store)
+    job = put_echo_job(store)
     assert not store.request_preempt(job.id)  # only a running job is asked to stop
     lease = Lease("w", 5000)
     started = store.apply(operations.start(job.id, "echo", lease, "w"))
@@ -259,7 +260,7 @@ def test_a_preempted_run_gives_its_job_back_under_its_lease_without_an_attempt(
 
 
 def test_a_cancel_requested_before_start_wins(store: JobStore) -> None:
-    job = _put(store)
+    job = put_echo_job(store)
     store.r.hset(keys.job(job.id), "cancel_requested", "1")
     result = store.apply(
         transition(job, JobStatus.RUNNING, lease_mode="acquire", lease=Lease("w", 1000))
@@ -268,7 +269,7 @@ def test_a_cancel_requested_before_start_wins(store: JobStore) -> None:
 
 
 def test_a_transition_the_table_refuses_never_reaches_redis(store: JobStore) -> None:
-    job = _put(store, JobStatus.SUCCEEDED)
+    job = put_echo_job(store, JobStatus.SUCCEEDED)
     with pytest.raises(InvalidTransition):
         store.apply(transition(job, JobStatus.RUNNING, sources=frozenset({JobStatus.SUCCEEDED})))
 
@@ -340,7 +341,7 @@ def test_a_worker_ends_a_job_canceled_while_queued_with_its_webhook_event(
     sent: list[tuple[str, str, dict[str, Any]]] = []
     settings = store.settings
     store = JobStore(store.r, settings, on_event=lambda *call: sent.append(call))
-    job = _put(store)
+    job = put_echo_job(store)
     hook = WebhookSpec(url="https://hooks.example/end")
     store.r.hset(
         keys.job(job.id), mapping={"cancel_requested": "1", "webhook": hook.model_dump_json()}
