@@ -52,7 +52,7 @@ import psutil
 import redis
 
 from bench.common import percentile_ms, run_meta
-from bench.llm_ceiling_report import by_role, console, report
+from bench.llm_ceiling_report import Level, by_role, console, report
 from common.procs import free_port
 from tuning.deployment import private_deployment, wait_until
 
@@ -109,25 +109,6 @@ class Shot:
     first: float = 0.0
     end: float = 0.0
     tokens: int = 0
-
-
-@dataclass
-class Level:
-    load: str
-    target: str
-    requests: int
-    failures: int
-    wall_s: float
-    tokens_per_s: float
-    requests_per_s: float
-    ttft_p50_ms: float
-    ttft_p99_ms: float
-    tpot_p50_ms: float
-    cpu_s: dict[str, float] = field(default_factory=dict)
-    """CPU seconds each of the target's processes spent over the level (mmq's processes,
-    or the router's; none for direct)."""
-    tokens: int = 0
-    errors: list[str] = field(default_factory=list)
 
 
 async def one_stream(http: aiohttp.ClientSession, url: str, model: str, tokens: int) -> Shot:

@@ -4,17 +4,32 @@ mmq's CPU by process, the fit, and the goals (issue 55) met or missed."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from bench.llm_ceiling import Level
-
 console = Console(width=160)
 TARGETS = ("direct", "router", "mmq")
+
+
+@dataclass
+class Level:
+    load: str
+    target: str
+    requests: int
+    failures: int
+    wall_s: float
+    tokens_per_s: float
+    requests_per_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds each of the target's processes spent over the level (mmq's processes,
+    or the router's; none for direct)."""
+    tokens: int = 0
+    errors: list[str] = field(default_factory=list)
 
 
 def by_role(cpu_s: dict[str, float]) -> dict[str, float]:
