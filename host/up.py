@@ -72,8 +72,12 @@ class StartReasons:
 
 
 def pinned_env(device: Device) -> dict[str, str]:
-    """The environment that pins a worker to `device` alone (no GPU for the CPU)."""
-    env = {"CUDA_VISIBLE_DEVICES": device.visible_devices}
+    """The environment that pins a worker to `device` alone (no GPU for the CPU). With
+    Celery's `NOSETPS`: where setproctitle is installed (the dev lock has it, for
+    vllm-router), Celery would rename the process over its command line and environment
+    (`/proc/PID/cmdline`, `/proc/PID/environ`); they stay as launched, so the worker's
+    pipeline, device and pinning can be read there."""
+    env = {"CUDA_VISIBLE_DEVICES": device.visible_devices, "NOSETPS": "1"}
     if device.kind != "cpu":
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return env
