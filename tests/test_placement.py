@@ -65,7 +65,7 @@ def test_without_gpu_or_file_every_pipeline_runs_where_configured() -> None:
     specs = deployment_specs(s, None, plan)
     workers = [spec for spec in specs if spec.name.startswith("worker")]
     assert [spec.name for spec in specs[:2]] == ["api", "reaper"]
-    assert all(spec.env == {"CUDA_VISIBLE_DEVICES": ""} for spec in workers)
+    assert all(spec.env == {"CUDA_VISIBLE_DEVICES": "", "NOSETPS": "1"} for spec in workers)
     assert workers[2].argv[-6:] == ["--pipeline", "tts", "--instance", "1", "--device", "cpu"]
 
 
@@ -93,10 +93,11 @@ def test_placement_file_pins_each_gpu_by_uuid_with_its_knobs(tmp_path: Path) -> 
     assert asr1.env == {
         "CUDA_VISIBLE_DEVICES": "GPU-9e4b7d21-33a0-4f6c-b812-5a7c1e0d9f42",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "NOSETPS": "1",  # the command line and environment stay as launched
     }
     assert "--max-batch=16" in asr1.argv and "--concurrency=32" in asr1.argv
     assert asr1.argv[-2:] == ["--config", str(path)]
-    assert specs["worker noop#0 on cpu"].env == {"CUDA_VISIBLE_DEVICES": ""}
+    assert specs["worker noop#0 on cpu"].env == {"CUDA_VISIBLE_DEVICES": "", "NOSETPS": "1"}
     assert "api" not in specs
 
 
