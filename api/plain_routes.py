@@ -21,6 +21,7 @@ the app's own handler.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi.exceptions import RequestValidationError
@@ -39,6 +40,7 @@ from jobs.models import JobCreate
 from jobs.settings import MAX_QUEUE_S
 
 Body = TypeVar("Body", bound=BaseModel)
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 TIMEOUT_HEADER = "x-request-timeout"
 _TIMEOUT: TypeAdapter[float] = TypeAdapter(Annotated[float, Field(gt=0, le=MAX_QUEUE_S)])
@@ -96,18 +98,17 @@ def deadline_of(request: Request) -> DeadlineFields:
     return deadline_fields(seconds)
 
 
-async def chat_completions(request: Request) -> Response:
-    owner = await current_owner(request)
-    body = await body_of(request, ChatRequest)
-    service = get_state(request).service
-    return await complete(request, service, owner, body, deadline_of(request), chat=True)
+def completion_route(model: type[ChatRequest] | type[CompletionRequest]) -> Endpoint:
+    """The endpoint of chat completions (`ChatRequest`) or text completions."""
+    chat = model is ChatRequest
 
+    async def endpoint(request: Request) -> Response:
+        owner = await current_owner(request)
+        body = await body_of(request, model)
+        service = get_state(request).service
+        return await complete(request, service, owner, body, deadline_of(request), chat=chat)
 
-async def completions(request: Request) -> Response:
-    owner = await current_owner(request)
-    body = await body_of(request, CompletionRequest)
-    service = get_state(request).service
-    return await complete(request, service, owner, body, deadline_of(request), chat=False)
+    return endpoint
 
 
 def idempotency_key_of(request: Request) -> str | None:
@@ -136,7 +137,7 @@ async def submit_job(request: Request) -> Response:
 
 ROUTES: list[BaseRoute] = [
     Route("/v1/jobs", submit_job, methods=["POST"]),
-    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/chat/completions", completion_route(ChatRequest), methods=["POST"]),
+    Route("/v1/completions", completion_route(CompletionRequest), methods=["POST"]),
 ]
 """Put first in the app's table (`create_app`)."""

@@ -358,16 +358,13 @@ return transition(KEYS, cjson.decode(ARGV[1]))
 """
 )
 
-TRANSITION_KEYS = 8
-"""Keys of one change (`Transition.script_args`)."""
-
 TRANSITIONS = (
     _TRANSITION
     + """
 -- Several changes in one call (a worker's group commit): ARGV[i] is change i (JSON),
--- and its eight keys are KEYS[8(i-1)+1 .. 8i]. Each runs as `TRANSITION` would, and
--- returns what it would, in order; a change that raises an error returns
--- {'error', message} in its place, and the others are made all the same.
+-- and its eight keys (`Transition.script_args`) are KEYS[8(i-1)+1 .. 8i]. Each runs as
+-- `TRANSITION` would, and returns what it would, in order; a change that raises an error
+-- returns {'error', message} in its place, and the others are made all the same.
 local out = {}
 for i = 1, #ARGV do
   local K = {}

@@ -201,14 +201,14 @@ class JobStore(StoreBase):
         dones = []
         for (change, _, _, wait_ms), raw in zip(calls, raws, strict=True):
             if raw[0] == "error":
-                dones.append(Done(TransitionResult(ok=False, reason="error", status=raw[1])))
-                dones[-1].failed = redis.ResponseError(f"job {change.job_id}: {raw[1]}")
+                refused = TransitionResult(ok=False, reason="error", status=raw[1])
+                failed = redis.ResponseError(f"job {change.job_id}: {raw[1]}")
+                dones.append(Done(refused, failed=failed))
                 continue
             dones.append(self._applied(change, raw, NOT_WAITED if wait_ms is None else wait, now))
         self._publish([notice for done in dones for notice in done.held])
         for (change, *_), done in zip(calls, dones, strict=True):
-            done.held = []
-            self._follow_up(change.job_id, done)
+            self._hand_on(change.job_id, done)
         return dones
 
     def get(self, job_id: str) -> Job | None:
@@ -248,6 +248,10 @@ class JobStore(StoreBase):
         """What a write implies, confirmed or not: the notices it held back published, its
         metrics counted, its webhook events handed on."""
         self._publish(done.held)
+        self._hand_on(job_id, done)
+
+    def _hand_on(self, job_id: str, done: Done[Answer]) -> None:
+        """`_follow_up` but the notices: the metrics counted, the webhook events handed on."""
         self._count(done.samples, done.cells, job_id)
         if self.on_event is not None:
             for url, event in done.webhooks:

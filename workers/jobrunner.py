@@ -142,11 +142,7 @@ class JobRunner:
         started = done.result()
         if not started.ok:
             return STOPPING  # not started here: its message goes back as it is
-        job = job_from_fields(started.read_back)
-        if self.message_for is None:
-            self.store.give_back_lease(job.id, lease)  # the reaper queues it again
-            return "handed-back"
-        self._apply_end(operations.hand_back(job, lease, self.message_for(job)))
+        self._hand_back(job_from_fields(started.read_back), lease)
         return "handed-back"
 
     def _start_and_run(
@@ -234,18 +230,18 @@ class JobRunner:
             held.lost.set()
             held.cancel.set()
             self.keeper.release(job.id)  # no more renewals of a lease it gives up
-            result = self._hand_back(job, held)
+            result = self._hand_back(job, held.lease)
             if result is not None and result.ok:
                 handed += 1
         return handed
 
-    def _hand_back(self, job: Job, held: Held) -> TransitionResult | None:
+    def _hand_back(self, job: Job, lease: Lease) -> TransitionResult | None:
         """Queue the job again under the run's lease, not counting the run; refused (the
         job left alone) where the lease is not the run's any more."""
         if self.message_for is None:  # no way to queue it here: the reaper will
-            self.store.give_back_lease(job.id, held.lease)
+            self.store.give_back_lease(job.id, lease)
             return None
-        result = self._apply_end(operations.hand_back(job, held.lease, self.message_for(job)))
+        result = self._apply_end(operations.hand_back(job, lease, self.message_for(job)))
         if result is not None and result.ok:
             log.info("job %s: handed back to the queue (worker stopping)", job.id)
         elif result is not None:
@@ -337,7 +333,7 @@ class JobRunner:
                 change = replace(change, charge=charge)
             self._end(job, change)
         elif held.handing_back and not _bad_input(outcome):
-            self._hand_back(job, held)  # stopped by its worker's shutdown, whatever it said
+            self._hand_back(job, held.lease)  # stopped by its worker's shutdown, whatever it said
         elif outcome.status == "canceled" and self.message_for and self.store.preempted(job.id):
             # A batch line stopped for interactive work (`batches.preempt`), not canceled.
             self._end(job, operations.requeue_preempted(job, lease, self.message_for(job)))
