@@ -1,4 +1,6 @@
-"""A small Server-Sent Events parser, shared by the client and the benchmarks."""
+"""Small Server-Sent Events parsers: `SseParser` (messages with their fields), shared by
+the client and the benchmarks, and `DataSplitter` (the `data` of each event, as bytes),
+for a worker that relays an engine's stream token by token."""
 
 from __future__ import annotations
 
@@ -73,3 +75,31 @@ async def aparse_lines(lines: AsyncIterator[str]) -> AsyncIterator[SseMessage]:
         message = parser.feed(line)
         if message is not None:
             yield message
+
+
+class DataSplitter:
+    """Feed a stream's bytes as they come; get the `data` of each event they completed, as
+    bytes (lines joined with a newline). No object per line: an event that is one `data:`
+    line (every engine's chunk) is one slice. Comments and other fields are dropped."""
+
+    def __init__(self) -> None:
+        self._rest = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._rest + data if self._rest else data
+        held = b""
+        if b"\r" in buf:  # CRLF or CR line ends, normalized; a CR at the end may be a CRLF's
+            if buf.endswith(b"\r"):
+                buf, held = buf[:-1], b"\r"
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        events = buf.split(b"\n\n")
+        self._rest = events.pop() + held
+        out = []
+        for event in events:
+            if event.startswith(b"data: ") and b"\n" not in event:
+                out.append(event[6:])
+                continue
+            lines = [line[5:] for line in event.split(b"\n") if line.startswith(b"data:")]
+            if lines:
+                out.append(b"\n".join(line[1:] if line[:1] == b" " else line for line in lines))
+        return out

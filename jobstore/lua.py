@@ -396,34 +396,39 @@ APPEND_EVENTS = (
     _PUBLISH
     + """
 -- KEYS: events stream, job and lease of each event, in threes
--- ARGV[1]: JSON {channel, maxlen, events: [{job_id, type, data (JSON text), ts,
---   first_output: the job's first-output time ('' to leave it), lease: the lease token
---   the event was made under ('' for none)}]}
+-- ARGV: the events channel, the streams' maxlen, then six per event: job id, type, data
+--   (JSON text), ts, first_output (the job's first-output time, '' to leave it), lease (the
+--   token the event was made under, '' for none). Flat, not one JSON argument: an event's
+--   data is JSON already, and decoding it inside a JSON argument would escape it twice
+--   (and cost Redis a decode per token).
 -- Appends every event to its job's stream and publishes them in one notice: the event
 -- alone, or a JSON array of several. An event made under a lease that its job no longer
 -- has (it ran out, the job was requeued or ended) is dropped: an abandoned run's events
 -- never follow the job's next status. Returns the stream ids ('' for a dropped event).
-local a = cjson.decode(ARGV[1])
+local channel, maxlen = ARGV[1], ARGV[2]
 local ids, notices = {}, {}
-for i, e in ipairs(a.events) do
-  local job, lease = KEYS[3 * i - 1], KEYS[3 * i]
-  if e.lease ~= '' and redis.call('GET', lease) ~= e.lease then
+for i = 1, (#ARGV - 2) / 6 do
+  local a = 2 + 6 * (i - 1)
+  local job_id, etype, data, ts = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+  local first_output, lease = ARGV[a + 5], ARGV[a + 6]
+  local job = KEYS[3 * i - 1]
+  if lease ~= '' and redis.call('GET', KEYS[3 * i]) ~= lease then
     ids[i] = ''
   else
-    if e.first_output ~= '' then
+    if first_output ~= '' then
       local cur = redis.call('HGET', job, 'first_output_at')
-      if not cur or cur == '' then redis.call('HSET', job, 'first_output_at', e.first_output) end
+      if not cur or cur == '' then redis.call('HSET', job, 'first_output_at', first_output) end
     end
-    local id = redis.call('XADD', KEYS[3 * i - 2], 'MAXLEN', '~', a.maxlen, '*',
-                          'type', e.type, 'data', e.data, 'ts', e.ts)
+    local id = redis.call('XADD', KEYS[3 * i - 2], 'MAXLEN', '~', maxlen, '*',
+                          'type', etype, 'data', data, 'ts', ts)
     ids[i] = id
-    notices[#notices + 1] = notice_of(id, e.job_id, e.type, e.data, e.ts) .. '}'
+    notices[#notices + 1] = notice_of(id, job_id, etype, data, ts) .. '}'
   end
 end
 if #notices == 1 then
-  redis.call('PUBLISH', a.channel, notices[1])
+  redis.call('PUBLISH', channel, notices[1])
 elseif #notices > 1 then
-  redis.call('PUBLISH', a.channel, '[' .. table.concat(notices, ',') .. ']')
+  redis.call('PUBLISH', channel, '[' .. table.concat(notices, ',') .. ']')
 end
 return ids
 """

@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+import orjson
 import redis
 import redis.asyncio as aredis
 from redis.commands.core import AsyncScript, Script
@@ -95,9 +96,10 @@ class NewEvent:
 
     job_id: str
     type: EventType
-    data: dict[str, Any]
+    data: dict[str, Any] | bytes
     """Any JSON object: a pipeline's partial or progress (`jobs.outputs.EventData`), or a
-    status; stored as it is."""
+    status; stored as it is. Bytes are that object's JSON already (an LLM job's tokens,
+    encoded once where they were taken: `workers.event_writer.EventWriter.stream`)."""
     first_output: bool = False
     """Whether it is an output (partial or progress): the job's first one sets its
     `first_output_at`."""
@@ -283,27 +285,20 @@ class JobStore(StoreBase):
             for e in events
             for k in (keys.job_events(e.job_id), keys.job(e.job_id), keys.lease(e.job_id))
         ]
-        batch = {
-            "channel": keys.EVENTS_CHANNEL,
-            "maxlen": self.settings.events_maxlen,
-            "events": [
-                {
-                    "job_id": e.job_id,
-                    "type": str(e.type),
-                    "data": dumps(e.data),
-                    "ts": repr(e.ts),
-                    "first_output": repr(e.ts) if e.first_output else "",
-                    "lease": e.lease_token,
-                }
-                for e in events
-            ],
-        }
-        ids = [str(i) for i in self._append(keys=key_list, args=[dumps(batch)])]
+        args: list[str | bytes] = [keys.EVENTS_CHANNEL, str(self.settings.events_maxlen)]
+        for e in events:
+            first_output = repr(e.ts) if e.first_output else ""
+            encoded = e.data if isinstance(e.data, bytes) else dumps(e.data)
+            args += (e.job_id, str(e.type), encoded, repr(e.ts), first_output, e.lease_token)
+        ids = [str(i) for i in self._append(keys=key_list, args=args)]
         if self.on_event is not None:
             for event_id, e in zip(ids, events, strict=True):
-                if event_id and e.webhook is not None and wants(e.webhook.events, e.type, e.data):
+                if not event_id or e.webhook is None:
+                    continue
+                sent = orjson.loads(e.data) if isinstance(e.data, bytes) else e.data
+                if wants(e.webhook.events, e.type, sent):
                     event = JobEvent(
-                        id=event_id, job_id=e.job_id, type=str(e.type), data=e.data, ts=e.ts
+                        id=event_id, job_id=e.job_id, type=str(e.type), data=sent, ts=e.ts
                     )
                     self.on_event(e.job_id, e.webhook.url, event)
         return ids

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar, Generic, Protocol, TypeVar
@@ -41,6 +41,13 @@ class BackendLost(Exception):
     """Raised by a pipeline whose backend went away mid-batch (an engine server died):
     not the requests' fault, so each one goes back to the queue through its lease and
     runs again (counting an attempt), instead of failing."""
+
+
+TakePartial = Callable[[], tuple[bytes, bool] | None]
+"""A request's pending partial output, taken by the worker when it writes next: (one
+partial event's data as JSON, whether it is the job's first output), or None."""
+Touch = Callable[[], None]
+"""Says that a request has pending partial output (`Request.stream`)."""
 
 
 class Files(Protocol):
@@ -89,6 +96,13 @@ class Request(Protocol[InputT_co]):
 
     def partial(self, data: PartialData) -> None:
         """Emit a partial output (an ASR segment, a TTS chunk, LLM tokens)."""
+        ...
+
+    def stream(self, take: TakePartial) -> Touch:
+        """For a pipeline that keeps its partial output itself, piece by piece (an LLM's
+        tokens): returns `touch`, to call after each piece kept. The worker calls `take`
+        when it writes next, on its own thread, and writes what it gives as one partial
+        event: one append per job per write, encoded once, whatever the pieces."""
         ...
 
     def progress(self, step: int, total: int, **extra: Any) -> None:

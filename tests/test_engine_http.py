@@ -67,16 +67,25 @@ def _read_request(conn: socket.socket) -> bytes:
     return head
 
 
-def _texts(client: EngineClient) -> list[str]:
-    texts: list[str] = []
+class Texts:
+    """A `DeltaSink` that keeps choice 0's texts."""
 
-    def on_delta(delta: Delta) -> bool:
-        texts.append(delta.text)
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def text(self, text: str) -> bool:
+        self.texts.append(text)
         return True
 
-    finish = client.stream("/v1/chat/completions", BODY, on_delta)
+    def delta(self, delta: Delta) -> bool:
+        raise AssertionError(f"a text-only stream gave another delta: {delta}")
+
+
+def _texts(client: EngineClient) -> list[str]:
+    sink = Texts()
+    finish = client.stream("/v1/chat/completions", BODY, sink)
     assert finish is not None and finish.reasons == {0: "stop"}
-    return texts
+    return sink.texts
 
 
 def test_a_connection_whose_answer_ended_carries_the_next_request(engine: Serve) -> None:

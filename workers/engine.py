@@ -25,16 +25,21 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from jobs.errors import InputError
 from jobs.models import BATCH_IDS_MAX, BatchInfo, EventType
 from jobs.outputs import EventData, JobOutput, PartialData
 from jobs.schemas.base import JobInput
-from pipelines.base import BackendLost, Canceled, Files, Pipeline
+from pipelines.base import BackendLost, Canceled, Files, Pipeline, TakePartial, Touch
 
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[str, EventType, EventData, bool], None]
 """(job_id, type, data, is_output) -> None: writes one event of a job."""
+
+StreamSink = Callable[[str, TakePartial], Touch]
+"""(job_id, take) -> touch: a job's stream of partial outputs (`EventWriter.stream`)."""
 
 BatchObserver = Callable[[str, int, float], None]
 """(pipeline name, batch size, seconds) -> None: for metrics."""
@@ -62,6 +67,9 @@ class WorkItem:
     key: Hashable
     cancel_event: threading.Event = field(default_factory=threading.Event)
     job_files: Files | None = None
+    streams: StreamSink | None = None
+    """Where `stream` goes: the worker's event writer; without it, each `touch` emits
+    what `take` gives at once."""
     submitted_at: float = field(default_factory=time.monotonic)
     submitted_s: float = field(default_factory=time.time)
     """When it came (unix seconds), for its trace (`telemetry.tracing`)."""
@@ -100,6 +108,17 @@ class WorkItem:
 
     def partial(self, data: PartialData) -> None:
         self._emit(EventType.PARTIAL, data)
+
+    def stream(self, take: TakePartial) -> Touch:
+        if self.streams is not None:
+            return self.streams(self.job_id, take)
+
+        def touch() -> None:
+            taken = take()
+            if taken is not None:
+                self._emit(EventType.PARTIAL, orjson.loads(taken[0]))
+
+        return touch
 
     def progress(self, step: int, total: int, **extra: Any) -> None:
         self._emit(EventType.PROGRESS, {"step": step, "total": total, **extra})
@@ -201,12 +220,19 @@ class Engine:
         sink: EventSink,
         cancel: threading.Event,
         files: Files | None = None,
+        streams: StreamSink | None = None,
     ) -> WorkItem:
         key = self.pipeline.batch_key(request)
         if key is None:
             key = ("__solo__", next(self._solo))
         item = WorkItem(
-            job_id=job_id, input=request, sink=sink, key=key, cancel_event=cancel, job_files=files
+            job_id=job_id,
+            input=request,
+            sink=sink,
+            key=key,
+            cancel_event=cancel,
+            job_files=files,
+            streams=streams,
         )
         if self.inline:
             with self._cv:

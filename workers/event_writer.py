@@ -19,11 +19,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import redis
 
-from jobs.models import EventType
+from jobs.models import EventType, WebhookSpec
 from jobs.outputs import PartialData
 from jobstore.store import JobStore, NewEvent
 
@@ -37,12 +37,37 @@ MAX_BATCH = 512
 RETRIES_S = (0.1, 0.5, 1.0, 2.0)
 """Waits before writing a batch again after a Redis error; then it is dropped (logged)."""
 
+Take = Callable[[], "tuple[bytes, bool] | None"]
+"""A stream's pending partial output: (one partial event's data as JSON, whether it is the
+job's first output), or None where nothing is pending."""
+Touch = Callable[[], None]
+"""Says that a stream has pending output (`EventWriter.stream`)."""
+
+
+@dataclass(eq=False, slots=True)
+class _Stream:
+    job_id: str
+    take: Take
+    webhook: WebhookSpec | None
+    lease_token: str
+    queued: bool = False
+    """In the writer's pending list: a `touch` has nothing to do."""
+
+    def event(self) -> NewEvent | None:
+        taken = self.take()
+        if taken is None:
+            return None
+        data, first = taken
+        return NewEvent(
+            self.job_id, EventType.PARTIAL, data, first, self.webhook, lease_token=self.lease_token
+        )
+
 
 class EventWriter:
     def __init__(self, store: JobStore, merge: Merge | None = None) -> None:
         self.store = store
         self.merge = merge
-        self._pending: list[NewEvent] = []
+        self._pending: list[NewEvent | _Stream] = []
         self._handed = 0
         self._written = 0
         self._cv = threading.Condition()
@@ -69,6 +94,28 @@ class EventWriter:
             if self._idle:
                 self._cv.notify_all()
 
+    def stream(
+        self, job_id: str, take: Take, webhook: WebhookSpec | None, lease_token: str = ""
+    ) -> Touch:
+        """A job's stream of partial outputs: call the returned `touch` after each piece
+        its pipeline keeps for writing; the writer calls `take` when it writes next (on
+        its own thread: `take` and the pipeline's keeping share a lock of their own)."""
+        stream = _Stream(job_id, take, webhook, lease_token)
+
+        def touch() -> None:
+            if stream.queued:  # the writer clears it (under `_cv`) before it calls `take`
+                return
+            with self._cv:
+                if stream.queued:
+                    return
+                stream.queued = True
+                self._pending.append(stream)
+                self._handed += 1
+                if self._idle:
+                    self._cv.notify_all()
+
+        return touch
+
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every event handed over so far is written; False on timeout."""
         with self._cv:
@@ -84,7 +131,11 @@ class EventWriter:
                 if not self._pending:
                     return
                 batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
-            self._write(merged(batch, self.merge))
+                for item in batch:
+                    if isinstance(item, _Stream):
+                        item.queued = False  # a piece kept from now on queues it again
+            events = [e for e in map(_event_of, batch) if e is not None]
+            self._write(merged(events, self.merge))
             with self._cv:
                 self._written += len(batch)
                 self._cv.notify_all()
@@ -121,7 +172,9 @@ def merged(batch: list[NewEvent], merge: Merge | None) -> list[NewEvent]:
         if at is not None and event.type is EventType.PARTIAL:
             before = out[at]
             same_run = before.type is EventType.PARTIAL and before.lease_token == event.lease_token
-            joined = merge(before.data, event.data) if same_run else None
+            joined = None
+            if same_run and isinstance(before.data, dict) and isinstance(event.data, dict):
+                joined = merge(before.data, event.data)  # bytes (a stream's) are never merged
             if joined is not None:
                 # keeps its first token's time; the store takes a plain dict
                 out[at] = replace(before, data=dict(joined))
@@ -129,6 +182,10 @@ def merged(batch: list[NewEvent], merge: Merge | None) -> list[NewEvent]:
         last[event.job_id] = len(out)
         out.append(event)
     return out
+
+
+def _event_of(item: NewEvent | _Stream) -> NewEvent | None:
+    return item.event() if isinstance(item, _Stream) else item
 
 
 def _log_fenced(batch: list[NewEvent], ids: list[str]) -> None:

@@ -33,7 +33,7 @@ from jobstore.codec import dumps, job_from_fields
 from jobstore.group_commit import GroupCommit
 from jobstore.store import JobStore, NewEvent
 from jobstore.store_base import Done
-from pipelines.base import Files
+from pipelines.base import Files, TakePartial, Touch
 from telemetry import tracing
 from workers.engine import Engine, EventSink, Outcome, WorkItem
 from workers.event_writer import EventWriter
@@ -267,6 +267,9 @@ class JobRunner:
             event = NewEvent(job_id, etype, dict(data), output, job.webhook, lease_token=token)
             self.events.emit(event)
 
+        def stream(job_id: str, take: TakePartial) -> Touch:
+            return self.events.stream(job_id, take, job.webhook, token)
+
         files = self.files_for(job, held.cancel) if self.files_for else None
         load_ms = 0.0
         item: WorkItem | None = None
@@ -275,7 +278,7 @@ class JobRunner:
             if self.residency is not None:
                 load_ms = self._load_for(job, emit, held)
             loaded_s = time.time()
-            item = self.engine.submit(job.id, request, emit, held.cancel, files)
+            item = self.engine.submit(job.id, request, emit, held.cancel, files, stream)
             outcome = item.wait()
         except Exception as exc:  # the model did not load, or found no room
             status = "canceled" if held.cancel.is_set() else "failed"

@@ -3,7 +3,10 @@
 `EngineClient.stream` posts a chat or completion request with `stream: true` and hands the
 text of each chunk to a callback as it arrives, then returns the finish reason and usage.
 Every stream of a worker runs on one asyncio loop, on a thread of its own, over one
-connection pool (`pipelines.llm.http`): a token costs a parse and a callback, where a
+connection pool (`pipelines.llm.http`). The stream is read as bytes: its events are split
+at their blank lines (`common.sse.split_data`), each chunk is one `orjson.loads`, and a
+chunk that is one choice's text alone (nearly all of them) goes to the sink as that text,
+with no object of its own (`DeltaSink.text`). A token costs a parse and a callback, where a
 thread per stream (and a synchronous HTTP client in each) cost a switch between threads
 for every token, and a worker feeds hundreds of streams at once. Closing a stream early
 closes its connection, which vLLM (and `transformers serve`) take as an abort: a canceled
@@ -15,14 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Collection, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, TypeVar
+from typing import Any, Protocol, TypedDict, TypeVar
 
 import orjson
 from typing_extensions import TypeIs
 
-from common.sse import SseParser
+from common.sse import DataSplitter
 from jobs.errors import InputError
 from jobs.outputs import ChatLogprobs, CompletionLogprobs, Logprobs, ToolCallDelta
 from jobs.schemas.llm import ChatFeatures, LlmInput
@@ -110,9 +113,18 @@ def request_body(inp: LlmInput, model: str) -> tuple[str, dict[str, Any]]:
 
 
 T = TypeVar("T")
-OnDelta = Callable[[Delta], bool]
-"""Called with each chunk's delta of each choice on the client's thread; False stops the
-stream."""
+
+
+class DeltaSink(Protocol):
+    """What a stream's chunks go to, on the client's thread; False stops the stream."""
+
+    def text(self, text: str) -> bool:
+        """Choice 0's text, where that is all a chunk's choice adds."""
+        ...
+
+    def delta(self, delta: Delta) -> bool:
+        """Any other delta (another choice, tool calls, log probabilities)."""
+        ...
 
 
 class EngineClient:
@@ -137,23 +149,23 @@ class EngineClient:
         self,
         path: str,
         body: dict[str, Any],
-        on_delta: OnDelta,
+        sink: DeltaSink,
         traceparent: str | None = None,
     ) -> Finish | None:
-        """One streamed generation, waited for: `on_delta` gets each chunk's delta of each
-        choice as it arrives. Returns how it finished, or None where `on_delta` stopped it. Raises
+        """One streamed generation, waited for: `sink` gets each chunk's delta of each
+        choice as it arrives. Returns how it finished, or None where `sink` stopped it. Raises
         EngineLost when the engine goes away, InputError when it refuses the request (a
         prompt over its context), EngineRefused for another error answer. `traceparent`
         goes to the engine with the request."""
-        return self._run(self._stream(path, body, on_delta, traceparent))
+        return self._run(self._stream(path, body, sink, traceparent))
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     async def _stream(
-        self, path: str, body: dict[str, Any], on_delta: OnDelta, traceparent: str | None
+        self, path: str, body: dict[str, Any], sink: DeltaSink, traceparent: str | None
     ) -> Finish | None:
-        stream = _Stream(on_delta)
+        stream = _Stream(sink)
         try:
             status = await self._pool.request(path, orjson.dumps(body), stream.feed, traceparent)
         except Broken as exc:
@@ -170,9 +182,9 @@ class EngineClient:
 class _Stream:
     """One response of the engine: its SSE chunks parsed as they come (`feed`)."""
 
-    def __init__(self, on_delta: OnDelta) -> None:
-        self.on_delta = on_delta
-        self.parser = SseParser()
+    def __init__(self, sink: DeltaSink) -> None:
+        self.sink = sink
+        self.splitter = DataSplitter()
         self.error = bytearray()
         """The body of an error answer."""
         self.reasons: dict[int, str] = {}
@@ -180,27 +192,42 @@ class _Stream:
         self.done = False
         """`data: [DONE]` came: the rest is read, so that the connection is kept."""
         self.stopped = False
-        """`on_delta` said stop."""
+        """The sink said stop."""
 
     def feed(self, status: int, data: bytes) -> bool:
         if status != 200:
             self.error += data
             return True
-        for message in self.parser.feed_bytes(data):
-            if message.data == "[DONE]":
+        for payload in self.splitter.feed(data):
+            if payload == b"[DONE]":
                 self.done = True
                 continue
-            chunk = orjson.loads(message.data)
-            if chunk.get("usage"):
-                self.usage = {k: int(v) for k, v in chunk["usage"].items() if _count(v)}
-            for choice in chunk.get("choices") or []:
-                delta = _delta_of(choice)
-                if delta is not None and not self.done and not self.on_delta(delta):
+            chunk = orjson.loads(payload)
+            for choice in chunk.get("choices") or ():
+                if not self.done and not self._choice(choice):
                     self.stopped = True
                     return False  # the engine sees the client go: abort
                 if choice.get("finish_reason"):
                     self.reasons[choice.get("index", 0)] = choice["finish_reason"]
+            if chunk.get("usage"):
+                self.usage = {k: int(v) for k, v in chunk["usage"].items() if _count(v)}
         return True
+
+    def _choice(self, choice: EngineChoice) -> bool:
+        """Hand on what one choice of a chunk adds; False where the sink said stop."""
+        if "delta" in choice:
+            delta = choice["delta"] or {}
+            text, calls = delta.get("content") or "", delta.get("tool_calls")
+        else:
+            text, calls = choice.get("text") or "", None
+        sent = choice.get("logprobs")
+        index = choice.get("index", 0)
+        if not calls and not sent and not index:
+            return self.sink.text(text) if text else True
+        logprobs = _logprobs(sent)
+        if not text and not calls and not logprobs:
+            return True
+        return self.sink.delta(Delta(text, index, calls or None, logprobs or None))
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -213,19 +240,6 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 def _prompt_field(path: str) -> str:
     return "messages" if path.endswith("/chat/completions") else "prompt"
-
-
-def _delta_of(choice: EngineChoice) -> Delta | None:
-    """The choice's delta; None where it adds nothing (the role, the finish)."""
-    if "delta" in choice:
-        delta = choice["delta"] or {}
-        text, calls = delta.get("content") or "", delta.get("tool_calls")
-    else:
-        text, calls = choice.get("text") or "", None
-    logprobs = _logprobs(choice.get("logprobs"))
-    if not text and not calls and not logprobs:
-        return None
-    return Delta(text, choice.get("index", 0), calls or None, logprobs or None)
 
 
 def _logprobs(sent: ChatLogprobs | CompletionLogprobs | None) -> Logprobs | None:

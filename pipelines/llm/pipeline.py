@@ -19,14 +19,14 @@ from jobs.outputs import LlmOutput, LlmUsage, PartialData
 from jobs.schemas.llm import LlmInput, LlmOptions
 from jobs.settings import PipelineConfig, Settings, on_gpu
 from pipelines.base import BackendLost, EngineKnobs, Request, SimplePipeline
-from pipelines.llm.choices import Choices, is_delta, merge_partials
-from pipelines.llm.engine_client import Delta, EngineClient, EngineLost, request_body
+from pipelines.llm.choices import is_delta, merge_partials
+from pipelines.llm.engine_client import EngineClient, EngineLost, request_body
 from pipelines.llm.gauges import engine_readings, read_metrics
+from pipelines.llm.generation import Generation
 from pipelines.llm.images import inline_images
 from pipelines.llm.packaged import prepare_if_packaged
 from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
 from pipelines.llm.sizing import GIB
-from pipelines.llm.timing import TokenClock
 from telemetry import tracing
 
 log = logging.getLogger(__name__)
@@ -177,27 +177,19 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         if inp.file_refs():
             limit = self.settings.limits.llm_max_image_bytes
             inline_images(body["messages"], request.files.open_input, limit)
-        choices = Choices(inp.n)
         with self._slots:
             restarts = self.server.restarts
-            clock = TokenClock()
-
-            def on_delta(delta: Delta) -> bool:  # on the client's thread, for every chunk
-                if request.drop_if_canceled():
-                    return False
-                clock.chunk()
-                request.partial(choices.add(delta))
-                return True
-
+            generation = Generation(request)
             try:
                 with tracing.span("mmq.engine", attributes={"gen_ai.request.model": model}):
                     traceparent = tracing.current_traceparent()
-                    finish = self.client.stream(path, body, on_delta, traceparent)
+                    finish = self.client.stream(path, body, generation, traceparent)
             except EngineLost as exc:
                 self._engine_lost(restarts)
                 raise BackendLost(str(exc)) from exc
         if finish is None:  # canceled: closing the stream aborted the sequence
             return
+        choices, clock = generation.choices, generation.clock
         completion = finish.usage.get("completion_tokens", choices.deltas)
         usage: LlmUsage = {
             "prompt_tokens": finish.usage.get("prompt_tokens", 0),
