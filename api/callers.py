@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import redis.asyncio as aredis
 
+from api.key_watch import KeyWatch
 from jobs.errors import Unauthorized
 from jobs.settings import Settings
-from jobstore.api_keys import KEY_PREFIX, find_key
+from jobstore.api_keys import KEY_PREFIX, find_key, hash_key
 
 ANONYMOUS_OWNER = "local"
 
@@ -24,6 +25,9 @@ class Caller:
 
     owner: str
     admin: bool
+    key_id: str | None = None
+    """The SHA-256 of the key it sent (None without one): what its long-lived connections
+    watch, so that they end when the key is revoked (`api.key_watch`)."""
 
 
 class ApiKeys:
@@ -32,6 +36,8 @@ class ApiKeys:
     def __init__(self, client: aredis.Redis, settings: Settings) -> None:
         self._r = client
         self._required = settings.auth.required
+        self.watch = KeyWatch(client, settings.auth.revocation_check_s)
+        """The keys of this process's long-lived connections, which end when theirs goes."""
 
     async def caller_of(self, authorization: str | None) -> Caller:
         """The caller that `Authorization` names; the anonymous admin `local` when auth is
@@ -54,7 +60,8 @@ class ApiKeys:
             # Auth off (loopback only): clients that always send some key (the openai
             # client does) act as the anonymous owner, as vLLM without --api-key does.
             return anonymous
-        return Caller(str(fields["owner"]), admin=bool(fields.get("admin", False)))
+        owner, admin = str(fields["owner"]), bool(fields.get("admin", False))
+        return Caller(owner, admin=admin, key_id=hash_key(token.strip()))
 
     async def owner_of(self, authorization: str | None) -> str:
         """The owner that `Authorization` names (see `caller_of`)."""

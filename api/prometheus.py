@@ -27,6 +27,7 @@ from jobs.settings import Settings
 from jobstore.deployment_reader import DeploymentReader, Snapshot
 from jobstore.pipeline_signals import PipelineSignalsReader
 from jobstore.quotas import Quota
+from jobstore.realtime_sessions import AsyncRealtimeSessions
 from telemetry.metric_defs import RECORDED, MetricDef
 
 WORKER_LABELS = ("worker", "kind", "pipeline", "device", "host")
@@ -38,6 +39,7 @@ class MetricsReader:
 
     def __init__(self, client: aredis.Redis, settings: Settings) -> None:
         self._reader = DeploymentReader(client)
+        self._realtime = AsyncRealtimeSessions(client)
         self._signals = PipelineSignalsReader(client)
         self._settings = settings
 
@@ -46,6 +48,7 @@ class MetricsReader:
         snap = await self._reader.snapshot(self._settings, per_key)
         pipelines = list(self._settings.enabled_pipelines)
         snap.pipelines = await self._signals.read(pipelines, snap.at, autoscale.waiting_of(snap))
+        snap.realtime_log_bytes = await self._realtime.log_bytes()
         return snap
 
 
@@ -109,6 +112,12 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
         "mmq_realtime_sessions_active",
         "Voice sessions open now (`/v1/realtime`), across the API processes.",
         value=snap.realtime_sessions,
+    )
+    yield GaugeMetricFamily(
+        "mmq_realtime_log_bytes",
+        "Bytes that the kept event logs of voice sessions hold in Redis, every owner's "
+        "(bounded by realtime.max_session_log_bytes and realtime.max_key_log_bytes).",
+        value=snap.realtime_log_bytes,
     )
     yield from _workers(snap, settings.lease.heartbeat_s * 3)
     yield from autoscale.families(snap, settings)

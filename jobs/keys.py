@@ -290,9 +290,27 @@ hold runs out (unix seconds, Redis's clock) unless renewed: what `/metrics` coun
 
 
 def realtime_secret(hashed: str) -> str:
-    """String: JSON {owner, session} of an ephemeral client secret (`ek_…`), named by the
+    """String: JSON {owner, key, session} of an ephemeral client secret (`ek_…`), named by the
     secret's SHA-256 (never the secret), with a TTL until it expires."""
     return f"{PREFIX}:realtime:secret:{hashed}"
+
+
+def realtime_secrets_of(key_ref: str) -> str:
+    """Sorted set: the hashes of the live client secrets that one API key made (`key_ref`:
+    the key's SHA-256, or `owner:<name>` for a caller without a key), scored by when each
+    expires (unix seconds, Redis's clock): the cap per key counts it, and a revoked key's
+    secrets are deleted through it."""
+    return f"{PREFIX}:realtime:secrets:{key_ref}"
+
+
+REALTIME_LOG_BYTES = f"{PREFIX}:realtime:log_bytes"
+"""Hash: the bytes that the realtime event logs hold, by session id, by `owner:<name>`
+and in all (`total`), for the caps per session and per key and for `/metrics`."""
+
+REALTIME_LOG_EXPIRY = f"{PREFIX}:realtime:log_expiry"
+"""Sorted set: `<session id>:<owner>` of every kept realtime event log, scored by when
+it expires (unix seconds, Redis's clock): an expired log's bytes leave
+`REALTIME_LOG_BYTES` when a later append or a `/metrics` scrape meets it."""
 
 
 def owner_realtime(owner: str) -> str:

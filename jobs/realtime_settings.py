@@ -25,8 +25,22 @@ class RealtimeSettings(BaseModel):
     """Tokens of an answer when the session and the response name no limit."""
     client_secret_ttl_s: int = Field(default=600, ge=10, le=7200)
     """Default life of a client secret (`POST /v1/realtime/client_secrets`)."""
+    max_secrets_per_key: int = Field(default=32, ge=0)
+    """Client secrets that one key holds unexpired at once (429 with Retry-After over;
+    0: no cap). A revoked key's secrets are deleted with it."""
+    max_secret_bytes: int = Field(default=64 * 1024, ge=1024)
+    """The session configuration that one client secret keeps, as stored JSON (413 over)."""
     events_ttl_s: int = Field(default=24 * 3600, ge=60)
     """How long a session's events stay readable (`GET /v1/realtime/sessions/{id}/events`)."""
+    max_event_bytes: int = Field(default=64 * 1024, ge=1024)
+    """One stored event (an audio delta is about 6.4 KB): a larger one (a long item echoed
+    back) is sent whole but stored as a `mmq.event_truncated` record of its type and size."""
+    max_session_log_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024)
+    """The stored events of one session (about four minutes of answer audio, with
+    `store_audio_events`); past it the log ends with one `mmq.log_truncated` record."""
+    max_key_log_bytes: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
+    """The stored events of all of one owner's sessions kept (`events_ttl_s`) together;
+    past it new events are sent but not stored (`mmq_realtime_log_bytes` counts them)."""
     store_audio_events: bool = True
     """Keep the audio deltas in the session's stored events too (a replay plays the
     answer); false keeps the rest alone."""

@@ -78,6 +78,10 @@ class AuthSettings(BaseModel):
     required: bool = False
     """Require `Authorization: Bearer <key>`. Off is allowed only while the API binds
     to a loopback address; requests then run as the owner `local` unless they send a key."""
+    revocation_check_s: float = Field(default=2.0, gt=0, le=60)
+    """How often an API process checks that the keys of its long-lived connections (realtime
+    sessions, job event streams) still exist: within this long of `mmq keys revoke`, each
+    gets an error saying why and ends (one `HMGET` a round, whatever their number)."""
 
 
 Durability = Literal["memory", "fsync", "replica"]

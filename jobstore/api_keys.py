@@ -51,13 +51,22 @@ def create_key(client: redis.Redis, owner: str, *, admin: bool = False) -> str:
 
 
 def revoke_owner(client: redis.Redis, owner: str) -> int:
-    """Delete every key of `owner`; returns how many."""
-    gone = [
-        h for h, rec in client.hgetall(keys.API_KEYS).items() if json.loads(rec)["owner"] == owner
-    ]
+    """Delete every key of `owner`, and the client secrets each made; returns how many."""
+    stored = text_map(client.hgetall(keys.API_KEYS))
+    gone = [h for h, rec in stored.items() if json.loads(rec)["owner"] == owner]
     if gone:
         client.hdel(keys.API_KEYS, *gone)
+        _drop_secrets(client, gone)
     return len(gone)
+
+
+def _drop_secrets(client: redis.Redis, hashed_keys: list[str]) -> None:
+    """Delete the realtime client secrets that the keys made: a secret dies with its key
+    (the API also checks the key when a secret is used, and open sessions watch it)."""
+    for hashed in hashed_keys:
+        index = keys.realtime_secrets_of(hashed)
+        secrets_made = [str(s) for s in client.zrange(index, 0, -1)]
+        client.delete(index, *[keys.realtime_secret(s) for s in secrets_made])
 
 
 KEY_ID_CHARS = 12
@@ -90,6 +99,7 @@ def revoke_key(client: redis.Redis, key_id: str) -> KeyInfo | None:
         return None
     (hashed,) = matches
     client.hdel(keys.API_KEYS, hashed)
+    _drop_secrets(client, [hashed])
     return _info(hashed, json.loads(stored[hashed]))
 
 
@@ -111,3 +121,17 @@ async def find_key(client: aredis.Redis, key: str) -> KeyRecord | None:
         return None
     record: KeyRecord = json.loads(raw)
     return record
+
+
+async def keys_present(client: aredis.Redis, hashed_keys: list[str]) -> list[bool]:
+    """Whether each key (by its hash) is still stored, in one round trip: what open
+    connections watch to end when their key is revoked (`api.key_watch`)."""
+    if not hashed_keys:
+        return []
+    found = await client.hmget(keys.API_KEYS, hashed_keys)
+    return [value is not None for value in found]
+
+
+async def key_present(client: aredis.Redis, hashed: str) -> bool:
+    """Whether the key whose hash is `hashed` is still stored."""
+    return bool(await client.hexists(keys.API_KEYS, hashed))

@@ -74,6 +74,8 @@ class Snapshot:
     """The models loaded on each device, of live workers."""
     realtime_sessions: int = 0
     """Voice sessions open now (`jobstore.realtime_sessions`)."""
+    realtime_log_bytes: int = 0
+    """Bytes that the kept voice session event logs hold (`jobstore.realtime_sessions`)."""
     at: float = 0.0
     """When it was read (Redis's clock, unix seconds)."""
     pipelines: dict[str, PipelineReading] = field(default_factory=dict)

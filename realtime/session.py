@@ -33,6 +33,7 @@ from realtime.conversation import Conversation, parse_item
 from realtime.response import PRIORITY, Response, ResponseParams
 from realtime.stages import Jobs, StageFailed, StoreAudio, submit
 from realtime.timing import TurnTimes
+from security.echo import clip
 
 if TYPE_CHECKING:
     from realtime.vad import VadEvent, VadStream
@@ -108,10 +109,23 @@ class Session:
         if self._closed:
             return
         event["event_id"] = ev.new_id("event")
-        text = orjson.dumps(event).decode()
-        self._outbox.put_nowait(text)
+        raw = orjson.dumps(event)
+        self._outbox.put_nowait(raw.decode())
         if self.settings.store_audio_events or event["type"] != "response.output_audio.delta":
-            self._logbox.append(text)
+            self._logbox.append(self._stored(event, raw))
+
+    def _stored(self, event: ev.ServerEvent, raw: bytes) -> str:
+        """What the log keeps of an event: itself, or past `realtime.max_event_bytes` a
+        record of its type and size (an item a client sent can be megabytes)."""
+        if len(raw) <= self.settings.max_event_bytes:
+            return raw.decode()
+        stub = {
+            "type": "mmq.event_truncated",
+            "event_id": event["event_id"],
+            "event_type": event["type"],
+            "bytes": len(raw),
+        }
+        return orjson.dumps(stub).decode()
 
     async def record(self, record: dict[str, JsonValue]) -> None:
         """A record kept in the log alone (never sent)."""
@@ -181,7 +195,7 @@ class Session:
             event_id = found if isinstance(found, str) else None
             handler = self._handlers().get(event["type"])
             if handler is None:
-                raise InputError("type", f"unknown or unsupported event type {event['type']!r}")
+                raise InputError("type", f"unknown or unsupported event type {clip(event['type'])}")
             await handler(event)
         except MmqError as exc:
             param = exc.field if isinstance(exc, InputError) else None
@@ -376,7 +390,7 @@ class Session:
     async def _create_item(self, event: dict[str, JsonValue]) -> None:
         item = parse_item(event.get("item"))
         if self.conversation.find(str(item["id"])) is not None:
-            raise InputError("item.id", f"an item {item['id']!r} exists already")
+            raise InputError("item.id", f"an item {clip(item['id'])} exists already")
         previous = self.conversation.add(item)
         await self.emit(ev.item_event("added", item, previous))
         await self.emit(ev.item_event("done", item, previous))
@@ -384,14 +398,14 @@ class Session:
     async def _delete_item(self, event: dict[str, JsonValue]) -> None:
         item_id = str(event.get("item_id"))
         if not self.conversation.delete(item_id):
-            raise InputError("item_id", f"no item {item_id!r} in the conversation")
+            raise InputError("item_id", f"no item {clip(item_id)} in the conversation")
         await self.emit({"type": "conversation.item.deleted", "item_id": item_id})
 
     async def _retrieve_item(self, event: dict[str, JsonValue]) -> None:
         item_id = str(event.get("item_id"))
         item = self.conversation.find(item_id)
         if item is None:
-            raise InputError("item_id", f"no item {item_id!r} in the conversation")
+            raise InputError("item_id", f"no item {clip(item_id)} in the conversation")
         await self.emit({"type": "conversation.item.retrieved", "item": item})
 
     async def _truncate_item(self, event: dict[str, JsonValue]) -> None:
@@ -400,7 +414,7 @@ class Session:
         item_id = str(event.get("item_id"))
         item = self.conversation.find(item_id)
         if item is None or item.get("role") != "assistant":
-            raise InputError("item_id", f"no assistant item {item_id!r} in the conversation")
+            raise InputError("item_id", f"no assistant item {clip(item_id)} in the conversation")
         end = event.get("audio_end_ms")
         if not isinstance(end, int) or end < 0:
             raise InputError("audio_end_ms", "must be a whole number of milliseconds")
@@ -484,7 +498,7 @@ class Session:
             raise InputError("response_id", "there is no response in progress to cancel")
         wanted = event.get("response_id")
         if wanted is not None and wanted != self._answer.id:
-            raise InputError("response_id", f"{wanted!r} is not the response in progress")
+            raise InputError("response_id", f"{clip(wanted)} is not the response in progress")
         self._answer.cancel_reason = "client_cancelled"
         self._response.cancel()
 

@@ -14,9 +14,10 @@ import redis.asyncio as aredis
 from pydantic import JsonValue
 
 from jobs import keys
-from jobstore.realtime_sessions import AsyncRealtimeSessions
+from jobstore.realtime_sessions import AsyncRealtimeSessions, LogBudget
 
 pytestmark = pytest.mark.anyio
+BUDGET = LogBudget(ttl_s=120, session_bytes=1 << 20, owner_bytes=1 << 20)
 
 
 @pytest.fixture
@@ -40,10 +41,10 @@ def unique(what: str) -> str:
 async def test_a_secret_resolves_to_its_owner_and_session(store: AsyncRealtimeSessions) -> None:
     owner = unique("owner")
     session: dict[str, JsonValue] = {"type": "realtime", "model": "voice", "voice": ["a", 1]}
-    value, expires_at = await store.create_secret(owner, session, ttl_s=60)
+    value, expires_at = await store.create_secret(owner, None, session, ttl_s=60)
     assert value.startswith("ek_")
     assert expires_at >= int(time.time()) + 55
-    assert await store.resolve_secret(value) == (owner, session)
+    assert await store.resolve_secret(value) == (owner, None, session)
     assert await store.resolve_secret(value + "x") is None
     assert await store.resolve_secret("ek_" + uuid.uuid4().hex) is None
 
@@ -51,12 +52,12 @@ async def test_a_secret_resolves_to_its_owner_and_session(store: AsyncRealtimeSe
 async def test_a_secret_is_stored_only_as_its_hash(
     store: AsyncRealtimeSessions, client: aredis.Redis
 ) -> None:
-    value, _ = await store.create_secret(unique("owner"), {}, ttl_s=60)
+    value, _ = await store.create_secret(unique("owner"), None, {}, ttl_s=60)
     assert [k async for k in client.scan_iter(match=f"*{value}*")] == []
 
 
 async def test_an_expired_secret_resolves_to_none(store: AsyncRealtimeSessions) -> None:
-    value, _ = await store.create_secret(unique("owner"), {"model": "voice"}, ttl_s=1)
+    value, _ = await store.create_secret(unique("owner"), None, {"model": "voice"}, ttl_s=1)
     assert await store.resolve_secret(value) is not None
     await anyio.sleep(1.2)
     assert await store.resolve_secret(value) is None
@@ -130,8 +131,8 @@ async def test_events_round_trip_and_resume_after_an_id(
     assert await store.events(session_id) == []
     assert await store.owner_of(session_id) is None
     sent = [json.dumps({"type": "session.created", "n": n}) for n in range(3)]
-    ids = await store.append(session_id, owner, sent[:2], ttl_s=120)
-    ids += await store.append(session_id, owner, sent[2:], ttl_s=120)
+    ids = await store.append(session_id, owner, sent[:2], BUDGET)
+    ids += await store.append(session_id, owner, sent[2:], BUDGET)
     assert len(set(ids)) == 3
     assert await store.events(session_id) == list(zip(ids, sent, strict=True))
     assert await store.events(session_id, after=ids[0]) == list(zip(ids[1:], sent[1:], strict=True))
@@ -147,7 +148,7 @@ async def test_the_log_is_capped_near_max_len(
 ) -> None:
     session_id = unique("sess")
     events = [json.dumps({"n": n}) for n in range(500)]
-    ids = await store.append(session_id, unique("owner"), events, ttl_s=60, max_len=10)
+    ids = await store.append(session_id, unique("owner"), events, BUDGET._replace(max_len=10))
     assert len(ids) == 500
     kept = await client.xlen(keys.realtime_events(session_id))
     assert kept < 500

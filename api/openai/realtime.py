@@ -20,19 +20,27 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
+import orjson
 from fastapi import APIRouter, Header, Query, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from api.auth import Owner
+from api.auth import CurrentCaller, Owner
 from api.callers import ApiKeys
 from api.deps import Realtime, Service, SettingsDep, get_state
+from api.key_watch import REVOKED_MESSAGE
 from api.openai.protocol import OpenAIBaseModel, OpenAIRequest, event_stream, responses
-from api.routes.events import EVENT_ID, denial
+from api.routes.events import EVENT_ID, WS_POLICY_VIOLATION, denial
 from api.service import JobService
-from jobs.errors import InputError, NotFound, Unauthorized
+from jobs.errors import InputError, NotFound, QuotaExceeded, TooLarge, Unauthorized
+from jobs.realtime_settings import RealtimeSettings
 from jobs.settings import Settings
-from jobstore.realtime_sessions import SECRET_PREFIX, AsyncRealtimeSessions
+from jobstore.realtime_sessions import (
+    SECRET_PREFIX,
+    AsyncRealtimeSessions,
+    LogBudget,
+    TooManySecrets,
+)
 from realtime import config as cfg
 from realtime import server_events as ev
 from realtime.session import Session, check_config
@@ -79,10 +87,10 @@ class StoredEvent(BaseModel):
 
 
 @router.post(
-    "/client_secrets", response_model=ClientSecret, responses=responses(401, 413, 422, 503)
+    "/client_secrets", response_model=ClientSecret, responses=responses(401, 413, 422, 429, 503)
 )
 async def create_client_secret(
-    owner: Owner,
+    caller: CurrentCaller,
     body: ClientSecretRequest,
     settings: SettingsDep,
     sessions: Realtime,
@@ -90,12 +98,28 @@ async def create_client_secret(
 ) -> ClientSecret:
     """A short-lived secret that opens one session as this key (for a browser)."""
     config = cfg.parse(body.session or {}, "session")
-    check_config(config, settings.realtime, service)
-    ttl_s = (
-        body.expires_after.seconds if body.expires_after else settings.realtime.client_secret_ttl_s
-    )
+    rt = settings.realtime
     stored = config.model_dump(mode="json", exclude_defaults=True)
-    value, expires_at = await sessions.create_secret(owner, stored, ttl_s)
+    size = len(orjson.dumps(stored))
+    if size > rt.max_secret_bytes:
+        raise TooLarge(
+            "session",
+            f"is {size} bytes as stored; a client secret keeps {rt.max_secret_bytes} at most "
+            "(realtime.max_secret_bytes): send the rest in session.update",
+        )
+    check_config(config, rt, service)
+    ttl_s = body.expires_after.seconds if body.expires_after else rt.client_secret_ttl_s
+    try:
+        value, expires_at = await sessions.create_secret(
+            caller.owner, caller.key_id, stored, ttl_s, rt.max_secrets_per_key
+        )
+    except TooManySecrets as exc:
+        raise QuotaExceeded(
+            f"this key holds {rt.max_secrets_per_key} unexpired client secrets, the most it "
+            "may (realtime.max_secrets_per_key)",
+            exc.retry_after_s,
+            "realtime.max_secrets_per_key",
+        ) from None
     view = ev.session_view("sess_pending", config, expires_at)
     assert isinstance(view, dict)
     return ClientSecret(value=value, expires_at=expires_at, session=view)
@@ -144,7 +168,7 @@ async def realtime(
     settings, sessions = state.settings, state.realtime
     offered = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",")]
     try:
-        owner, preset = await _authenticate(websocket, state.api_keys, sessions, offered)
+        owner, key_id, preset = await _authenticate(websocket, state.api_keys, sessions, offered)
     except Unauthorized as exc:
         await websocket.send_denial_response(denial(exc))
         return
@@ -168,16 +192,18 @@ async def realtime(
         await websocket.close(code=1008, reason="realtime.max_sessions_per_key")
         return
     renew = asyncio.create_task(_keep(sessions, owner, session.id))
+    revoked = asyncio.Event()
     try:
-        await session.start()
-        # The model `?model=` names, which this deployment may lack (the voice is checked
-        # when a session.update names one; a client secret's session when it was made).
-        named = config.model_copy(update={"output_modalities": ["text"]})
-        try:
-            session.check(named if config.type == "realtime" else config)
-        except InputError as exc:
-            await session.fail(exc.reason, exc.code, exc.field)
-        await _serve(websocket, session, settings.realtime.max_session_s)
+        async with state.api_keys.watch.revoked(key_id) as revoked:
+            await session.start()
+            # The model `?model=` names, which this deployment may lack (the voice is checked
+            # when a session.update names one; a client secret's session when it was made).
+            named = config.model_copy(update={"output_modalities": ["text"]})
+            try:
+                session.check(named if config.type == "realtime" else config)
+            except InputError as exc:
+                await session.fail(exc.reason, exc.code, exc.field)
+            await _serve_while_key_lives(websocket, session, settings.realtime, revoked)
     finally:
         renew.cancel()
         await session.close()
@@ -185,7 +211,31 @@ async def realtime(
             await pump
         await sessions.close(owner, session.id)
         with contextlib.suppress(Exception):
-            await websocket.close()
+            if revoked.is_set():
+                await websocket.close(code=WS_POLICY_VIOLATION, reason="api key revoked")
+            else:
+                await websocket.close()
+
+
+async def _serve_while_key_lives(
+    websocket: WebSocket, session: Session, rt: RealtimeSettings, revoked: asyncio.Event
+) -> None:
+    """`_serve`, ended with an `error` event (its responses and their jobs canceled) once
+    the session's key is revoked: a secret or a session never outlives its key."""
+    serving = asyncio.ensure_future(_serve(websocket, session, rt.max_session_s))
+    gone = asyncio.ensure_future(revoked.wait())
+    try:
+        await asyncio.wait({serving, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not serving.done():
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
+    if revoked.is_set():
+        await session.fail(f"{REVOKED_MESSAGE}: the session ends", "api_key_revoked")
+    else:
+        serving.result()
 
 
 async def _serve(websocket: WebSocket, session: Session, max_session_s: float) -> None:
@@ -221,6 +271,7 @@ def _session(
 ) -> Session:
     rt = settings.realtime
     session_id = ev.new_id("sess")
+    budget = LogBudget(rt.events_ttl_s, rt.max_session_log_bytes, rt.max_key_log_bytes)
 
     async def send(text: str) -> None:
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):
@@ -232,7 +283,7 @@ def _session(
 
     class Log:
         async def append(self, events: list[str]) -> None:
-            await sessions.append(session_id, owner, events, rt.events_ttl_s)
+            await sessions.append(session_id, owner, events, budget)
 
         async def observe(self, stages: dict[str, float]) -> None:
             await sessions.observe(turn_samples(stages))
@@ -264,8 +315,9 @@ async def _authenticate(
     api_keys: ApiKeys,
     sessions: AsyncRealtimeSessions,
     offered: list[str],
-) -> tuple[str, cfg.SessionConfig | None]:
-    """The owner, and the session a client secret preset (None for an API key)."""
+) -> tuple[str, str | None, cfg.SessionConfig | None]:
+    """The owner, its key (by hash; None without one), and the session a client secret
+    preset (None for an API key). A secret whose key was revoked is refused."""
     token = next((p[len(PROTOCOL_KEY) :] for p in offered if p.startswith(PROTOCOL_KEY)), None)
     authorization = websocket.headers.get("authorization")
     if token is None and authorization:
@@ -275,10 +327,10 @@ async def _authenticate(
         found = await sessions.resolve_secret(token)
         if found is None:
             raise Unauthorized("unknown or expired client secret")
-        owner, session = found
-        return owner, cfg.parse(session)
-    owner = await api_keys.owner_of(f"Bearer {token}" if token else None)
-    return owner, None
+        owner, key_id, session = found
+        return owner, key_id, cfg.parse(session)
+    caller = await api_keys.caller_of(f"Bearer {token}" if token else None)
+    return caller.owner, caller.key_id, None
 
 
 async def _keep(sessions: AsyncRealtimeSessions, owner: str, session_id: str) -> None:

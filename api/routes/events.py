@@ -16,6 +16,7 @@ from api.auth import CurrentCaller, JobOwner, Keys
 from api.deps import Follows, Service
 from api.error_handlers import error_body
 from api.follows import TooManyStreams
+from api.key_watch import REVOKED_MESSAGE, KeyWatch, until_revoked
 from api.service import JobService
 from api.streaming import stream_job
 from jobs.errors import MmqError, NotFound, Unauthorized
@@ -47,6 +48,7 @@ def _json(event: Event) -> tuple[str]:
 )
 async def job_events(
     caller: CurrentCaller,
+    keys: Keys,
     owner: JobOwner,
     job_id: str,
     service: Service,
@@ -70,7 +72,7 @@ async def job_events(
         ),
     )
     return StreamingResponse(
-        frames,
+        _while_key_lives(keys.watch, caller.key_id, frames, _SSE_REVOKED),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -91,7 +93,8 @@ async def job_ws(
         await websocket.close(code=WS_POLICY_VIOLATION, reason=f"after: {EVENT_ID_RULE}")
         return
     try:
-        owner = await api_keys.owner_of(authorization)
+        caller = await api_keys.caller_of(authorization)
+        owner = caller.owner
         frames = await follows.follow(
             owner, lambda: stream_job(service, owner, job_id, _json, after=after)
         )
@@ -100,11 +103,29 @@ async def job_ws(
         return
     await websocket.accept()
     reader = _read_commands(websocket, service, owner, job_id)
+    watched = _while_key_lives(api_keys.watch, caller.key_id, frames, _WS_REVOKED)
     async with _background(reader), contextlib.aclosing(frames):
         with contextlib.suppress(WebSocketDisconnect):
-            async for frame in frames:
-                await websocket.send_text(frame)
-            await websocket.close(code=1000)
+            last: str | None = None
+            async for last in watched:
+                await websocket.send_text(last)
+            revoked = last is _WS_REVOKED
+            await websocket.close(code=WS_POLICY_VIOLATION if revoked else 1000)
+
+
+_SSE_REVOKED = (
+    f"event: error\ndata: {json.dumps(error_body('api_key_revoked', REVOKED_MESSAGE))}\n\n"
+)
+_WS_REVOKED = json.dumps(error_body("api_key_revoked", REVOKED_MESSAGE))
+
+
+async def _while_key_lives(
+    watch: KeyWatch, key_id: str | None, frames: AsyncIterator[str], farewell: str
+) -> AsyncIterator[str]:
+    """The frames until they end, or until the key is revoked: then `farewell` last."""
+    async with watch.revoked(key_id) as revoked:
+        async for frame in until_revoked(frames, revoked, farewell):
+            yield frame
 
 
 def denial(exc: Unauthorized | NotFound | TooManyStreams) -> JSONResponse:
