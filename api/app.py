@@ -145,7 +145,8 @@ def create_app(settings: Settings) -> FastAPI:
             return settings.api.upload_timeout_s
         return settings.api.body_timeout_s
 
-    app.add_middleware(RefuseUnstorableJson)  # inside the size limit: reads a bounded body
+    # Inside the size limit: it reads a bounded body.
+    app.add_middleware(RefuseUnstorableJson, max_depth=settings.api.max_json_depth)
     app.add_middleware(BodyLimits, limit_for=limit_for, timeout_for=timeout_for)
     app.add_middleware(RateLimitHeaders)
     if settings.tracing.enabled:  # outermost: a request's start is its trace's

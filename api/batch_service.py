@@ -11,24 +11,35 @@ batch as a whole.
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 import secrets
 import time
+from collections.abc import Iterator
 
+import anyio
 import redis.asyncio as aredis
 
 from api.file_service import FileService
-from api.openai.batch_lines import body_field, custom_id_of, parse_line
+from api.openai.batch_lines import body_field, bounded_lines, custom_id_of, parse_line
 from api.service import JobService
-from jobs.errors import Conflict, InputError, NotFound
-from jobs.models import WebhookSpec
+from jobs.errors import Conflict, InputError, NotFound, TooLarge
+from jobs.models import JobCreate, WebhookSpec
 from jobs.settings import Settings
 from jobstore.batch_records import ENDPOINTS, Batch, BatchStatus, Line, invalid_line, window_seconds
 from jobstore.batch_store import AsyncBatchStore
+from security.echo import clip
 
 CHECK_EVERY = 200
-"""Lines checked between two yields to the event loop (a large file never stalls it)."""
+"""Lines checked in a worker thread per step (the event loop runs between steps)."""
 PUSH_EVERY = 1000
+
+
+Checked = tuple[Line, JobCreate] | str
+"""A line checked: its `Line` and job, or its line of the error file."""
+
+
+def _take(items: Iterator[Checked], n: int) -> list[Checked]:
+    return list(itertools.islice(items, n))
 
 
 def new_batch_id() -> str:
@@ -79,17 +90,17 @@ class BatchService:
         await self.store.save(batch, index=True)
         limits = self.settings.batches
         try:
-            content = await self.files.read(source.key, self.settings.storage.max_upload_bytes)
-            lines = [line for line in content.splitlines() if line.strip()]
-            if not lines:
+            count = await self._count_lines(source.key)
+            if not count:
                 return await self._fail(batch, "empty_file", "the input file has no line")
-            if len(lines) > limits.max_lines:
-                message = f"the input file has {len(lines)} lines, over {limits.max_lines}"
+            if count > limits.max_lines:
+                message = f"the input file has {count} lines, over {limits.max_lines}"
                 return await self._fail(batch, "too_many_lines", message)
+            _info, chunks = await self.files.open(source.key)
         except NotFound:
             return await self._fail(batch, "file_not_found", "the input file is gone")
-        await self._check_lines(batch, lines)
-        await self.store.set_counts(batch.id, len(lines), batch.failed)
+        await self._check_lines(batch, chunks)
+        await self.store.set_counts(batch.id, count, batch.failed)
         # In progress unless it was canceled meanwhile; either way the scheduler takes it
         # on from here.
         started = {"status": str(BatchStatus.IN_PROGRESS), "in_progress_at": repr(time.time())}
@@ -97,38 +108,73 @@ class BatchService:
         await self.store.activate(batch.id)
         return await self.get(batch.owner, batch.id)
 
-    async def _check_lines(self, batch: Batch, lines: list[bytes]) -> None:
-        """Each line to the waiting lines or, if it is bad, to the error file."""
+    async def _count_lines(self, key: str) -> int:
+        """The file's lines, counted in a worker thread as it is read (no line held whole
+        past `batches.max_line_bytes`); `TooLarge` over `storage.max_upload_bytes`."""
+        max_bytes = self.settings.storage.max_upload_bytes
+        info, chunks = await self.files.open(key)
+        if info.size_bytes > max_bytes:
+            raise TooLarge("input_file_id", f"is {info.size_bytes} bytes, over {max_bytes}")
+        lines = bounded_lines(chunks, self.settings.batches.max_line_bytes)
+        return await anyio.to_thread.run_sync(lambda: sum(1 for _ in lines))
+
+    async def _check_lines(self, batch: Batch, chunks: Iterator[bytes]) -> None:
+        """Each line to the waiting lines or, if it is bad, to the error file: read and
+        checked in a worker thread, `CHECK_EVERY` lines a step, so that a large file or a
+        large line never holds the event loop."""
+        checked = self._checked(batch, bounded_lines(chunks, self.settings.batches.max_line_bytes))
         good: list[str] = []
         bad: list[str] = []
-        seen: set[str] = set()
-        for number, raw in enumerate(lines, start=1):
-            try:
-                custom_id, create, answer = parse_line(raw, batch.endpoint)
-                if custom_id in seen:
-                    raise InputError("custom_id", f"{custom_id!r} is used by an earlier line")
-                seen.add(custom_id)
+        while step := await anyio.to_thread.run_sync(_take, checked, CHECK_EVERY):
+            for outcome in step:
+                if isinstance(outcome, str):
+                    bad.append(outcome)
+                    continue
+                line, create = outcome
                 try:
-                    pipeline, _request, normalised = self.jobs.validate(create)
                     await self.files.check_input_refs(batch.owner, create.kind, create.input)
                 except InputError as exc:
-                    raise type(exc)(body_field(batch.endpoint, exc.field), exc.reason) from None
-            except InputError as exc:
-                message = f"line {number}: {exc.field}: {exc.reason}"
-                bad.append(invalid_line(batch.id, number, custom_id_of(raw), exc.code, message))
-            else:
-                job = {"kind": create.kind, "input": normalised, "metadata": create.metadata}
-                line = Line(
-                    line=number, custom_id=custom_id, pipeline=pipeline, job=job, answer=answer
-                )
-                good.append(line.model_dump_json())
-            if number % CHECK_EVERY == 0:
-                await asyncio.sleep(0)
+                    field = body_field(batch.endpoint, exc.field)
+                    message = f"line {line.line}: {field}: {exc.reason}"
+                    bad.append(invalid_line(batch.id, line.line, line.custom_id, exc.code, message))
+                else:
+                    good.append(line.model_dump_json())
             if len(good) >= PUSH_EVERY:
                 await self.store.add_lines(batch.id, good, [])
                 good.clear()
         await self.store.add_lines(batch.id, good, bad)
         batch.failed = len(bad)
+
+    def _checked(self, batch: Batch, lines: Iterator[bytes | int]) -> Iterator[Checked]:
+        """Each line checked (in a worker thread): its `Line` and job, or its error line."""
+        seen: set[str] = set()
+        max_bytes = self.settings.batches.max_line_bytes
+        for number, raw in enumerate(lines, start=1):
+            if isinstance(raw, int):
+                message = (
+                    f"line {number}: line: is {raw} bytes, over {max_bytes} "
+                    "(batches.max_line_bytes)"
+                )
+                yield invalid_line(batch.id, number, None, TooLarge.code, message)
+                continue
+            try:
+                custom_id, create, answer = parse_line(raw, batch.endpoint)
+                if custom_id in seen:
+                    raise InputError("custom_id", f"{clip(custom_id)} is used by an earlier line")
+                seen.add(custom_id)
+                try:
+                    pipeline, _request, normalised = self.jobs.validate(create)
+                except InputError as exc:
+                    raise type(exc)(body_field(batch.endpoint, exc.field), exc.reason) from None
+            except InputError as exc:
+                message = f"line {number}: {exc.field}: {exc.reason}"
+                yield invalid_line(batch.id, number, custom_id_of(raw), exc.code, message)
+            else:
+                job = {"kind": create.kind, "input": normalised, "metadata": create.metadata}
+                line = Line(
+                    line=number, custom_id=custom_id, pipeline=pipeline, job=job, answer=answer
+                )
+                yield line, create
 
     async def _fail(self, batch: Batch, code: str, message: str) -> Batch:
         batch.status = BatchStatus.FAILED

@@ -1,5 +1,7 @@
 """A pure ASGI middleware that refuses, with a 422 naming where it is, JSON that parses
-but cannot be stored: text no UTF-8 can hold, and integers past 64 bits.
+but cannot be stored: text no UTF-8 can hold, integers past 64 bits, and values nested
+deeper than `api.max_json_depth` (issue 65: a tool schema 130 levels deep was a 500 from
+pydantic's serializer; each route would meet its own limit somewhere else).
 
 JSON may spell a lone UTF-16 surrogate (`"\\udfff"`), and any integer; Python's parser
 takes both, and the value then fails wherever it is encoded (the store's orjson, a
@@ -26,9 +28,14 @@ INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 """The integers the store encodes (orjson: signed and unsigned 64-bit)."""
 
 
+_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]')
+"""A JSON string whole (brackets inside it are text), or a bracket or comma."""
+
+
 class RefuseUnstorableJson:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, max_depth: int = 64) -> None:
         self.app = app
+        self.max_depth = max_depth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not _is_json(scope):
@@ -53,7 +60,10 @@ class RefuseUnstorableJson:
                 if not message.get("more_body", False):
                     break
             body = b"".join(parts)
-            if _SUSPECT.search(body) and (where := _unstorable(body)) is not None:
+            where = _too_deep(body, self.max_depth)
+            if where is None and _SUSPECT.search(body):
+                where = _unstorable(body)
+            if where is not None:
                 path, what = where
                 param = path or "body"
                 await refusal.refuse(422, "invalid_input", f"{param}: {what}", param)
@@ -69,6 +79,46 @@ def _is_json(scope: Scope) -> bool:
         if name == b"content-type":
             return b"json" in value.lower()
     return True
+
+
+def _too_deep(body: bytes, max_depth: int) -> tuple[str, str] | None:
+    """(where, why) of the first object or array nested deeper than `max_depth`, found
+    without parsing (a body with fewer brackets than that passes at once); None if none."""
+    if body.count(b"[") + body.count(b"{") <= max_depth:
+        return None
+    path: list[str] = []
+    arrays: list[bool] = []
+    want_key = False
+    for token in _TOKENS.finditer(body):
+        text = token.group()
+        if text in (b"{", b"["):
+            if len(arrays) >= max_depth:
+                return ".".join(path), f"nests deeper than {max_depth} levels (api.max_json_depth)"
+            arrays.append(text == b"[")
+            path.append("0" if arrays[-1] else "")
+            want_key = not arrays[-1]
+        elif text in (b"}", b"]"):
+            if not arrays:
+                return None  # not JSON: the route refuses it as it always has
+            arrays.pop()
+            path.pop()
+        elif text == b",":
+            if arrays and arrays[-1]:
+                path[-1] = str(int(path[-1]) + 1)
+            want_key = bool(arrays) and not arrays[-1]
+        elif want_key:
+            path[-1] = _key(text)
+            want_key = False
+    return None
+
+
+def _key(token: bytes) -> str:
+    """An object's key as a path names it (cut short: a path repeats no long input)."""
+    try:
+        key = str(json.loads(token))
+    except ValueError:
+        key = token.decode("utf-8", "replace").strip('"')
+    return key if len(key) <= 64 else key[:64] + "…"
 
 
 def _unstorable(body: bytes) -> tuple[str, str] | None:

@@ -47,6 +47,9 @@ class ApiSettings(BaseModel):
     """Base URL that clients use, for the URLs in responses; default http://host:port."""
     max_body_bytes: int = 1_048_576
     """Largest JSON body accepted (413 above)."""
+    max_json_depth: int = Field(default=64, ge=8, le=512)
+    """Deepest nesting of objects and arrays in a JSON body, every route's (422 naming
+    the path above): a tool's JSON schema needs a dozen levels."""
     max_wait_s: float = 60.0
     """Cap on `Prefer: wait=N`."""
     retry_after_s: int = 2
@@ -295,6 +298,9 @@ class BatchSettings(BaseModel):
 
     max_lines: int = Field(default=50_000, ge=1)
     """Lines a batch's input file may have (OpenAI's limit)."""
+    max_line_bytes: int = Field(default=1_048_576, ge=1024)
+    """One line of a batch's input file (one request, as `api.max_body_bytes` bounds a
+    request sent alone): a longer line goes to the error file unread."""
     release_interval_s: float = Field(default=0.2, gt=0)
     """How often the scheduler steps (`mmq scheduler`): releases held jobs, looks at its
     batches (collects ended lines, releases more), writes each pipeline's room."""

@@ -4,7 +4,7 @@ the field (`body.messages.0.content`, `custom_id`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 import orjson
@@ -120,3 +120,31 @@ def custom_id_of(raw: bytes) -> str | None:
     except (orjson.JSONDecodeError, AttributeError):
         return None
     return value if isinstance(value, str) else None
+
+
+def bounded_lines(chunks: Iterable[bytes], max_bytes: int) -> Iterator[bytes | int]:
+    """The non-blank lines of a file read in chunks; a line over `max_bytes` comes as its
+    size instead, and is never held whole (issue 65: one 100 MB line held the API)."""
+    pending = bytearray()
+    over = 0  # the bytes of a line too long, skipped as they come
+    for chunk in chunks:
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            if over:
+                over += len(piece)
+            elif len(pending) + len(piece) > max_bytes:
+                over = len(pending) + len(piece)
+                pending.clear()
+            else:
+                pending += piece
+            if end < 0:
+                break
+            if over or pending.strip():
+                yield over or bytes(pending)
+            pending.clear()
+            over = 0
+            start = end + 1
+    if over or pending.strip():
+        yield over or bytes(pending)

@@ -223,6 +223,13 @@ async def _read(part: str | UploadFile, field: str, limits: Limits) -> Upload:
     if len(data) > limit:
         raise TooLarge(field, f"is over the limit of {limit} bytes")
     header = read_header(data, field)
+    pixels = header.width * header.height
+    if pixels > limits.image_max_pixels:
+        raise TooLarge(
+            field,
+            f"is {header.width}x{header.height}, {pixels} pixels, over the limit of "
+            f"{limits.image_max_pixels} (limits.image_max_pixels)",
+        )
     return Upload(data, header, part.filename or f"{field}.{header.format}")
 
 

@@ -9,7 +9,7 @@ import io
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from jobs.errors import InputError
+from jobs.errors import InputError, TooLarge
 
 CONTENT_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 EXTENSIONS = {"png": "png", "jpeg": "jpg", "webp": "webp"}
@@ -42,10 +42,19 @@ def encode(image: Image.Image, fmt: str) -> bytes:
     return buffer.getvalue()
 
 
-def read_image(data: bytes, field: str) -> Image.Image:
-    """An image's pixels, decoded (any format Pillow reads); InputError naming `field`."""
+def read_image(data: bytes, field: str, max_pixels: int) -> Image.Image:
+    """An image's pixels, decoded (any format Pillow reads); InputError naming `field`,
+    and TooLarge before decoding one of more than `max_pixels` (limits.image_max_pixels:
+    Pillow only warns below its own bomb limit, which is ten times larger)."""
     try:
         with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            if width * height > max_pixels:
+                raise TooLarge(
+                    field,
+                    f"is {width}x{height}, {width * height} pixels, over {max_pixels} "
+                    "(limits.image_max_pixels)",
+                )
             image.load()
             return image.copy()
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as exc:

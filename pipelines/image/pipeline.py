@@ -128,20 +128,21 @@ class ImagePipeline(Pipeline[ImageInput, Share]):
             )
             family = type(self.loaded.text2img).__name__
             raise InputError(field, f"this model ({family}) has no {what} pipeline")
-        start = self._read(request, inp.init_image, "input.init_image")
+        max_pixels = self.settings.limits.image_max_pixels
+        start = self._read(request, inp.init_image, "input.init_image", max_pixels)
         if inp.mask_image is None:
             return start_image(start, inp.width, inp.height), None
-        mask = self._read(request, inp.mask_image, "input.mask_image")
+        mask = self._read(request, inp.mask_image, "input.mask_image", max_pixels)
         return (
             start_image(start, inp.width, inp.height),
             mask_image(mask, start.size, inp.width, inp.height),
         )
 
     @staticmethod
-    def _read(request: Request[ImageInput], key: str, field: str) -> Image.Image:
+    def _read(request: Request[ImageInput], key: str, field: str, max_pixels: int) -> Image.Image:
         with request.files.open_input(key, field) as stream:
             data = stream.read()
-        return read_image(data, field)
+        return read_image(data, field, max_pixels)
 
     def _pipe_of(self, inp: ImageInput) -> Diffuser | None:
         """The loaded pipeline of the request's mode; None where the family has none."""
