@@ -15,6 +15,12 @@ class Limits(BaseModel):
     """ASR audio upload."""
     audio_max_seconds: float = 3600.0
     """ASR audio duration."""
+    chat_max_audio_parts: int = Field(default=4, ge=1)
+    """`input_audio` parts in one chat completion request (each is an ASR job; 422 over)."""
+    chat_max_audio_seconds: float = Field(default=600.0, gt=0)
+    """Seconds of audio in one chat completion request, all parts together (413 over), as
+    their headers tell it: WAV and MP3 (other formats are bounded by their bytes and by
+    `audio_max_seconds` in the worker)."""
     image_max_side: int = 1024
     """Image width and height."""
     image_max_steps: int = 100
@@ -23,6 +29,10 @@ class Limits(BaseModel):
     """Images per request."""
     image_max_bytes: int = Field(default=50 * 1024 * 1024, ge=1)
     """An image or a mask uploaded to `/v1/images/edits` (413 above)."""
+    image_max_pixels: int = Field(default=25_000_000, ge=64 * 64)
+    """Pixels of an image or mask to edit (about a 6000x4000 photo), read from its header
+    at submit (413 above) and checked again before the worker decodes it: a small file
+    can declare a huge canvas (a decompression bomb)."""
     llm_max_tokens: int = 4096
     """LLM `max_tokens`."""
     llm_max_prompt_chars: int = 200_000
