@@ -234,9 +234,14 @@ def _dispatch_events(table: Subscribers[Event | Notice], raw: str) -> None:
 
 
 def _event(notice: Notice) -> Event:
-    """A notice as an event. Validated: pydantic's core takes half the time that
-    `model_construct` does (1.2 against 2.4 µs), and this runs for every token."""
-    return Event.model_validate(notice)
+    """A notice as an event: not validated, the store's own script wrote it."""
+    return Event(
+        id=notice["id"],
+        job_id=notice["job_id"],
+        type=notice["type"],
+        data=notice["data"],
+        ts=notice["ts"],
+    )
 
 
 def _notices(raw: str) -> list[Notice]:

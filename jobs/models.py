@@ -21,21 +21,40 @@ class EventType(StrEnum):
     ERROR = "error"
 
 
-class Event(BaseModel):
-    """One event of a job; `id` is its Redis stream id, so a client can resume after it."""
+class Event:
+    """One event of a job; `id` is its Redis stream id, so a client can resume after it.
 
-    id: str
-    job_id: str
-    type: EventType
-    # As stored: a status, an output, an error, or a pipeline's partial or progress
-    # (`jobs.outputs` has the built-in kinds' shapes; another pipeline has its own).
-    data: dict[str, Any]
-    ts: float
+    Not a pydantic model: an API process makes one for every token of every stream it
+    serves, from a notice or a stream entry that the store's own script wrote, so there is
+    nothing to validate, and whether it ends its job is worked out once, here."""
 
-    @property
-    def ends(self) -> bool:
+    __slots__ = ("data", "ends", "id", "job_id", "ts", "type")
+
+    def __init__(
+        self, *, id: str, job_id: str, type: EventType | str, data: dict[str, Any], ts: float
+    ) -> None:
+        self.id = id
+        self.job_id = job_id
+        self.type = EventType(type)
+        # As stored: a status, an output, an error, or a pipeline's partial or progress
+        # (`jobs.outputs` has the built-in kinds' shapes; another pipeline has its own).
+        self.data = data
+        self.ts = ts
+        self.ends = ends_job(self.type, data)
         """Whether this is its job's terminal status event."""
-        return ends_job(self.type, self.data)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Event):
+            return NotImplemented
+        mine = (self.id, self.job_id, self.type, self.data, self.ts)
+        return mine == (other.id, other.job_id, other.type, other.data, other.ts)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable data, as a pydantic model's
+
+    def __repr__(self) -> str:
+        return (
+            f"Event(id={self.id!r}, job_id={self.job_id!r}, type={self.type!r}, data={self.data!r})"
+        )
 
 
 class JobErrorInfo(BaseModel):

@@ -17,7 +17,7 @@ from the start again: of each choice's text only what goes beyond what was sent 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import orjson
@@ -95,6 +95,10 @@ class _Chunks(ABC):
         if index not in self.texts:
             self.texts[index] = TextDelta(self._text_chunk(index))
         return self.texts[index]
+
+    def text(self, text: str) -> bytes:
+        """The frame of choice 0's next text, alone."""
+        return self._text(0)(text)
 
 
 class ChatChunks(_Chunks):
@@ -183,7 +187,16 @@ class CompletionEvents:
         self.delivered = Delivered()
         self.ran = False
 
-    def __call__(self, event: Event) -> Iterator[bytes]:
+    def __call__(self, event: Event) -> Sequence[bytes]:
+        data = event.data
+        if event.type is EventType.PARTIAL and 0 in self.started and _text_alone(data):
+            # The frame of nearly every event: choice 0's next text, spliced into its chunk.
+            self.ran = True
+            new = self.delivered.take("text:0", data["text"])
+            return (self.view.text(new),) if new else ()
+        return list(self._frames(event))
+
+    def _frames(self, event: Event) -> Iterator[bytes]:
         view = self.view
         yield from self._role(0)
         if event.type is EventType.PARTIAL:
@@ -234,3 +247,8 @@ class CompletionEvents:
             self.started.add(index)
             if self.view.chat:
                 yield self.view.delta("", role=True, index=index)
+
+
+def _text_alone(data: Mapping[str, Any]) -> bool:
+    """Whether a partial's data is choice 0's text alone (`{"index", "text"}`), non-empty."""
+    return len(data) == 2 and bool(data.get("text"))

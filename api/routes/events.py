@@ -9,6 +9,7 @@ import re
 from collections.abc import AsyncIterator, Coroutine
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Header, Query, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -34,11 +35,13 @@ SSE_KEEPALIVE = ": keep-alive\n\n"
 
 
 def _sse(event: Event) -> tuple[str]:
-    return (f"id: {event.id}\nevent: {event.type.value}\ndata: {event.model_dump_json()}\n\n",)
+    return (f"id: {event.id}\nevent: {event.type.value}\ndata: {_json(event)[0]}\n\n",)
 
 
 def _json(event: Event) -> tuple[str]:
-    return (event.model_dump_json(),)
+    """The event as JSON (`jobs.wire.JobEvent`)."""
+    fields = {"id": event.id, "job_id": event.job_id, "type": event.type, "data": event.data}
+    return (orjson.dumps({**fields, "ts": event.ts}).decode(),)
 
 
 @router.get(
