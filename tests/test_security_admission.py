@@ -6,10 +6,13 @@ the path on every route, never a 500."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+import socket
 import struct
 import time
+import wave
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -33,7 +36,13 @@ IMAGE = """
 kind = "image"
 impl = "pipelines.image:ImagePipeline"
 model = "no-such-model-the-api-never-loads"
+
+[pipelines.asr]
+kind = "asr"
+impl = "pipelines.asr:AsrPipeline"
 """
+MAX_AUDIO_PARTS = 3
+MAX_AUDIO_S = 30
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +51,8 @@ def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
     env = {
         "MMQ_BATCHES__MAX_LINE_BYTES": str(MAX_LINE_BYTES),
         "MMQ_LIMITS__IMAGE_MAX_PIXELS": str(MAX_PIXELS),
+        "MMQ_LIMITS__CHAT_MAX_AUDIO_PARTS": str(MAX_AUDIO_PARTS),
+        "MMQ_LIMITS__CHAT_MAX_AUDIO_SECONDS": str(MAX_AUDIO_S),
     }
     tmp = tmp_path_factory.mktemp("admission")
     with running(redis_url, tmp, env, ["echo"], config=IMAGE) as deployment:
@@ -181,3 +192,56 @@ def test_a_body_nested_too_deep_is_a_422_naming_the_path(
     first = next(iter(k for k in ("tools", "metadata") if k in body))
     assert error["param"].startswith(f"{first}."), error
     assert r.json() == api.http.post(path, json=body).json()  # the connection lives on
+
+
+def _wav(seconds: float, rate: int = 8000) -> str:
+    """Silence as an 8-bit mono WAV, base64."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as file:
+        file.setnchannels(1)
+        file.setsampwidth(1)
+        file.setframerate(rate)
+        file.writeframes(b"\x80" * int(seconds * rate))
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def _spoken(*seconds: float) -> dict[str, Any]:
+    parts = [
+        {"type": "input_audio", "input_audio": {"data": _wav(s), "format": "wav"}} for s in seconds
+    ]
+    return {"model": "m", "messages": [{"role": "user", "content": parts}]}
+
+
+def test_audio_parts_and_their_seconds_are_capped_per_chat_request(api: Api) -> None:
+    many = api.http.post("/v1/chat/completions", json=_spoken(*[0.5] * (MAX_AUDIO_PARTS + 2)))
+    assert many.status_code == 422, many.text
+    assert many.json()["error"]["param"] == f"messages.0.content.{MAX_AUDIO_PARTS}.input_audio"
+    assert "limits.chat_max_audio_parts" in many.json()["error"]["message"]
+    long = api.http.post("/v1/chat/completions", json=_spoken(MAX_AUDIO_S * 0.6, MAX_AUDIO_S * 0.6))
+    assert long.status_code == 413, long.text
+    assert long.json()["error"]["param"] == "messages.0.content.1.input_audio"
+    assert "limits.chat_max_audio_seconds" in long.json()["error"]["message"]
+    assert api.http.get("/v1/jobs").json()["data"] == []  # no ASR job was made
+
+
+def test_a_chat_requests_asr_jobs_are_canceled_when_its_client_goes_away(
+    api: Api, dep: Deployment
+) -> None:
+    """No ASR worker runs here: the stage jobs wait until the client leaves."""
+    body = json.dumps(_spoken(1.0, 1.0)).encode()
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {api.key}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    with socket.create_connection(("127.0.0.1", dep.api_port)) as client:
+        client.sendall(request)
+        deadline = time.monotonic() + 30
+        while len(jobs := api.http.get("/v1/jobs").json()["data"]) < 2:
+            assert time.monotonic() < deadline, jobs
+            time.sleep(0.1)
+        assert {job["status"] for job in jobs} == {"queued"}
+    deadline = time.monotonic() + 30
+    while {job["status"] for job in api.http.get("/v1/jobs").json()["data"]} != {"canceled"}:
+        assert time.monotonic() < deadline, api.http.get("/v1/jobs").json()["data"]
+        time.sleep(0.2)

@@ -112,7 +112,7 @@ async def complete(
     its stream or its end. These routes' FastAPI functions call it, and so do their plain
     routes (`api.plain_routes`), which serve the requests."""
     if isinstance(body, ChatRequest):  # speech in, and the answer spoken: the voice stages
-        body = await chat_audio.transcribed(service, owner, body)
+        body = await chat_audio.transcribed(service, owner, body, request)
         if body.speaks:
             return await chat_audio.spoken_answer(request, service, owner, body)
     try:

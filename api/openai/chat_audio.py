@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import io
 import time
 from collections.abc import AsyncIterator
@@ -23,12 +24,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import JsonValue
 
+from api import audio_length
 from api.error_handlers import error_response
 from api.openai.chat_models import ChatRequest, ContentPart, InputAudio
 from api.openai.protocol import SSE_DONE
 from api.service import JobService
 from api.streaming import until_disconnected
-from jobs.errors import InputError, TooLarge
+from jobs.errors import Conflict, InputError, TooLarge
 from jobs.models import JobCreate
 from realtime import server_events as ev
 from realtime.config import FunctionTool, NamedFunction, ToolChoice
@@ -36,20 +38,39 @@ from realtime.conversation import Conversation
 from realtime.response import PRIORITY, ResponseParams
 from realtime.response import Response as Answer
 from realtime.session import wav
-from realtime.stages import StageFailed, submit
+from realtime.stages import Followed, StageFailed, cancel_quietly, submit
 
 AUDIO_TTL_S = 3600
 """How long OpenAI keeps an answer's audio for a later turn (`expires_at`); mmq keeps
 none: a later turn sends the transcript back."""
 
 
-async def transcribed(service: JobService, owner: str, body: ChatRequest) -> ChatRequest:
+async def transcribed(
+    service: JobService, owner: str, body: ChatRequest, request: Request | None = None
+) -> ChatRequest:
     """`body` with each `input_audio` part replaced by its transcript (a text part); the
-    parts are transcribed at once, each by an `asr` job."""
+    parts are transcribed at once, each by an `asr` job. The parts and their seconds are
+    capped first (`limits.chat_max_audio_parts`, `limits.chat_max_audio_seconds`); the
+    jobs are canceled when one fails or the client (`request`) goes away."""
     parts = body.audio_parts()
     if not parts:
         return body
-    texts = await asyncio.gather(*(_transcribe(service, owner, f, a) for f, a in parts))
+    decoded = _checked_parts(service, parts)
+    stages: list[Followed] = []
+    texts: list[str] | None = None
+    try:
+        async with _while_connected(request):
+            texts = list(
+                await asyncio.gather(
+                    *(_transcribe(service, owner, f, a, data, stages) for f, a, data in decoded)
+                )
+            )
+    finally:
+        for stage in stages:
+            if stage.output is None:  # not transcribed, and no longer wanted
+                await cancel_quietly(service, owner, stage.job)
+    if texts is None:
+        raise Conflict("the client went away before its audio was transcribed")
     spoken = dict(zip((field for field, _ in parts), texts, strict=True))
     messages = []
     for i, message in enumerate(body.messages):
@@ -66,24 +87,70 @@ async def transcribed(service: JobService, owner: str, body: ChatRequest) -> Cha
     return body.model_copy(update={"messages": messages})
 
 
-async def _transcribe(service: JobService, owner: str, field: str, audio: InputAudio) -> str:
+def _checked_parts(
+    service: JobService, parts: list[tuple[str, InputAudio]]
+) -> list[tuple[str, InputAudio, bytes]]:
+    """Each part with its audio decoded, once the request is known to fit its limits."""
+    limits = service.settings.limits
+    if len(parts) > limits.chat_max_audio_parts:
+        raise InputError(
+            parts[limits.chat_max_audio_parts][0],
+            f"is one of {len(parts)} input_audio parts, over {limits.chat_max_audio_parts} "
+            "(limits.chat_max_audio_parts)",
+        )
     try:
         service.validate(JobCreate(kind="asr", input={"audio": "x"}))
     except InputError as exc:  # no ASR pipeline here
-        raise InputError(field, f"cannot be transcribed here: {exc.reason}") from None
+        raise InputError(parts[0][0], f"cannot be transcribed here: {exc.reason}") from None
+    decoded: list[tuple[str, InputAudio, bytes]] = []
+    total_s = 0.0
+    for field, audio in parts:
+        data = _decoded(field, audio, limits.audio_max_bytes)
+        total_s += audio_length.seconds_of(data, audio.format) or 0.0
+        if total_s > limits.chat_max_audio_seconds:
+            raise TooLarge(
+                field,
+                f"brings the request's audio to {total_s:.1f} s, over "
+                f"{limits.chat_max_audio_seconds:g} s (limits.chat_max_audio_seconds)",
+            )
+        decoded.append((field, audio, data))
+    return decoded
+
+
+def _decoded(field: str, audio: InputAudio, limit: int) -> bytes:
     try:
         data = base64.b64decode(audio.data, validate=True)
     except (binascii.Error, ValueError):
         raise InputError(f"{field}.data", "is not valid base64") from None
-    limit = service.settings.limits.audio_max_bytes
     if len(data) > limit:
         raise TooLarge(f"{field}.data", f"is {len(data)} bytes, over the limit of {limit} bytes")
+    return data
+
+
+@contextlib.asynccontextmanager
+async def _while_connected(request: Request | None) -> AsyncIterator[None]:
+    if request is None:
+        yield
+        return
+    async with until_disconnected(request):
+        yield
+
+
+async def _transcribe(
+    service: JobService,
+    owner: str,
+    field: str,
+    audio: InputAudio,
+    data: bytes,
+    stages: list[Followed],
+) -> str:
     content_type = "audio/mpeg" if audio.format == "mp3" else f"audio/{audio.format}"
     stored = await service.files.store(
         owner, io.BytesIO(data), f"said.{audio.format}", content_type
     )
     asr = JobCreate(kind="asr", priority=PRIORITY, input={"audio": stored.key, "beam_size": 1})
     stage = await submit(service, owner, asr)
+    stages.append(stage)
     try:
         async for _ in stage.pieces():
             pass
