@@ -7,8 +7,9 @@ it a relevance score (its one label through a sigmoid: 0 to 1). Every pair of ev
 request of a batch is scored in one `predict` call (in forward passes of
 `options.predict_batch` pairs), so many small requests cost a few large passes.
 
-`prepare` counts each pair's tokens: one longer than the model's window is refused (422
-naming `documents.N`) unless `options.truncate_input`, where the pair is cut to fit (the
+`prepare` counts each pair's tokens (the query once): a query that fills the window alone
+is refused (422 naming `query`), a pair longer than the window too (422 naming
+`documents.N`) unless `options.truncate_input`, where the pair is cut to fit (the
 longer of the two first). A request's output holds its results from the most relevant
 document to the least (`top_n` of them), each with its index in the request, and the
 tokens the model read.
@@ -67,6 +68,8 @@ class RerankPipeline(Pipeline[RerankInput, Pairs]):
         transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         self.model = CrossEncoder(self.config.model, device=device)
         self.window = int(self.model.max_seq_length or 512)
+        # The special tokens a (query, document) pair adds: [CLS] q [SEP] d [SEP].
+        self._pair_extra = int(self.model.tokenizer.num_special_tokens_to_add(pair=True))
 
     def warmup(self) -> None:
         self.model.predict([("warm up", "a document")], show_progress_bar=False)
@@ -76,7 +79,14 @@ class RerankPipeline(Pipeline[RerankInput, Pairs]):
 
     def prepare(self, request: Request[RerankInput]) -> Pairs:
         inp = request.input
-        tokens = self._token_counts(inp.query, inp.documents)
+        query = self._token_count(inp.query)
+        if not self.options.truncate_input and query + self._pair_extra >= self.window:
+            raise InputError(
+                "query",
+                f"{query} tokens leave no room for a document in the model's window of "
+                f"{self.window}",
+            )
+        tokens = [query + self._pair_extra + n for n in self._token_counts(inp.documents)]
         if not self.options.truncate_input:
             for i, count in enumerate(tokens):
                 if count > self.window:
@@ -113,11 +123,15 @@ class RerankPipeline(Pipeline[RerankInput, Pairs]):
             "usage": {"prompt_tokens": used, "total_tokens": used},
         }
 
-    def _token_counts(self, query: str, documents: list[str]) -> list[int]:
-        ids = self.model.tokenizer(
-            [query] * len(documents), documents, add_special_tokens=True, truncation=False
-        )["input_ids"]
-        return [len(one) for one in ids]
+    def _token_count(self, text: str) -> int:
+        return self._token_counts([text])[0]
+
+    def _token_counts(self, texts: list[str]) -> list[int]:
+        """Each text's tokens, without the special ones: a pair's count is its query's
+        plus its document's plus `_pair_extra`, so the query is tokenized once a request,
+        not once a document (issue 65: a long query with 1,000 documents held a worker)."""
+        ids = self.model.tokenizer(texts, add_special_tokens=False, truncation=False)
+        return [len(one) for one in ids["input_ids"]]
 
     def unload(self) -> None:
         del self.model
