@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import JsonValue
 
 from host.redis_server import RedisServer
-from tuning.deployment import Deployment, serving, wait_until
+from tuning.deployment import Deployment, serving
 
 PIPELINES = {
     "tts": """
@@ -108,13 +108,8 @@ def kinds_deployment(
         names = [*KIND_NAMES, *re.findall(r"^\[pipelines\.([\w-]+)\]$", also, re.MULTILINE)]
         with serving(dep):
             workers = [dep.spawn(f"worker-{n}", "worker", "--pipeline", n) for n in names]
-            dep.start_api()
-            dep.start_reaper()
-            dep.start_scheduler()
-            dep.start_worker("echo")
-            dep.start_worker("sleep")
-            for worker in workers:
-                wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=240)
+            tests = dep.start(["echo", "sleep"], timeout_s=240)  # all started, then waited for
+            dep.wait_started([*workers, *tests], timeout_s=240)
             try:
                 yield dep
             finally:

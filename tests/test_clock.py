@@ -44,10 +44,7 @@ def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
         },
     )
     with serving(dep):
-        dep.start_api()
-        dep.start_reaper()
-        dep.start_scheduler()
-        dep.start_worker("echo")  # /readyz then waits for a live sleep worker alone
+        dep.start(["echo"])  # /readyz then waits for a live sleep worker alone
         yield dep
 
 

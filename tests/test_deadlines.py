@@ -40,8 +40,7 @@ def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
     with deployment.config_path.open("a") as config:
         config.write(LIMITED)
     with serving(deployment):
-        deployment.start_api()
-        deployment.start_worker("sleep")
+        deployment.start(["sleep"], reaper=False)
         yield deployment
 
 

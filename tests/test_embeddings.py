@@ -72,13 +72,7 @@ def embed_dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     rerank = RERANK_PIPELINE.format(model=cached_tiny_reranker(tmp_path_factory))
     dep.config_path.write_text(dep.config_path.read_text() + EMBED_PIPELINE + rerank)
     with serving(dep):
-        dep.start_api()
-        dep.start_reaper()
-        dep.start_scheduler()
-        dep.start_worker("embed")
-        dep.start_worker("embed-short")
-        dep.start_worker("rerank")
-        dep.start_worker("rerank-cut")
+        dep.start(["embed", "embed-short", "rerank", "rerank-cut"])
         yield dep
 
 

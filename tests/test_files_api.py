@@ -37,8 +37,7 @@ def files_dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     dep = Deployment(redis_url, tmp_path_factory.mktemp("files"), env_overrides=env)
     add_file_pipeline(dep)
     with serving(dep):
-        dep.start_api()
-        dep.start_worker("filesum")
+        dep.start(["filesum"], reaper=False)
         yield dep
 
 

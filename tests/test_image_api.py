@@ -56,9 +56,9 @@ def image_dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         dep.config_path.read_text() + IMAGE_PIPELINE.format(model=json.dumps(str(model)))
     )
     with serving(dep):
-        dep.start_api()
         worker = dep.spawn("worker-tiny-sd", "worker", "--pipeline", "tiny-sd")
-        wait_until(lambda: "ready." in worker.log(), worker, timeout_s=120)
+        dep.start(reaper=False)
+        dep.wait_started([worker])
         yield dep
 
 

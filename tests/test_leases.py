@@ -44,9 +44,7 @@ def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
         config_values={"echo_max_batch": 4, "echo_max_wait_ms": 20, "echo_concurrency": 4},
     )
     with serving(deployment):
-        deployment.start_api()
-        deployment.start_reaper()
-        deployment.start_scheduler()
+        deployment.start()
         yield deployment
 
 

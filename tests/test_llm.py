@@ -36,6 +36,10 @@ LONG = 30000
 """A job that runs until it is stopped: 30,000 tokens take vLLM 20 s here."""
 ON_DEMAND = {"residency": "on_demand", "idle_unload_s": 3, "min_loaded_s": 0, "memory_gb": 2}
 """`llm-od`: its engine starts for a job and stops once idle."""
+BEFORE_THE_ENGINE = (
+    "mmq decides it before any engine sees the job (validation, the cache per owner, "
+    "priorities and the queue's 429): checked once, on the default engine"
+)
 ENGINES: dict[str, dict[str, Any]] = {
     "transformers": {"engine": "transformers"},
     "vllm": VLLM_TEST_OPTIONS,
@@ -71,15 +75,12 @@ def llm_dep(
     extra += llm_toml("llm-od", model, common | {"max_inflight": 2}, **ON_DEMAND)
     dep.config_path.write_text(dep.config_path.read_text() + extra)
     with serving(dep):
-        dep.start_api()
-        dep.start_reaper()
-        dep.start_scheduler()
         workers = [
             dep.spawn(f"worker-{n}", "worker", "--pipeline", n)
             for n in ("llm", "llm-long", "llm-od")
         ]
-        for worker in workers:
-            wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=300)
+        dep.start()  # the API, the reaper and the scheduler while the engines start
+        dep.wait_started(workers, timeout_s=300)
         yield dep
 
 
@@ -147,6 +148,7 @@ def test_temperature_zero_answers_are_deterministic_and_cached(api: Api) -> None
     assert "ttft_ms" not in again["output"] and again["timings"]["ttft_ms"] is None
 
 
+@pytest.mark.engines("transformers", why=BEFORE_THE_ENGINE)
 def test_the_cache_is_per_owner(llm_dep: Deployment, api: Api) -> None:
     api.wait(api.submit("llm", **_chat("Mine alone", max_tokens=4))["id"], 120)
     assert api.http.post(
@@ -270,6 +272,7 @@ def test_stop_ends_the_answer_before_its_string_streamed_and_whole(
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
 
 
+@pytest.mark.engines("transformers", why=BEFORE_THE_ENGINE)
 def test_priorities_and_429_are_decided_before_the_engine(llm_dep: Deployment, api: Api) -> None:
     """Three sequences fill the engine (max_inflight = 3); what waits is mmq's to order: a
     high-priority job sent last starts before the low ones, and past the queue's limit
@@ -306,6 +309,7 @@ def test_priorities_and_429_are_decided_before_the_engine(llm_dep: Deployment, a
             api.http.post(f"/v1/jobs/{job_id}/cancel")
 
 
+@pytest.mark.engines("transformers", why=BEFORE_THE_ENGINE)
 @pytest.mark.parametrize(
     ("inp", "param"),
     [

@@ -108,12 +108,9 @@ def features(
         pipelines = ["tools", "vision"]
     dep.config_path.write_text(dep.config_path.read_text() + extra)
     with serving(dep):
-        dep.start_api()
-        dep.start_reaper()
-        dep.start_scheduler()
         workers = [dep.spawn(f"worker-{n}", "worker", "--pipeline", n) for n in pipelines]
-        for worker in workers:
-            wait_until(lambda w=worker: "ready." in w.log(), worker, timeout_s=300)
+        dep.start()  # the API, the reaper and the scheduler while the engines start
+        dep.wait_started(workers, timeout_s=300)
         yield Features(dep, base)
 
 

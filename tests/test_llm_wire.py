@@ -70,13 +70,10 @@ def engines(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         )  # fmt: skip
         wire_url = f"http://127.0.0.1:{port}"
         wait_until(lambda: responds(f"{wire_url}/health"), engine, timeout_s=30)
-        dep.start_api()
-        dep.start_reaper()
-        dep.start_scheduler()
         worker = dep.spawn("worker-wire", "worker", "--pipeline", "wire")
         hooks = dep.spawn("webhooks", "webhooks")
-        wait_until(lambda: "ready." in worker.log(), worker, timeout_s=60)
-        wait_until(lambda: "ready." in hooks.log(), hooks, timeout_s=30)
+        dep.start()  # the API, the reaper and the scheduler, then all waited for
+        dep.wait_started([worker, hooks])
         yield Engines(dep, wire_url)
 
 

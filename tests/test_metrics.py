@@ -49,11 +49,7 @@ def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         config=NAP,
     )
     with serving(dep):
-        dep.start_api()
-        dep.start_reaper()
-        dep.start_scheduler()
-        dep.start_worker("echo")
-        dep.start_worker("sleep")
+        dep.start(["echo", "sleep"])
         yield dep
 
 

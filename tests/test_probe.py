@@ -97,11 +97,9 @@ def dep(redis_with_password: str, tmp_path_factory: pytest.TempPathFactory) -> I
     deployment = Deployment(redis_with_password, tmp_path_factory.mktemp("probe"), env)
     add_file_pipeline(deployment)
     with serving(deployment):
-        deployment.start_api()
-        deployment.start_worker("filesum")
-        deployment.start_worker("echo")
         webhooks = deployment.spawn("webhooks", "webhooks")
-        wait_until(lambda: "ready." in webhooks.log(), webhooks, timeout_s=30)
+        deployment.start(["filesum", "echo"], reaper=False)
+        deployment.wait_started([webhooks])
         yield deployment
 
 

@@ -53,6 +53,11 @@ concurrency = 1
 """
 
 
+START_TIMEOUT_S = 120.0
+"""How long a deployment's processes, started at once, may take to be ready: on two busy
+cores a dozen interpreters importing at once take a minute (a bound, not a pace)."""
+
+
 class ConfigValues(TypedDict, total=False):
     """The knobs of the tests' echo pipeline (`TEST_CONFIG`)."""
 
@@ -75,14 +80,7 @@ class Proc:
             os.killpg(self.process.pid, sig)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if not self.alive():
-            return
-        self.kill(signal.SIGTERM)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill(signal.SIGKILL)
-            self.process.wait()
+        stop_all([self], timeout_s)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -186,6 +184,48 @@ class Deployment:
         wait_until(lambda: _healthy(self.base_url), proc, timeout_s=timeout_s)
         return proc
 
+    def start(
+        self,
+        workers: Sequence[str] = (),
+        *,
+        reaper: bool = True,
+        timeout_s: float = START_TIMEOUT_S,
+    ) -> list[Proc]:
+        """The API, the reaper and the scheduler (unless `reaper` is false) and a worker of
+        each of `workers` (pipeline names, or several names joined by `+` for one process of
+        several on-demand pipelines), all spawned at once and then waited for together: the
+        API until it answers, each worker until it says it is ready. Returns the workers."""
+        api = self.spawn("api", "api")
+        if reaper:
+            self.start_reaper()
+            self.start_scheduler()
+        started = [self.start_worker(name.split("+"), wait=False) for name in workers]
+        self.wait_started(started, api=api, timeout_s=timeout_s)
+        return started
+
+    def wait_started(
+        self,
+        workers: Sequence[Proc],
+        *,
+        api: Proc | None = None,
+        timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
+        """Until each of `workers` says it is ready (and the API answers, given `api`),
+        failing at once, with its log, if one of them or the API exits."""
+        waiting = [*workers, *([api] if api is not None else [])]
+
+        def started() -> bool:
+            self.check_alive(waiting)
+            ready = all("ready." in proc.log() for proc in workers)
+            return ready and (api is None or _healthy(self.base_url))
+
+        try:
+            wait_until(started, timeout_s=timeout_s)
+        except TimeoutError:
+            late = [p.name for p in workers if "ready." not in p.log()]
+            detail = "\n".join(f"===== {p.name}\n{p.log()[-3000:]}" for p in waiting)
+            raise TimeoutError(f"not started in {timeout_s:g}s: {late}\n{detail}") from None
+
     def start_worker(
         self,
         pipeline: str | Sequence[str],
@@ -257,9 +297,10 @@ class Deployment:
         """`mmq scheduler`: fair share's holds, batches, on-demand turns, rooms."""
         return self.spawn("scheduler", "scheduler")
 
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            proc.stop()
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM to every process group at once, then wait for them all (SIGKILL to those
+        still running `timeout_s` after)."""
+        stop_all(self.procs, timeout_s)
         self.procs.clear()
 
     def logs(self) -> str:
@@ -303,12 +344,7 @@ def running(
         test_pipelines=test_pipelines,
     )
     with serving(dep):
-        dep.start_api()
-        if reaper:
-            dep.start_reaper()
-            dep.start_scheduler()
-        for pipeline in workers:
-            dep.start_worker(pipeline, timeout_s=worker_timeout_s)
+        dep.start(workers, reaper=reaper, timeout_s=max(START_TIMEOUT_S, worker_timeout_s))
         yield dep
 
 
@@ -345,6 +381,21 @@ def private_deployment(
                 worker_timeout_s=worker_timeout_s,
             )
         )
+
+
+def stop_all(procs: Sequence[Proc], timeout_s: float = 10.0) -> None:
+    """SIGTERM to the process group of each of `procs` that still runs, all at once, then
+    wait for them together; SIGKILL to those still running `timeout_s` after."""
+    live = [proc for proc in procs if proc.alive()]
+    for proc in live:
+        proc.kill(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for proc in live:
+        try:
+            proc.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill(signal.SIGKILL)
+            proc.process.wait()
 
 
 def responds(url: str) -> bool:
