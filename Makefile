@@ -26,7 +26,7 @@ run: install
 
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --module-durations=15
 
 PACKAGES := jobs jobstore broker telemetry security api workers host cluster common pipelines storage mmq tuning harness scheduler realtime
 

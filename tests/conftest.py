@@ -4,18 +4,51 @@ from __future__ import annotations
 
 import base64
 import time
+from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from _pytest.terminal import TerminalReporter
 
 from harness.api_client import Api, new_owner
 from harness.inprocess import InProcess, inprocess_settings, serve_in_process
+from harness.pool import DeploymentPool, Spec
 from host.redis_server import RedisServer
-from tuning.deployment import Deployment, flush, serving
+from tuning.deployment import Deployment, flush
 
 WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"mmq-test-webhook-secret-32-bytes").decode()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--module-durations",
+        type=int,
+        default=0,
+        metavar="N",
+        help="show the N slowest test modules (setup, calls and teardown summed)",
+    )
+
+
+def pytest_terminal_summary(terminalreporter: TerminalReporter, config: pytest.Config) -> None:
+    """The slowest modules (`--module-durations N`): where a run's time goes, module by
+    module, with a module's own fixtures' setup and teardown in it."""
+    shown = int(config.getoption("--module-durations"))
+    if not shown:
+        return
+    by_module: dict[str, float] = defaultdict(float)
+    tests: dict[str, set[str]] = defaultdict(set)
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                module = report.nodeid.split("::", 1)[0]
+                by_module[module] += report.duration
+                tests[module].add(report.nodeid)
+    slowest = sorted(by_module.items(), key=lambda item: -item[1])[:shown]
+    terminalreporter.write_sep("=", f"slowest {len(slowest)} modules")
+    for module, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {module} ({len(tests[module])} tests)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -75,22 +108,27 @@ def kinds_dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
         yield dep
 
 
+@pytest.fixture(scope="session")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeploymentPool]:
+    """The session's shared deployments, by configuration and environment (harness/pool.py):
+    each on a Redis of its own, started once, stopped together at the end."""
+    shared = DeploymentPool(tmp_path_factory.mktemp("pool"))
+    yield shared
+    shared.close()
+
+
+DEFAULT = Spec.of(
+    ("echo", "sleep"), {"MMQ_API__KEEPALIVE_S": "1", "MMQ_WEBHOOKS__SECRET": WEBHOOK_SECRET}
+)
+"""The default deployment: API, reaper, scheduler, an echo and a sleep worker."""
+
+
 @pytest.fixture(scope="module")
-def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    """API + reaper + echo worker + sleep worker, fresh Redis database, for a test module."""
-    flush(redis_url)
-    dep = Deployment(
-        redis_url,
-        tmp_path_factory.mktemp("deploy"),
-        env_overrides={"MMQ_API__KEEPALIVE_S": "1", "MMQ_WEBHOOKS__SECRET": WEBHOOK_SECRET},
-    )
-    with serving(dep):
-        dep.start_api()
-        dep.start_reaper()
-        dep.start_scheduler()
-        dep.start_worker("echo")
-        dep.start_worker("sleep")
-        yield dep
+def deployment(pool: DeploymentPool) -> Deployment:
+    """API + reaper + scheduler + echo worker + sleep worker on a Redis of their own, shared
+    by the modules that use it (`pool`; started again if a test left a process of it dead).
+    A module reads its Redis at `deployment.redis_url` (`rclient` is the session's)."""
+    return pool.get(DEFAULT)
 
 
 @pytest.fixture

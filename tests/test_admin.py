@@ -22,6 +22,12 @@ from tuning.deployment import Deployment, wait_until
 from workers.sampler import WorkerMetrics
 
 
+@pytest.fixture
+def rclient(deployment: Deployment) -> redis.Redis:
+    """The shared deployment's own Redis (conftest's `deployment`), not the session's."""
+    return redis.Redis.from_url(deployment.redis_url, decode_responses=True)
+
+
 def _owner(dep: Deployment, name: str, *, admin: bool = False) -> Api:
     client = redis.Redis.from_url(dep.redis_url, decode_responses=True)
     name = f"{name}{time.monotonic_ns() % 10**9}"

@@ -7,11 +7,18 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 import redis
 
 from harness.api_client import Api, new_owner
 from jobs import keys
 from tuning.deployment import Deployment, wait_until
+
+
+@pytest.fixture
+def rclient(deployment: Deployment) -> redis.Redis:
+    """The shared deployment's own Redis (conftest's `deployment`), not the session's."""
+    return redis.Redis.from_url(deployment.redis_url, decode_responses=True)
 
 
 def test_submit_then_poll_until_succeeded(api: Api) -> None:

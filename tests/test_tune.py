@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from typer.testing import CliRunner
 
 from harness.api_client import Api
 from harness.kinds import VLLM_TEST_ENV
@@ -22,12 +23,20 @@ from host.launcher import mmq_command
 from jobs import keys
 from jobs.schemas.llm import LlmOptions
 from jobs.settings import PipelineConfig, load_settings
+from mmq.cli import app
 from tuning.deployment import REPO, Deployment
 from tuning.measure import sample_of, summarize
 from tuning.report import config_change
 from tuning.slo import Slo, SloError, check_kind, parse_slo
 from tuning.space import KnobError, apply, build_space, parse_assignment
 from tuning.workload import Level, WorkloadError, from_file, levels, schedule
+
+
+@pytest.fixture
+def rclient(deployment: Deployment) -> redis.Redis:
+    """The shared deployment's own Redis (conftest's `deployment`), not the session's."""
+    return redis.Redis.from_url(deployment.redis_url, decode_responses=True)
+
 
 BATCHCOST = """\
 # A deployment with one pipeline whose batch cost is known.
@@ -160,7 +169,9 @@ def _tune(
     )  # fmt: skip
 
 
-def test_bad_input_stops_the_tune_before_anything_starts(tmp_path: Path) -> None:
+def test_bad_input_stops_the_tune_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "mmq.toml").write_text(BATCHCOST)
     cases = [
         (["nope", "--slo", "p99=1s"], "unknown pipeline 'nope'; the config has: batchcost"),
@@ -171,10 +182,19 @@ def test_bad_input_stops_the_tune_before_anything_starts(tmp_path: Path) -> None
         (["batchcost", "--slo", "p99=1s", "--input", '{"text": 5}'], "--input 1: input.text"),
         (["batchcost", "--slo", "p99=1s", "--replay", "1"], "--replay replays a --workload"),
     ]
+    # The first as the command a user runs; every case in this process (typer's runner):
+    # the same code from the command line on, without an interpreter's imports each.
+    (args, says), *_ = cases
+    done = _tune(tmp_path, *args, "--config", "mmq.toml", timeout_s=60)
+    assert done.returncode == 2, (args, done.stdout, done.stderr)
+    assert says in " ".join(done.stdout.split()), (args, done.stdout)
+    for name in [k for k in os.environ if k.startswith("MMQ_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
     for args, says in cases:
-        done = _tune(tmp_path, *args, "--config", "mmq.toml", timeout_s=60)
-        assert done.returncode == 2, (args, done.stdout, done.stderr)
-        assert says in " ".join(done.stdout.split()), (args, done.stdout)
+        result = CliRunner().invoke(app, ["tune", *args, "--config", "mmq.toml"])
+        assert result.exit_code == 2, (args, result.output)
+        assert says in " ".join(result.output.split()), (args, result.output)
     assert not (tmp_path / "tune-results").exists()
 
 
