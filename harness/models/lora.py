@@ -8,6 +8,7 @@ enough that, at temperature 0, the adapted model's answer differs from the base 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,8 +60,10 @@ def build_lora(base: Path, path: Path, seed: int = 0) -> Path:
 
 
 def cached_lora(tmp_path_factory: pytest.TempPathFactory, base: Path, seed: int = 0) -> Path:
-    """The session's adapter of `base` made with `seed`, built on first use."""
+    """The adapter of `base` made with `seed`, built on first use (kept across runs, under
+    a name of the base's path too: its config names it)."""
+    of_base = hashlib.sha256(str(base).encode()).hexdigest()[:8]
     return built_once(
-        tmp_path_factory, f"lora-{seed}", "adapter_model.safetensors",
+        tmp_path_factory, f"lora-{seed}-{of_base}", "adapter_model.safetensors",
         lambda path: build_lora(base, path, seed),
     )  # fmt: skip
