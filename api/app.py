@@ -42,7 +42,7 @@ from jobs.settings import Settings, load_settings
 from jobstore.realtime_sessions import AsyncRealtimeSessions
 from jobstore.responses import AsyncResponses
 from jobstore.store import AsyncJobStore
-from security import redact
+from security import handshake_log, redact
 from storage.factory import make_storage
 from telemetry import tracing
 
@@ -63,6 +63,7 @@ def create_app(settings: Settings) -> FastAPI:
     if not settings.redis_url:
         raise ValueError("redis_url is not set")
     redact.install(redact.known_secrets(settings))  # uvicorn's lines too (`?token=`)
+    handshake_log.install()  # a refused websocket is no ERROR line
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -6,6 +6,8 @@ secret: API keys (`mmq_...`, a `?token=` of a websocket or an EventSource, a bea
 token), signed URLs' signatures (mmq's and S3's presigned ones), webhook secrets
 (`whsec_...`), passwords in URLs (`redis://:PASSWORD@host`) and in `password=` pairs,
 and the exact secret values of the settings (`known_secrets`), whatever they look like.
+A query value longer than 64 characters is cut there too (a client's input, repeated whole
+by uvicorn's request lines, is no one's to write into the log).
 
 A record whose text holds none is left as it was. One that does gets its arguments
 cleaned where that is enough (uvicorn's access formatter reads them), else its message
@@ -42,6 +44,9 @@ _PATTERNS: list[tuple[re.Pattern[str], str]] = [
     # scheme://user:password@host
     (re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)[^@/\s]+@"), rf"\1{MASK}@"),
     (re.compile(r"(?i)(password['\"]?\s*[=:]\s*['\"]?)[^'\"\s,&;)}]+"), rf"\1{MASK}"),
+    # Not a secret, but a client's: a query value past 64 characters (a 5,000-character
+    # `?after=`) is cut, so that a log line never repeats a long input whole.
+    (re.compile(r"([?&;][^=&\s\"'<>]{1,64}=[^&\s\"'<>]{64})[^&\s\"'<>]+"), r"\1…"),
 ]
 
 

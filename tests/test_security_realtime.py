@@ -210,3 +210,25 @@ def test_client_secrets_are_capped_per_key_and_in_size(dep: Deployment, api: Api
     )
     assert huge.status_code == 413, huge.text
     assert huge.json()["error"]["param"] == "session"
+
+
+def test_refused_handshakes_and_long_cursors_write_no_error_lines(
+    dep: Deployment, api: Api
+) -> None:
+    """Anyone without a key must not be able to write ERROR lines into the API's log, and
+    a client's long value is not logged whole."""
+    base = f"ws://127.0.0.1:{dep.api_port}"
+    for url in (f"{base}/v1/realtime", f"{base}/v1/jobs/j_x/ws", f"{base}/v1/jobs/j_x/ws?token=x"):
+        with pytest.raises(InvalidStatus):
+            connect(url).close()
+    long_after = "1" * 5000
+    r = api.http.get(f"/v1/jobs/j_x/events?after={long_after}")
+    assert r.status_code == 422
+    cursor = f"{base}/v1/jobs/j_x/ws?token={api.key}&after={long_after}"
+    with pytest.raises(ConnectionClosed), connect(cursor) as socket:
+        socket.recv(timeout=10)
+    time.sleep(0.5)  # the log is written by another process
+    log = "\n".join(proc.log() for proc in dep.procs)  # whole: `logs()` keeps tails
+    assert "without completing handshake" not in log
+    assert "ERROR" not in log, [line for line in log.splitlines() if "ERROR" in line][:5]
+    assert long_after not in log
