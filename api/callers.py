@@ -12,9 +12,17 @@ from dataclasses import dataclass
 import redis.asyncio as aredis
 
 from api.key_watch import KeyWatch
-from jobs.errors import Unauthorized
+from jobs.errors import InputError, NotFound, Unauthorized
 from jobs.settings import Settings
-from jobstore.api_keys import KEY_PREFIX, find_key, hash_key
+from jobstore.api_keys import (
+    KEY_PREFIX,
+    OWNER_RULE,
+    find_key,
+    hash_key,
+    owner_has_key,
+    valid_owner,
+)
+from security.echo import clip
 
 ANONYMOUS_OWNER = "local"
 
@@ -62,6 +70,16 @@ class ApiKeys:
             return anonymous
         owner, admin = str(fields["owner"]), bool(fields.get("admin", False))
         return Caller(owner, admin=admin, key_id=hash_key(token.strip()))
+
+    async def check_owner(self, owner: str) -> None:
+        """`owner` names a key (InputError for a name no key can have, NotFound for one
+        that no key has); the anonymous owner counts while auth is off."""
+        if not valid_owner(owner):
+            raise InputError("owner", f"{clip(owner)}: {OWNER_RULE}")
+        if owner == ANONYMOUS_OWNER and not self._required:
+            return
+        if not await owner_has_key(self._r, owner):
+            raise NotFound(f"no key is named {owner!r}")
 
     async def owner_of(self, authorization: str | None) -> str:
         """The owner that `Authorization` names (see `caller_of`)."""

@@ -39,11 +39,19 @@ def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
+OWNER_RULE = "a key name is 1-64 letters, digits, '-' or '_'"
+
+
+def valid_owner(owner: str) -> bool:
+    """Whether `owner` can name a key (`OWNER_RULE`)."""
+    return 0 < len(owner) <= 64 and owner.replace("-", "").replace("_", "").isalnum()
+
+
 def create_key(client: redis.Redis, owner: str, *, admin: bool = False) -> str:
     """Store the hash of a new key for `owner` and return the key (shown once); an
     `admin` key may also use the `/v1/admin` routes."""
-    if not owner or len(owner) > 64 or not owner.replace("-", "").replace("_", "").isalnum():
-        raise ValueError("a key name is 1-64 letters, digits, '-' or '_'")
+    if not valid_owner(owner):
+        raise ValueError(OWNER_RULE)
     key = new_key()
     record: KeyRecord = {"owner": owner, "created_at": time.time(), "admin": admin}
     client.hset(keys.API_KEYS, hash_key(key), json.dumps(record))
@@ -135,3 +143,9 @@ async def keys_present(client: aredis.Redis, hashed_keys: list[str]) -> list[boo
 async def key_present(client: aredis.Redis, hashed: str) -> bool:
     """Whether the key whose hash is `hashed` is still stored."""
     return bool(await client.hexists(keys.API_KEYS, hashed))
+
+
+async def owner_has_key(client: aredis.Redis, owner: str) -> bool:
+    """Whether some stored key names `owner` (an admin's look-up: it reads every key)."""
+    stored = text_map(await client.hgetall(keys.API_KEYS))
+    return any(json.loads(record).get("owner") == owner for record in stored.values())

@@ -154,6 +154,7 @@ async def test_metadata_is_bounded(api: httpx.AsyncClient) -> None:
 async def test_admin_limits_are_bounded(inprocess: InProcess) -> None:
     from jobstore.api_keys import create_key
 
+    create_key(inprocess.redis, "bob")  # limits are set for an owner that a key names
     async with inprocess.client(create_key(inprocess.redis, "boss", admin=True)) as admin:
         for body, param in [
             ({"max_queued": 10**30}, "max_queued"),

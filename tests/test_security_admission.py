@@ -19,11 +19,13 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 from PIL import Image
 
 from harness.api_client import Api, new_owner
 from harness.batch_files import job_line, jsonl
 from jobs.errors import TooLarge
+from jobstore.api_keys import create_key
 from pipelines.image.output import read_image
 from tuning.deployment import Deployment, flush, running
 
@@ -245,3 +247,19 @@ def test_a_chat_requests_asr_jobs_are_canceled_when_its_client_goes_away(
     while {job["status"] for job in api.http.get("/v1/jobs").json()["data"]} != {"canceled"}:
         assert time.monotonic() < deadline, api.http.get("/v1/jobs").json()["data"]
         time.sleep(0.2)
+
+
+def test_admin_limits_are_set_only_for_owners_that_a_key_names(dep: Deployment, api: Api) -> None:
+    admin = Api(
+        dep.base_url, create_key(redis.Redis.from_url(dep.redis_url), "adm-admin", admin=True)
+    )
+    limits = {"max_queued": 3}
+    long = admin.http.put(f"/v1/admin/limits/{'o' * 5000}", json=limits)
+    assert long.status_code == 422, long.text
+    assert long.json()["error"]["param"] == "owner" and len(long.text) < 1000
+    nobody = admin.http.put("/v1/admin/limits/nobody-has-this-key", json=limits)
+    assert nobody.status_code == 404, nobody.text
+    owner = api.http.get("/v1/whoami").json()["owner"]
+    kept = admin.http.put(f"/v1/admin/limits/{owner}", json=limits)
+    assert kept.status_code == 200, kept.text
+    assert kept.json()["max_queued"] == 3

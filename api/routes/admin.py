@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
-from api.auth import Admin
+from api.auth import Admin, Keys
 from api.deps import Service, SettingsDep, get_overview
 from api.overview import Overview, OverviewReader
 from api.routes.jobs import Filter, Limit
@@ -118,8 +118,11 @@ async def get_limits(caller: Admin, owner: str, service: Service) -> Quota:
     return await service.quota(owner)
 
 
-@router.put("/limits/{owner}", response_model=Quota, responses={422: {}})
-async def put_limits(caller: Admin, owner: str, body: KeyLimits, service: Service) -> Quota:
+@router.put("/limits/{owner}", response_model=Quota, responses={404: {}, 422: {}})
+async def put_limits(
+    caller: Admin, owner: str, body: KeyLimits, service: Service, api_keys: Keys
+) -> Quota:
     """Set a key's own limits (`null`: the deployment's default); the next submit sees
-    them. `mmq keys limits NAME` does the same."""
+    them. `mmq keys limits NAME` does the same. The owner must name a key (404 else)."""
+    await api_keys.check_owner(owner)
     return await service.set_limits(owner, body)
