@@ -4,7 +4,7 @@ mmq and the router spend per token and per request.
 
     python -m bench.llm_ceiling [--loads 16x128@20,64x128@20,256x128@20,100x384@14,64x8@20]
                                 [--rounds 2] [--api-workers 1] [--worker-instances 1]
-                                [--no-router] [--out FILE.json]
+                                [--no-router] [--stream-interval N] [--out FILE.json]
 
 A load `SxT@M` is S streams in a closed loop (each sends its next request as soon as its
 last one ended), T output tokens each, an engine step of M ms (`bench.synthetic_engine`:
@@ -23,9 +23,10 @@ TPOT p50, requests/s; for mmq the CPU time of each of its processes (API, LLM wo
 Redis, reaper, scheduler) over the level, and for the router its process's, per token.
 Across the loads, mmq's CPU = a x tokens + b x requests is fitted by least squares over
 mmq's levels only: `a` is the CPU per streamed token and `b` per request, summed over
-every mmq process. Goals (issue 55), printed met or missed at the end: a <= 40 µs and
-b <= 2 ms; at 64x8@20 (request-bound) tokens/s >= 0.9x direct; at 16 streams TTFT p50 <=
-direct + 5 ms; at 256x128@20 tokens/s >= 0.97x direct, and TTFT p50 over direct there
+every mmq process (and per process: Redis's own column). Goals (issue 64), printed met or
+missed at the end: a <= 50 µs, Redis's a <= 5 µs and b <= 2.5 ms; at 64x8@20
+(request-bound) tokens/s >= 0.85x direct; at 16 streams TTFT p50 <= direct + 8 ms; at
+256x128@20 tokens/s >= 0.95x direct, and TTFT p50 over direct there
 against the burst's CPU bound, b x streams / cores (`os.cpu_count()`): the CPU that
 starting the whole burst takes, spread over every core.
 
@@ -68,14 +69,15 @@ ENV = {
     "MMQ_BATCHES__RELEASE_INTERVAL_S": "0.2",
 }
 GOALS = {
-    # Issue 55, mmq's: fitted over the loads, all of mmq's processes.
-    "cpu_per_request_ms_max": 2.0,
-    "cpu_per_token_us_max": 40.0,
+    # Issue 64, mmq's: fitted over the loads, all of mmq's processes, and Redis's own.
+    "cpu_per_request_ms_max": 2.5,
+    "cpu_per_token_us_max": 50.0,
+    "redis_cpu_per_token_us_max": 5.0,
     # Tokens/s through mmq over direct's: at 64x8@20 (request-bound) and at 256x128@20.
-    "tokens_ratio_min_64x8": 0.9,
-    "tokens_ratio_min_256x128": 0.97,
+    "tokens_ratio_min_64x8": 0.85,
+    "tokens_ratio_min_256x128": 0.95,
     # TTFT p50 through mmq over direct's at 16 streams, in ms.
-    "ttft_p50_extra_ms_max_16": 5.0,
+    "ttft_p50_extra_ms_max_16": 8.0,
     # At 256x128@20, TTFT p50 over direct's as a share of the burst's CPU bound: the fitted
     # CPU per request x 256 streams / os.cpu_count().
     "ttft_p50_extra_vs_burst_bound_max": 1.0,
@@ -227,7 +229,12 @@ class Targets:
 
 
 def deploy(
-    loads: list[Load], api_workers: int, worker_instances: int, router: bool, stack: ExitStack
+    loads: list[Load],
+    api_workers: int,
+    worker_instances: int,
+    router: bool,
+    stack: ExitStack,
+    stream_interval: int = 1,
 ) -> Targets:
     """The synthetic engines, mmq in front of them (`worker_instances` relay workers per
     step) and, with `router`, a vllm-router in front of each."""
@@ -239,6 +246,7 @@ def deploy(
         private_deployment(config, env, [], "mmq-bench-ceiling-", test_pipelines=False)
     )
     engine = [sys.executable, "-m", "bench.synthetic_engine"]
+    engine += ["--stream-interval", str(stream_interval)]
     for step, port in ports.items():
         proc = dep.launch(f"engine{step}", [*engine, "--port", str(port), "--step-ms", str(step)])
         wait_until(lambda url=engines[step]: answers(f"{url}/health"), proc, timeout_s=120)
@@ -340,6 +348,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-router", action="store_true", help="without vllm-router's row (PyPI's vllm-router)"
     )
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="tokens per engine chunk, as vLLM's flag (the first token at once)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return parser.parse_args(argv)
 
@@ -358,7 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_router and router is None:
         console.print("vllm-router is not installed (make install adds it): no router row")
     with ExitStack() as stack:
-        targets = deploy(loads, args.api_workers, args.worker_instances, router is not None, stack)
+        targets = deploy(
+            loads,
+            args.api_workers,
+            args.worker_instances,
+            router is not None,
+            stack,
+            args.stream_interval,
+        )
         levels = asyncio.run(run(args, targets, loads))
     fitted = fit(levels)
     verdicts = report(levels, fitted, GOALS)
@@ -370,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             api_workers=args.api_workers,
             worker_instances=args.worker_instances,
             vllm_router=router,
+            stream_interval=args.stream_interval,
         ),
         "goals": GOALS,
         "levels": [asdict(lv) for lv in levels],

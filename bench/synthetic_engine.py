@@ -28,6 +28,11 @@ a generation asked of a sleeping engine gets a 503. `/stats` counts the sleeps a
 and gives the process id: an on-demand pipeline's engine can be run where vLLM cannot
 (no GPU), to see that mmq puts it to sleep and wakes it instead of starting another.
 
+`--stream-interval N` gathers a sequence's tokens as vLLM's flag of that name does: its
+first token goes at once, then one chunk every N steps holding the N tokens' text (and the
+last chunk whatever is left), so a relay's cost per chunk can be told from its cost per
+token.
+
 Raw asyncio (a Protocol per connection, pre-encoded frames: each sequence's token chunk is
 encoded once and written again each step), so a token costs about 10 µs of CPU here: a
 load that mmq cannot carry shows up as mmq's, not the engine's. `--cpu-report` prints the
@@ -45,6 +50,7 @@ import resource
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -57,6 +63,9 @@ class Sequence:
     conn: EngineConnection
     frame: bytes
     """One token's SSE chunk, encoded once (chunked transfer framing included)."""
+    frames: dict[int, bytes]
+    """The chunk of k tokens (`--stream-interval`), by k, made once each."""
+    make_frame: Callable[[int], bytes]
     remaining: int
     choices: int
     tail: bytes
@@ -64,11 +73,22 @@ class Sequence:
     stream: bool
     body_done: bytes = b""
     """A non-streamed request's whole response."""
+    unsent: int = 0
+    """Tokens made but not written yet (`--stream-interval`)."""
+    sent: bool = False
+
+    def frame_of(self, tokens: int) -> bytes:
+        if tokens == 1:
+            return self.frame
+        if tokens not in self.frames:
+            self.frames[tokens] = self.make_frame(tokens)
+        return self.frames[tokens]
 
 
 @dataclass
 class Engine:
     step_s: float
+    stream_interval: int = 1
     running: list[Sequence] = field(default_factory=list)
     joining: list[Sequence] = field(default_factory=list)
     tokens: int = 0
@@ -105,8 +125,11 @@ class Engine:
                 continue
             seq.remaining -= 1
             self.tokens += seq.choices
-            if seq.stream:
-                seq.conn.write(seq.frame)
+            seq.unsent += 1
+            due = seq.unsent >= self.stream_interval or not seq.sent or seq.remaining <= 0
+            if seq.stream and due:
+                seq.conn.write(seq.frame_of(seq.unsent))
+                seq.unsent, seq.sent = 0, True
             if seq.remaining > 0:
                 still.append(seq)
             else:
@@ -181,9 +204,15 @@ def new_sequence(conn: EngineConnection, path: str, body: dict[str, object], n: 
         "id": rid, "object": "chat.completion" if chat else "text_completion",
         "created": created, "model": MODEL, "choices": whole_choices, "usage": usage,
     }  # fmt: skip
+
+    def frame(tokens: int) -> bytes:
+        return b"".join(_sse(event([choice(i, TOKEN_TEXT * tokens, None)])) for i in range(n))
+
     return Sequence(
         conn=conn,
-        frame=b"".join(_sse(event([choice(i, TOKEN_TEXT, None)])) for i in range(n)),
+        frame=frame(1),
+        frames={},
+        make_frame=frame,
         remaining=max_tokens,
         choices=n,
         tail=tail,
@@ -304,8 +333,10 @@ class EngineConnection(asyncio.Protocol):
 BACKLOG = 2048
 
 
-async def serve(host: str, port: int, step_ms: float, cpu_report: bool, sleep: bool) -> None:
-    engine = Engine(step_s=step_ms / 1000.0, sleep_mode=sleep)
+async def serve(
+    host: str, port: int, step_ms: float, cpu_report: bool, sleep: bool, stream_interval: int = 1
+) -> None:
+    engine = Engine(step_s=step_ms / 1000.0, stream_interval=stream_interval, sleep_mode=sleep)
     counter = [0]
     loop = asyncio.get_running_loop()
     # A listen backlog for a burst of clients (asyncio's default of 100 drops the SYNs of
@@ -338,10 +369,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-ms", type=float, default=20.0)
     parser.add_argument("--cpu-report", action="store_true")
     parser.add_argument("--enable-sleep-mode", action="store_true")
+    parser.add_argument("--stream-interval", type=int, default=1)
     parser.add_argument("command", nargs="*", help="`serve MODEL`, as `vllm serve` takes it")
     args, _ = parser.parse_known_args(argv)  # vllm serve's other flags
     sleep = args.enable_sleep_mode and os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
-    server = serve(args.host, args.port, args.step_ms, args.cpu_report, sleep)
+    server = serve(
+        args.host, args.port, args.step_ms, args.cpu_report, sleep, max(1, args.stream_interval)
+    )
     try:
         import uvloop
     except ImportError:

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from jobs.schemas.llm import LlmOptions
+from jobs.settings import PipelineConfig
 from pipelines.llm.command import EngineSpec, engine_command
 from pipelines.llm.memory import meminfo_bytes, shape_from_config
 from pipelines.llm.sizing import GIB, EngineDoesNotFit, Memory, ModelShape, size_engine
 from pipelines.llm.startup import EngineStartError, LogWatch, fatal_answer, relevant_lines
+from tuning.space import build_space
 
 LLAMA_3_8B = {  # meta-llama/Meta-Llama-3-8B config.json, the fields that size it
     "num_hidden_layers": 32,
@@ -190,3 +192,18 @@ def test_vllm_is_started_with_the_tool_call_parser_when_one_is_named() -> None:
     named = replace(spec, options=spec.options.model_copy(update={"tool_call_parser": "hermes"}))
     argv = engine_command(named, 8000)
     assert "--enable-auto-tool-choice" in argv and _flag(argv, "--tool-call-parser") == "hermes"
+
+
+def test_vllm_is_started_with_the_stream_interval_where_it_is_not_its_own_default() -> None:
+    """`stream_interval` reaches vLLM as `--stream-interval`; at 1 (vLLM's own default) no
+    flag is given, so an older vLLM without it still starts."""
+    spec = _spec("vllm", "gpu:0")
+    assert "--stream-interval" not in engine_command(spec, 8000)
+    four = replace(spec, options=spec.options.model_copy(update={"stream_interval": 4}))
+    assert _flag(engine_command(four, 8000), "--stream-interval") == "4"
+    assert (
+        "options.stream_interval"
+        in build_space(
+            "llm", PipelineConfig(kind="llm", impl="x:y", options={"engine": "vllm"}), {}, {}
+        ).knobs
+    )

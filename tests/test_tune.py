@@ -352,7 +352,8 @@ def test_a_vllm_tune_restarts_the_engine_for_each_point_and_picks_from_its_table
     done = _tune(
         tmp_path, "llm", "--config", "mmq.toml", "--slo", "p95=30s",
         "--knob", "options.max_num_seqs=2,8", "--fix", "options.max_num_batched_tokens=256",
-        "--fix", "options.max_inflight=8", "--concurrency", "8", "--requests", "8",
+        "--fix", "options.max_inflight=8", "--fix", "options.stream_interval=1",
+        "--concurrency", "8", "--requests", "8",
         "--warmup", "0", "--repeats", "1", "--out", "out", "--write", timeout_s=900,
         env=VLLM_TEST_ENV,
     )  # fmt: skip

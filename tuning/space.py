@@ -3,7 +3,8 @@
 A knob is a field of `[pipelines.NAME]` (`max_batch`, `max_wait_ms`, `runners`,
 `concurrency`, `instances`) or a number among its `options`: a field of the kind's options
 model (`jobs.schemas.OPTIONS_MODELS`: `options.max_inflight`, the LLM's engine knobs
-`options.max_num_seqs`, `options.max_num_batched_tokens`, `options.gpu_memory_utilization`;
+`options.max_num_seqs`, `options.max_num_batched_tokens`, `options.gpu_memory_utilization`,
+`options.stream_interval`;
 TTS `options.threads`; ASR `options.cpu_threads`, `options.num_workers`...), whose type
 and bounds a value must meet; for a kind of the user's own, any option its config sets.
 Each kind has a default space; `--knob NAME=V1,V2,...` widens or narrows one knob,
@@ -49,6 +50,7 @@ VLLM_SPACE: dict[str, list[Value]] = {
     "options.max_num_seqs": [64, 128, 256],
     "options.max_num_batched_tokens": [2048, 8192],
     "options.gpu_memory_utilization": [0.85, 0.92],
+    "options.stream_interval": [1, 4],
 }
 """Added to the LLM space where the engine is vLLM (on a GPU; on the CPU, where its
 cache is sized from memory, without `gpu_memory_utilization`): each point restarts it."""

@@ -284,6 +284,12 @@ class LlmOptions(BaseModel):
     """Tokens per engine step (vLLM `--max-num-batched-tokens`, transformers
     `--cb-max-batch-tokens`). Default: vLLM's own; for `transformers serve` 512 on a CPU
     and 2048 on a GPU, because its attention mask takes this x the cache's tokens."""
+    stream_interval: int = Field(default=1, ge=1, le=64)
+    """vLLM: tokens it gathers per streamed chunk of a sequence (`--stream-interval`; the
+    first token always goes at once). Each chunk costs mmq's relay and API the same
+    whatever its tokens, so 4 cuts their CPU per token about 4x where the engine streams
+    faster than a client reads, and spaces a stream's writes 4 steps apart. `mmq tune`
+    tries 1 and 4."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
     """Share of the GPU the engine takes (vLLM's flag); mmq sizes against the device's
     free memory x this."""

@@ -97,6 +97,8 @@ def _vllm(spec: EngineSpec, port: int, size: EngineSize | None) -> list[str]:
         argv += ["--max-model-len", str(max_model_len)]
     if opts.max_num_batched_tokens:
         argv += ["--max-num-batched-tokens", str(opts.max_num_batched_tokens)]
+    if opts.stream_interval != 1:  # vLLM's own default; older builds lack the flag
+        argv += ["--stream-interval", str(opts.stream_interval)]
     if opts.quantization:
         argv += ["--quantization", opts.quantization]
     if opts.tool_call_parser:
