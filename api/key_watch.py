@@ -74,25 +74,40 @@ class KeyWatch:
 async def until_revoked(
     items: AsyncIterator[T], revoked: asyncio.Event, farewell: T
 ) -> AsyncIterator[T]:
-    """`items` until they end or `revoked` is set; then `farewell` last."""
+    """`items` until they end or `revoked` is set; then `farewell` last. However it ends
+    (a client gone cancels it), `items` is closed at once: what they hold (a stream's
+    place among its key's) is given back."""
     waiter = asyncio.ensure_future(revoked.wait())
+    step: asyncio.Future[T] | None = None
     try:
         while True:
             step = asyncio.ensure_future(anext(items))
-            done, _ = await asyncio.wait({step, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            if step not in done:
-                step.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await step
+            await asyncio.wait({step, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
                 yield farewell
                 return
             try:
                 item = step.result()
             except StopAsyncIteration:
                 return
+            step = None
             yield item
     finally:
         waiter.cancel()
+        if step is not None and not step.done():
+            step.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await step
         close = getattr(items, "aclose", None)
         if close is not None:
-            await close()  # what the items hold (a stream's count) is let go at once
+            await close()
+
+
+async def while_key_lives(
+    watch: KeyWatch, key_id: str | None, frames: AsyncIterator[T], farewell: T
+) -> AsyncIterator[T]:
+    """A long-lived response's frames until they end, or until the key they act for is
+    revoked: then `farewell` last."""
+    async with watch.revoked(key_id) as revoked:
+        async for frame in until_revoked(frames, revoked, farewell):
+            yield frame

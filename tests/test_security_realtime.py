@@ -20,7 +20,7 @@ from websockets.sync.client import connect
 from harness.api_client import Api, new_owner
 from harness.realtime import Session, open_session
 from harness.scrape import scrape, value
-from jobstore.api_keys import hash_key, revoke_key
+from jobstore.api_keys import create_key, hash_key, revoke_key
 from tuning.deployment import Deployment, flush, serving
 
 pytestmark = pytest.mark.timeout(120)
@@ -232,3 +232,18 @@ def test_refused_handshakes_and_long_cursors_write_no_error_lines(
     assert "without completing handshake" not in log
     assert "ERROR" not in log, [line for line in log.splitlines() if "ERROR" in line][:5]
     assert long_after not in log
+
+
+def test_an_admins_overview_stream_ends_once_its_key_is_revoked(
+    dep: Deployment, r: redis.Redis
+) -> None:
+    admin = Api(dep.base_url, create_key(r, f"secadm{time.monotonic_ns()}", admin=True))
+    headers = {"Authorization": f"Bearer {admin.key}"}
+    url = f"{dep.base_url}/v1/admin/overview/stream?interval_s=0.5"
+    with httpx.stream("GET", url, headers=headers, timeout=30) as sse:
+        assert sse.status_code == 200
+        lines = sse.iter_lines()
+        assert "event: overview" in [next(lines) for _ in range(4)]
+        _revoke(r, admin)
+        rest = list(lines)  # the stream ends by itself
+    assert "event: error" in rest and "api_key_revoked" in rest[rest.index("event: error") + 1]

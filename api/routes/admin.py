@@ -14,7 +14,9 @@ from fastapi.responses import StreamingResponse
 
 from api.auth import Admin, Keys
 from api.deps import Service, SettingsDep, get_overview
+from api.key_watch import while_key_lives
 from api.overview import Overview, OverviewReader
+from api.routes.events import SSE_REVOKED
 from api.routes.jobs import Filter, Limit
 from api.views import JobList, JobView, job_view
 from jobstore.quotas import KeyLimits, Quota
@@ -60,14 +62,16 @@ async def overview_stream(
     caller: Admin,
     request: Request,
     reader: Reader,
+    api_keys: Keys,
     minutes: Minutes = 5,
     interval_s: Annotated[float, Query(ge=0.5, le=60)] = 2.0,
 ) -> StreamingResponse:
     """Server-Sent Events: a fresh overview (the JSON of `GET /v1/admin/overview`) every
     `interval_s` seconds, until the client goes or 10 minutes pass (then the page's
     EventSource reconnects by itself)."""
+    frames = _frames(request, reader, minutes, interval_s)
     return StreamingResponse(
-        _frames(request, reader, minutes, interval_s),
+        while_key_lives(api_keys.watch, caller.key_id, frames, SSE_REVOKED),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

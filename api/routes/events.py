@@ -17,7 +17,7 @@ from api.auth import CurrentCaller, JobOwner, Keys
 from api.deps import Follows, Service
 from api.error_handlers import error_body
 from api.follows import TooManyStreams
-from api.key_watch import REVOKED_MESSAGE, KeyWatch, until_revoked
+from api.key_watch import REVOKED_MESSAGE, while_key_lives
 from api.service import JobService
 from api.streaming import stream_job
 from jobs.errors import MmqError, NotFound, Unauthorized
@@ -75,7 +75,7 @@ async def job_events(
         ),
     )
     return StreamingResponse(
-        _while_key_lives(keys.watch, caller.key_id, frames, _SSE_REVOKED),
+        while_key_lives(keys.watch, caller.key_id, frames, SSE_REVOKED),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -106,7 +106,7 @@ async def job_ws(
         return
     await websocket.accept()
     reader = _read_commands(websocket, service, owner, job_id)
-    watched = _while_key_lives(api_keys.watch, caller.key_id, frames, _WS_REVOKED)
+    watched = while_key_lives(api_keys.watch, caller.key_id, frames, _WS_REVOKED)
     async with _background(reader), contextlib.aclosing(frames):
         with contextlib.suppress(WebSocketDisconnect):
             last: str | None = None
@@ -116,19 +116,11 @@ async def job_ws(
             await websocket.close(code=WS_POLICY_VIOLATION if revoked else 1000)
 
 
-_SSE_REVOKED = (
+SSE_REVOKED = (
     f"event: error\ndata: {json.dumps(error_body('api_key_revoked', REVOKED_MESSAGE))}\n\n"
 )
+"""The last frame of an event stream whose key was revoked."""
 _WS_REVOKED = json.dumps(error_body("api_key_revoked", REVOKED_MESSAGE))
-
-
-async def _while_key_lives(
-    watch: KeyWatch, key_id: str | None, frames: AsyncIterator[str], farewell: str
-) -> AsyncIterator[str]:
-    """The frames until they end, or until the key is revoked: then `farewell` last."""
-    async with watch.revoked(key_id) as revoked:
-        async for frame in until_revoked(frames, revoked, farewell):
-            yield frame
 
 
 def denial(exc: Unauthorized | NotFound | TooManyStreams) -> JSONResponse:
