@@ -5,13 +5,17 @@ event per job per write (encoded once), against real Redis and real threads."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
+from common.procs import free_port
 from common.sse import DataSplitter
 from jobs import keys
 from jobs.models import EventType, WebhookSpec
@@ -19,7 +23,7 @@ from jobs.schemas.llm import LlmInput
 from jobs.settings import Settings
 from jobstore.store import JobStore, NewEvent
 from pipelines.base import TakePartial, Touch
-from pipelines.llm.engine_client import Delta
+from pipelines.llm.engine_client import Delta, EngineClient, request_body
 from pipelines.llm.generation import Generation, streams_text_alone
 from workers.event_writer import EventWriter
 
@@ -169,3 +173,62 @@ def test_a_streamed_partial_reaches_a_webhook_as_json_and_is_fenced_by_its_lease
     assert ids[0] and ids[1] == ""
     assert _stream(store, job_id) == [("partial", {"index": 0, "text": "hi"})]
     assert [e["data"] for e in handed] == [{"index": 0, "text": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def gathering_engine() -> Iterator[str]:
+    """A synthetic engine that gathers 4 tokens per chunk, as vLLM's --stream-interval 4."""
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.synthetic_engine", "--port", str(port)]
+    proc = subprocess.Popen([*argv, "--step-ms", "2", "--stream-interval", "4"])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        client = EngineClient(url, 5.0, 4)
+        deadline = time.monotonic() + 60
+        while True:  # until it answers
+            try:
+                client.stream(*request_body(_chat(max_tokens=1), "synthetic"), _Texts())
+                break
+            except Exception:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        client.close()
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+class _Texts:
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def text(self, text: str) -> bool:
+        self.texts.append(text)
+        return True
+
+    def delta(self, delta: Delta) -> bool:
+        raise AssertionError(f"not text alone: {delta}")
+
+
+def test_chunks_of_several_tokens_reach_the_jobs_stream_whole(
+    gathering_engine: str, store: JobStore
+) -> None:
+    """An engine that sends a sequence's tokens 4 to a chunk (the first alone): the relay
+    keeps each chunk as it came, and the job's partial events hold the answer whole."""
+    writer = EventWriter(store)
+    writer.start()
+    client = EngineClient(gathering_engine, 5.0, 4)
+    try:
+        request = _Request(_chat(max_tokens=10), writer)
+        generation = Generation(request)  # type: ignore[arg-type]
+        finish = client.stream(*request_body(request.input, "synthetic"), generation)
+        assert finish is not None and finish.reasons == {0: "length"}
+        assert generation.choices.choices[0].text == [" tok", " tok" * 4, " tok" * 4, " tok"]
+        assert writer.flush(timeout_s=10)
+        events = _stream(store, request.job_id)
+        assert "".join(data["text"] for _, data in events) == " tok" * 10
+    finally:
+        client.close()
+        writer.stop()
