@@ -260,7 +260,9 @@ class AsyncRealtimeSessions:
         if raw is None:
             return None
         record = cast(SecretRecord, json.loads(raw))
-        key_id = record.get("key")
+        if "key" not in record:  # made before secrets named their key: it cannot be checked
+            return None
+        key_id = record["key"]
         if key_id is not None and not await key_present(self.r, key_id):
             await self.r.delete(stored)
             return None

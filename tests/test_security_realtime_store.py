@@ -123,3 +123,13 @@ async def test_an_expired_logs_bytes_are_freed(store: AsyncRealtimeSessions) -> 
     await store.log_bytes()  # a scrape forgets the expired log
     assert await store.owner_log_bytes(owner) == 0
     assert None not in await store.append(unique("sess"), owner, [event], budget)
+
+
+async def test_a_secret_stored_without_its_key_is_refused(
+    store: AsyncRealtimeSessions, client: aredis.Redis
+) -> None:
+    """A record from before secrets named their key cannot be checked against revocation."""
+    value = "ek_" + uuid.uuid4().hex
+    legacy = json.dumps({"owner": unique("owner"), "session": {}})
+    await client.set(keys.realtime_secret(hash_key(value)), legacy, ex=60)
+    assert await store.resolve_secret(value) is None
