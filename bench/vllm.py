@@ -1,7 +1,8 @@
 """mmq in front of the real vLLM, against the same vLLM called directly; one run.
 
     python -m bench.vllm [--model tiny|DIR] [--concurrency 1,16,64] [--requests 128]
-                         [--max-tokens 64] [--eager] [--out bench/results/vllm.json]
+                         [--max-tokens 64] [--eager] [--stream-interval N]
+                         [--out bench/results/vllm.json]
 
 Starts Redis, the API and one LLM worker whose engine is vLLM (on a CPU its CPU build, from
 the environment `make install` builds; on a GPU the `vllm` the worker finds), on the tests'
@@ -9,7 +10,10 @@ tiny random Llama unless `--model` names one. At each concurrency (closed loop, 
 chats over SSE like a client, temperature 0) the same prompts go through mmq's
 `/v1/chat/completions` and straight to the engine's port, taking turns in two blocks each
 so that a slow spell falls on both: TTFT p50/p99, TPOT p50, end to end p50 and output
-tokens/s of each, and each as mmq / direct.
+tokens/s of each, and each as mmq / direct. `--stream-interval N` starts vLLM with
+`options.stream_interval` N (its `--stream-interval`: N tokens per streamed chunk), so both
+paths read the same chunks; run it at 1 and 4 to see what gathering costs in TTFT and
+inter-token latency and what it saves mmq.
 
 On a CPU, vLLM, mmq and the client share the same cores: every cycle mmq spends is one
 the engine does not get, so the ratios there are mmq's cost on a machine without a spare
@@ -60,6 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=128, help="per level (>= 2x lanes)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--eager", action="store_true", help="vLLM's --enforce-eager")
+    parser.add_argument("--stream-interval", type=int, default=1, help="tokens per chunk")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return parser.parse_args(argv)
 
@@ -80,6 +85,8 @@ def deploy(args: argparse.Namespace, stack: ExitStack) -> tuple[str, str]:
     }  # fmt: skip
     if args.eager:
         options["extra_args"] = ["--enforce-eager"]
+    if args.stream_interval != 1:
+        options["stream_interval"] = args.stream_interval
     dep = stack.enter_context(
         private_deployment(
             llm_toml("vllm", model, options), ENV | {"HF_HUB_OFFLINE": "1"}, [],
