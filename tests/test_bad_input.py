@@ -409,3 +409,17 @@ async def test_speech_instructions_are_refused_not_ignored(
     assert r.status_code == 422, r.text
     assert _error(r)["param"] == "instructions" and "instructions" in _error(r)["message"]
     await _nothing_queued(inprocess, api)
+
+
+async def test_nesting_is_measured_outside_strings(api: httpx.AsyncClient) -> None:
+    """Brackets inside a string (escaped quotes and backslashes too) are text; a body
+    nested just within `api.max_json_depth` (64) passes the guard, one past it is 422."""
+    text = '[[[[\\"{{{{\\\\' * 50
+    within: object = text
+    for _ in range(63):  # with the body's object: 64 levels
+        within = [within]
+    r = await api.post("/v1/jobs", json={"kind": "echo", "input": {"text": "x"}, "m": within})
+    assert r.status_code == 422 and "max_json_depth" not in r.text, r.text  # `m`: no field
+    r = await api.post("/v1/jobs", json={"kind": "echo", "input": {"text": "x"}, "m": [within] * 4})
+    assert r.status_code == 422 and _error(r)["param"] == "m" + ".0" * 63, r.text
+    assert "api.max_json_depth" in _error(r)["message"]
