@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
 import redis.asyncio as aredis
@@ -105,7 +105,7 @@ async def until_revoked(
 
 async def while_key_lives(
     watch: KeyWatch, key_id: str | None, frames: AsyncIterator[T], farewell: T
-) -> AsyncIterator[T]:
+) -> AsyncGenerator[T, None]:
     """A long-lived response's frames until they end, or until the key they act for is
     revoked: then `farewell` last."""
     async with watch.revoked(key_id) as revoked:

@@ -107,7 +107,7 @@ async def job_ws(
     await websocket.accept()
     reader = _read_commands(websocket, service, owner, job_id)
     watched = while_key_lives(api_keys.watch, caller.key_id, frames, _WS_REVOKED)
-    async with _background(reader), contextlib.aclosing(frames):
+    async with _background(reader), contextlib.aclosing(frames), contextlib.aclosing(watched):
         with contextlib.suppress(WebSocketDisconnect):
             last: str | None = None
             async for last in watched:
