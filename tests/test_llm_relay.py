@@ -76,10 +76,8 @@ def relay(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         )  # fmt: skip
         engine_url = f"http://127.0.0.1:{port}"
         wait_until(lambda: _answers(f"{engine_url}/health"), engine, timeout_s=30)
-        api = dep.start_api()
-        dep.start_reaper()
-        dep.start_scheduler()
-        workers = [dep.start_worker("relay", instance) for instance in (0, 1)]
+        workers = dep.start(["relay", "relay"])  # instances 0 and 1, with the API and all
+        (api,) = [proc for proc in dep.procs if proc.name == "api"]
         yield Relay(dep, engine_url, api, workers)
 
 

@@ -177,8 +177,7 @@ def s3_api(
     dep = Deployment(redis_url, tmp_path_factory.mktemp("s3api"), env_overrides=env)
     add_file_pipeline(dep)
     with serving(dep):
-        dep.start_api()
-        dep.start_worker("filesum")
+        dep.start(["filesum"], reaper=False)
         yield dep
 
 

@@ -69,15 +69,10 @@ def traced(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             )
             engine_url = f"http://127.0.0.1:{port}"
             wait_until(lambda: responds(f"{engine_url}/health"), engine, timeout_s=30)
-            dep.start_api()
-            dep.start_reaper()
-            dep.start_scheduler()
-            dep.start_worker("echo")
-            dep.start_worker("sleep")
             worker = dep.spawn("worker-wire", "worker", "--pipeline", "wire")
             webhooks = dep.spawn("webhooks", "webhooks")
-            wait_until(lambda: "ready." in worker.log(), worker, timeout_s=60)
-            wait_until(lambda: "ready." in webhooks.log(), webhooks, timeout_s=30)
+            dep.start(["echo", "sleep"])  # all at once, then waited for together
+            dep.wait_started([worker, webhooks])
             yield Traced(dep, spans, hooks, engine_url)
 
 

@@ -40,10 +40,9 @@ def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
     }
     deployment = Deployment(redis_url, tmp_path_factory.mktemp("hooks"), env_overrides=overrides)
     with serving(deployment):
-        deployment.start_api()
-        deployment.start_worker("echo")
         hooks = deployment.spawn("webhooks", "webhooks")
-        wait_until(lambda: "ready." in hooks.log(), hooks, timeout_s=30)
+        deployment.start(["echo"], reaper=False)
+        deployment.wait_started([hooks])
         yield deployment
 
 
