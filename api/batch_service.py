@@ -189,7 +189,7 @@ class BatchService:
         """The batch, if it is `owner`'s (None: anyone's, for an admin)."""
         batch = await self.store.get(batch_id)
         if batch is None or (owner is not None and batch.owner != owner):
-            raise NotFound(f"no batch {batch_id!r}")
+            raise NotFound(f"no batch {clip(batch_id)}")
         return batch
 
     async def page(

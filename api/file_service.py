@@ -20,6 +20,7 @@ from jobs.schemas import schema_for
 from jobs.settings import Settings
 from jobstore.file_objects import PURPOSES, AsyncFileObjects, FileObject, new_file_id
 from jobstore.retention_index import AsyncUploads
+from security.echo import clip
 from security.netguard import NetPolicy, check_url
 from storage.base import (
     Storage,
@@ -109,7 +110,7 @@ class FileService:
         """`owner`'s file object `file_id`, else `NotFound`."""
         obj = await self.objects.get(file_id)
         if obj is None or obj.owner != owner:
-            raise NotFound(f"no file {file_id!r}")
+            raise NotFound(f"no file {clip(file_id, 256)}")
         return obj
 
     async def list_objects(
@@ -136,7 +137,7 @@ class FileService:
         """`key` if it is valid (else `InputError`) and `owner`'s (else `NotFound`)."""
         validate_key(key)
         if owner_of(key) != owner:
-            raise NotFound(f"no file {key!r}")
+            raise NotFound(f"no file {clip(key, 256)}")
         return key
 
     def verify_signed(self, key: str, expires: str, signature: str) -> str:
@@ -152,7 +153,7 @@ class FileService:
 
     async def delete(self, key: str) -> None:
         if not await anyio.to_thread.run_sync(self.storage.delete, key):
-            raise NotFound(f"no file {key!r}")
+            raise NotFound(f"no file {clip(key, 256)}")
         await self.uploads.forget(key)
 
     async def check_input_refs(
@@ -181,7 +182,7 @@ class FileService:
             await anyio.to_thread.run_sync(check_url, ref.value, field, self.policy)
             return []
         if not await anyio.to_thread.run_sync(self.storage.exists, ref.value):
-            raise InputError(field, f"no stored file {ref.value!r}")
+            raise InputError(field, f"no stored file {clip(ref.value, 256)}")
         return [ref.value]
 
     async def note_used(self, used: list[str], job_id: str) -> None:

@@ -45,6 +45,7 @@ from realtime import config as cfg
 from realtime import server_events as ev
 from realtime.session import Session, check_config
 from realtime.vad import TurnDetection, VadStream
+from security.echo import clip
 from telemetry.metric_defs import turn_samples
 
 router = APIRouter(prefix="/v1/realtime", tags=["openai"])
@@ -141,7 +142,7 @@ async def session_events(
     `after`) to the last one stored: the server events it sent, and a `mmq.turn` record of
     each turn's stage times."""
     if await sessions.owner_of(session_id) != owner:
-        raise NotFound(f"no session {session_id!r}")
+        raise NotFound(f"no session {clip(session_id)}")
 
     async def frames() -> AsyncIterator[str]:
         cursor = last_event_id or after

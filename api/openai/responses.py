@@ -45,6 +45,7 @@ from jobs.errors import InputError, NotFound
 from jobs.models import Job, JobCreate
 from jobs.states import JobStatus
 from jobstore.responses import AsyncResponses, ResponseRecord
+from security.echo import clip
 
 router = APIRouter(prefix="/v1/responses", tags=["openai"])
 
@@ -225,7 +226,7 @@ async def _stored(
     job_id = job_id_of(response_id)
     record = await stored.get(owner, job_id) if job_id else None
     if job_id is None or record is None:
-        raise NotFound(f"no response {response_id!r}")
+        raise NotFound(f"no response {clip(response_id)}")
     return await service.get(owner, job_id), record
 
 
@@ -239,7 +240,7 @@ async def _history(
     try:
         job, record = await _stored(service, stored, owner, previous)
     except NotFound:
-        raise InputError("previous_response_id", f"no stored response {previous!r}") from None
+        raise InputError("previous_response_id", f"no stored response {clip(previous)}") from None
     if job.status is not JobStatus.SUCCEEDED or job.output is None:
         why = f"{previous} is {job.status}: a response continues one that has completed"
         raise InputError("previous_response_id", why)
