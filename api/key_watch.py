@@ -107,7 +107,17 @@ async def while_key_lives(
     watch: KeyWatch, key_id: str | None, frames: AsyncIterator[T], farewell: T
 ) -> AsyncGenerator[T, None]:
     """A long-lived response's frames until they end, or until the key they act for is
-    revoked: then `farewell` last."""
+    revoked: then `farewell` last. Without a key (auth off) the frames pass as they are:
+    racing each frame against a revocation that cannot come costs a task per frame."""
+    if key_id is None:
+        try:
+            async for frame in frames:
+                yield frame
+        finally:
+            close = getattr(frames, "aclose", None)
+            if close is not None:
+                await close()
+        return
     async with watch.revoked(key_id) as revoked:
         async for frame in until_revoked(frames, revoked, farewell):
             yield frame
