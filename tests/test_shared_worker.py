@@ -28,6 +28,7 @@ from jobs import keys
 from jobs.settings import Settings
 from tuning.deployment import (
     REPO,
+    START_TIMEOUT_S,
     Deployment,
     Proc,
     flush,
@@ -64,7 +65,7 @@ def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
 
 @pytest.fixture(scope="module")
 def shared(dep: Deployment) -> Proc:
-    return dep.start_worker(KIND_NAMES, timeout_s=60)
+    return dep.start_worker(KIND_NAMES, timeout_s=START_TIMEOUT_S)  # four kinds import: a bound
 
 
 def _on_demand_loaded(r: redis.Redis) -> list[str]:
