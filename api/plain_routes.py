@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from api.auth import current_owner
+from api.auth import current_caller, current_owner
 from api.deps import get_state
 from api.openai.chat import complete
 from api.openai.chat_models import ChatRequest, CompletionRequest
@@ -103,10 +103,13 @@ def completion_route(model: type[ChatRequest] | type[CompletionRequest]) -> Endp
     chat = model is ChatRequest
 
     async def endpoint(request: Request) -> Response:
-        owner = await current_owner(request)
+        caller = await current_caller(request)  # a POST: no usage to read (`current_owner`)
         body = await body_of(request, model)
         service = get_state(request).service
-        return await complete(request, service, owner, body, deadline_of(request), chat=chat)
+        deadline = deadline_of(request)
+        return await complete(
+            request, service, caller.owner, body, deadline, chat=chat, key_id=caller.key_id
+        )
 
     return endpoint
 

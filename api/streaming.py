@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import anyio
 from starlette.requests import Request
 
 from api.event_feed import Batches
+from api.key_watch import KeyWatch
 from api.service import JobService
 from jobs.errors import Conflict, NotFound
 from jobs.models import Event
@@ -37,6 +39,7 @@ async def stream_job(
     join: Callable[[list[T]], T] | None = None,
     cancel_on_disconnect: bool = False,
     events: Batches | None = None,
+    revoked: Revocation[T] | None = None,
 ) -> AsyncGenerator[T, None]:
     """The frames that `to_frames` makes of each event of the job after `after`, and
     `keepalive` (where given) when the job has been quiet for about `api.keepalive_s`, until the
@@ -45,10 +48,27 @@ async def stream_job(
     the job is `owner`'s. With `cancel_on_disconnect`, closing the frames (or canceling
     their task) before the end cancels the job: its client went away. `events`: the job's
     events as `JobService.submit_following` gave them, for the job the route just
-    submitted (no owner check then, and `after` is not used)."""
+    submitted (no owner check then, and `after` is not used). `revoked`: the key the
+    stream acts for; once it is revoked, the next batch of events or keep-alive (within
+    `auth.revocation_check_s` of a stream that flows, `api.keepalive_s` of a quiet one)
+    ends the stream with the revocation's frame, as a client gone would (its job canceled
+    with `cancel_on_disconnect`). One flag read a batch: no task or wait per event."""
     if events is None:
         events = await service.follow(owner, job_id, after)
-    return _frames(service, owner, job_id, events, to_frames, keepalive, join, cancel_on_disconnect)
+    frames = _frames(
+        service, owner, job_id, events, to_frames, keepalive, join, cancel_on_disconnect, revoked
+    )
+    return frames
+
+
+@dataclass(frozen=True)
+class Revocation(Generic[T]):
+    """What ends a stream whose key is revoked (`api.key_watch`): the key, and the last
+    frame, which says why."""
+
+    watch: KeyWatch
+    key_id: str
+    farewell: T
 
 
 async def _frames(
@@ -60,28 +80,39 @@ async def _frames(
     keepalive: T | None,
     join: Callable[[list[T]], T] | None,
     cancel_on_disconnect: bool,
+    revocation: Revocation[T] | None = None,
 ) -> AsyncGenerator[T, None]:
     ended = False
-    try:
-        async for batch in events:
-            if batch is None:
-                if keepalive is not None:
-                    yield keepalive
-                continue
-            frames = [frame for event in batch for frame in to_frames(event)]
-            if join is not None and len(frames) > 1:
-                yield join(frames)
+    async with contextlib.AsyncExitStack() as watched:
+        revoked = None
+        if revocation is not None:
+            watch = revocation.watch.revoked(revocation.key_id)
+            revoked = await watched.enter_async_context(watch)
+        try:
+            async for batch in events:
+                if revoked is not None and revoked.is_set():
+                    assert revocation is not None
+                    yield revocation.farewell
+                    break
+                if batch is None:
+                    if keepalive is not None:
+                        yield keepalive
+                    continue
+                frames = [frame for event in batch for frame in to_frames(event)]
+                if join is not None and len(frames) > 1:
+                    yield join(frames)
+                else:
+                    for frame in frames:
+                        yield frame
             else:
-                for frame in frames:
-                    yield frame
-        ended = True
-    finally:
-        # A client that went away cancels this task: shield the clean-up from that.
-        with anyio.CancelScope(shield=True):
-            await events.aclose()  # leaves the hub at once, not when collected
-            if cancel_on_disconnect and not ended:
-                with contextlib.suppress(Conflict, NotFound):
-                    await service.cancel(owner, job_id)
+                ended = True
+        finally:
+            # A client that went away cancels this task: shield the clean-up from that.
+            with anyio.CancelScope(shield=True):
+                await events.aclose()  # leaves the hub at once, not when collected
+                if cancel_on_disconnect and not ended:
+                    with contextlib.suppress(Conflict, NotFound):
+                        await service.cancel(owner, job_id)
 
 
 async def prepend(first: T | None, rest: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:

@@ -14,8 +14,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from api.auth import Owner
-from api.deps import Service, SettingsDep
-from api.error_handlers import ErrorResponse
+from api.deps import Service, SettingsDep, get_state
+from api.error_handlers import ErrorResponse, error_response
+from api.key_watch import REVOKED_MESSAGE, KeyWatch
 from api.openai import answers, chat_audio
 from api.openai.chat_models import ChatRequest, CompletionRequest
 from api.openai.common import (
@@ -33,15 +34,17 @@ from api.openai.completion_models import (
 )
 from api.openai.completion_stream import ChatChunks, CompletionEvents, TextChunks
 from api.openai.protocol import (
+    SSE_DONE,
     SSE_KEEPALIVE,
     ModelCard,
     ModelList,
     event_stream,
     json_answer,
     responses,
+    sse,
 )
 from api.service import JobService
-from api.streaming import stream_job
+from api.streaming import Revocation, stream_job
 from jobs.errors import InputError
 from jobs.models import JobCreate
 
@@ -99,6 +102,14 @@ async def list_models(owner: Owner, settings: SettingsDep) -> ModelList:
     return ModelList(data=list(seen.values()))
 
 
+SSE_REVOKED = sse(error_response("api_key_revoked", REVOKED_MESSAGE)) + SSE_DONE
+"""The last frames of a completion stream whose key was revoked."""
+
+
+def watch_of(request: Request) -> KeyWatch:
+    return get_state(request).api_keys.watch
+
+
 async def complete(
     request: Request,
     service: JobService,
@@ -107,6 +118,7 @@ async def complete(
     deadline: DeadlineFields,
     *,
     chat: bool,
+    key_id: str | None = None,
 ) -> Response:
     """The answer to a chat (`chat`) or text completion request: its job submitted, then
     its stream or its end. These routes' FastAPI functions call it, and so do their plain
@@ -132,6 +144,7 @@ async def complete(
             join=b"".join,
             cancel_on_disconnect=True,
             events=events,
+            revoked=None if key_id is None else Revocation(watch_of(request), key_id, SSE_REVOKED),
         )
         headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
