@@ -19,7 +19,7 @@ from api.error_handlers import error_body
 from api.follows import TooManyStreams
 from api.key_watch import REVOKED_MESSAGE, while_key_lives
 from api.service import JobService
-from api.streaming import stream_job
+from api.streaming import Revocation, stream_job
 from jobs.errors import MmqError, NotFound, Unauthorized
 from jobs.models import Event
 
@@ -62,6 +62,7 @@ async def job_events(
     """The job's events as SSE: replay from the start (or after `Last-Event-ID` / `after`),
     then live until the terminal status event; a keep-alive comment at least every
     `api.keepalive_s` seconds (15 by default) while it is quiet."""
+    revocation = Revocation(keys.watch, caller.key_id or "", SSE_REVOKED)
     frames = await follows.follow(
         caller.owner,  # the key's own count, whoever's job it follows (an admin)
         lambda: stream_job(
@@ -72,10 +73,11 @@ async def job_events(
             after=last_event_id or after,
             keepalive=SSE_KEEPALIVE,
             join="".join,
+            revoked=None if caller.key_id is None else revocation,
         ),
     )
     return StreamingResponse(
-        while_key_lives(keys.watch, caller.key_id, frames, SSE_REVOKED),
+        frames,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
