@@ -4,7 +4,6 @@ event per job per write (encoded once), against real Redis and real threads."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
@@ -25,18 +24,16 @@ from jobstore.store import JobStore, NewEvent
 from pipelines.base import TakePartial, Touch
 from pipelines.llm.engine_client import Delta, EngineClient, request_body
 from pipelines.llm.generation import Generation, streams_text_alone
+from tests.test_engine_http import Texts
+from tests.test_event_writer import _stream
 from workers.event_writer import EventWriter
 
 
 @pytest.fixture
 def store(redis_url: str) -> JobStore:
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    return JobStore(client, Settings(redis_url=redis_url))
-
-
-def _stream(store: JobStore, job_id: str) -> list[tuple[str, dict[str, Any]]]:
-    entries = store.r.xrange(keys.job_events(job_id))
-    return [(e["type"], json.loads(e["data"])) for _, e in entries]
+    return JobStore(
+        redis.Redis.from_url(redis_url, decode_responses=True), Settings(redis_url=redis_url)
+    )
 
 
 def test_the_splitter_gives_each_events_data_wherever_the_bytes_are_cut() -> None:
@@ -187,7 +184,7 @@ def gathering_engine() -> Iterator[str]:
         deadline = time.monotonic() + 60
         while True:  # until it answers
             try:
-                client.stream(*request_body(_chat(max_tokens=1), "synthetic"), _Texts())
+                client.stream(*request_body(_chat(max_tokens=1), "synthetic"), Texts())
                 break
             except Exception:
                 if proc.poll() is not None or time.monotonic() > deadline:
@@ -198,18 +195,6 @@ def gathering_engine() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
-
-
-class _Texts:
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-
-    def text(self, text: str) -> bool:
-        self.texts.append(text)
-        return True
-
-    def delta(self, delta: Delta) -> bool:
-        raise AssertionError(f"not text alone: {delta}")
 
 
 def test_chunks_of_several_tokens_reach_the_jobs_stream_whole(
