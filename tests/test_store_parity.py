@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from broker.celery_app import job_message, make_celery
 from jobs import keys
 from jobs.errors import NotDurable
-from jobs.models import Job, WebhookSpec
+from jobs.models import Event, Job, WebhookSpec
 from jobs.settings import Durability, RedisSettings, Settings
 from jobs.states import InvalidTransition, JobStatus
 from jobstore import operations
@@ -85,6 +85,8 @@ def _plain(value: Any, now: float) -> Any:
     as `<time>`."""
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
+    elif isinstance(value, Event):  # a slotted object, not a model
+        value = {k: getattr(value, k) for k in ("id", "job_id", "type", "data", "ts")}
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = {"type": type(value).__name__, **dataclasses.asdict(value)}
     if isinstance(value, dict):
