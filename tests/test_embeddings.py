@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from harness.api_client import Api, new_owner
 from harness.models.reranker import cached_tiny_reranker
@@ -289,3 +290,28 @@ def test_a_rerank_pipeline_with_no_model_is_off() -> None:
     assert config.enabled is False
     with pytest.raises(ValueError, match="needs a model"):
         PipelineConfig(kind="rerank", impl="pipelines.rerank:RerankPipeline", enabled=True)
+
+
+# -- issue 65: a rerank request's lengths are checked once, before the model ----------------
+
+
+def test_a_query_that_fills_the_window_is_refused_by_name(api: Api) -> None:
+    """The query is tokenized once (not once per document): one that fills the model's
+    window (128) is refused naming `query` before its 1,000 documents are read."""
+    r = _rerank(api, query="word " * 6000, documents=["a short document " * 8] * 1000)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["param"] == "query" and "window of 128" in error["message"], error
+
+
+def test_each_pairs_tokens_are_counted_as_the_pair_reads(
+    api: Api, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    query, documents = "where does the cat sit", [CAT, MARKETS]
+    r = _rerank(api, query=query, documents=documents)
+    assert r.status_code == 200, r.text
+    tokenizer = AutoTokenizer.from_pretrained(cached_tiny_reranker(tmp_path_factory))
+    pairs = tokenizer([query] * len(documents), documents)["input_ids"]
+    assert r.json()["usage"]["total_tokens"] == sum(len(ids) for ids in pairs)
+    over = _rerank(api, query=query, documents=[CAT, "word " * 200])
+    assert over.status_code == 422 and over.json()["error"]["param"] == "documents.1", over.text
