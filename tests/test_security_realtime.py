@@ -1,9 +1,9 @@
 """Issue 65 against a real API (uvicorn, auth required, real Redis): a revoked key stops
 its client secrets at once and its open connections (a realtime session, a job's SSE and
-websocket streams) within seconds, each with an error that says why; one tenant cannot fill
-Redis through realtime event logs or client secrets, and `/metrics` counts what the logs
-hold. No worker runs: a queued job's stream stays open, and a transcription session opens
-without one."""
+websocket streams, a streamed chat completion) within seconds, each with an error that
+says why; one tenant cannot fill Redis through realtime event logs or client secrets, and
+`/metrics` counts what the logs hold. No worker runs: a queued job's stream stays open,
+and a transcription session opens without one."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from websockets.sync.client import connect
 from harness.api_client import Api, new_owner
 from harness.realtime import Session, open_session
 from harness.scrape import scrape, value
+from jobs import keys
 from jobstore.api_keys import create_key, hash_key, revoke_key
 from tuning.deployment import Deployment, flush, serving
 
@@ -29,6 +30,13 @@ ASR = """
 [pipelines.asr]
 kind = "asr"
 impl = "pipelines.asr:AsrPipeline"
+[pipelines.llm]
+kind = "llm"
+impl = "pipelines.llm:LlmPipeline"
+model = "remote"
+[pipelines.llm.options]
+engine = "url"
+engine_url = "http://127.0.0.1:9"
 """
 MAX_SECRETS = 3
 SESSION_LOG_BYTES = 64 * 1024
@@ -247,3 +255,33 @@ def test_an_admins_overview_stream_ends_once_its_key_is_revoked(
         _revoke(r, admin)
         rest = list(lines)  # the stream ends by itself
     assert "event: error" in rest and "api_key_revoked" in rest[rest.index("event: error") + 1]
+
+
+def test_a_completion_stream_ends_with_an_error_once_its_key_is_revoked(
+    dep: Deployment, r: redis.Redis, api: Api
+) -> None:
+    """A streamed chat completion whose key is revoked meanwhile ends with an error chunk
+    that says why, and its job is canceled. No LLM worker runs: the job stays queued, so the
+    stream stays open on keep-alives until the revocation ends it."""
+    body = {"model": "llm", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"Authorization": f"Bearer {api.key}"}
+    with httpx.stream(
+        "POST", f"{dep.base_url}/v1/chat/completions", json=body, headers=headers, timeout=30
+    ) as stream:
+        assert stream.status_code == 200
+        job_id = stream.headers["x-job-id"]
+        lines = stream.iter_lines()
+        first = next(lines)
+        assert first.startswith(("data: ", ":")) and "error" not in first, first  # open
+        _revoke(r, api)
+        started = time.monotonic()
+        rest = [line for line in lines if line.startswith("data: ")]  # it ends by itself
+        assert time.monotonic() - started < REVOKED_WITHIN_S
+    assert rest[-1] == "data: [DONE]", rest
+    error = json.loads(rest[-2].removeprefix("data: "))
+    assert error["error"]["type"] == "api_key_revoked", error
+    assert "revoked" in error["error"]["message"]
+    deadline = time.monotonic() + 10
+    while r.hget(keys.job(job_id), "status") != "canceled" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert r.hget(keys.job(job_id), "status") == "canceled"  # as a client gone cancels it
