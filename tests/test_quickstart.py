@@ -77,7 +77,9 @@ def _complete(command: str) -> bool:
 def pattern(expected: str) -> re.Pattern[str]:
     """What a `# →` line promises, `…` standing for anything; in any case, since a
     transcript's first letter is Whisper's choice (tiny.en wrote "the weather is nice
-    today." once in a full run for Piper's "The weather is nice today.")."""
+    today." once in a full run for Piper's "The weather is nice today."). Where its
+    punctuation is too (Piper's synthesis varies: "Good morning, how" one run, "Good
+    morning. How" another), the page itself writes `…` there."""
     parts = (re.escape(part) for part in expected.split("…"))
     return re.compile(".*".join(parts), re.DOTALL | re.IGNORECASE)
 
