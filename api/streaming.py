@@ -70,6 +70,11 @@ class Revocation(Generic[T]):
     key_id: str
     farewell: T
 
+    @classmethod
+    def of(cls, watch: KeyWatch, key_id: str | None, farewell: T) -> Revocation[T] | None:
+        """What ends a stream acting for `key_id`; None without a key (auth off)."""
+        return None if key_id is None else cls(watch, key_id, farewell)
+
 
 async def _frames(
     service: JobService,

@@ -16,7 +16,7 @@ from fastapi.responses import Response, StreamingResponse
 from api.auth import Owner
 from api.deps import Service, SettingsDep, get_state
 from api.error_handlers import ErrorResponse, error_response
-from api.key_watch import REVOKED_MESSAGE, KeyWatch
+from api.key_watch import REVOKED_MESSAGE
 from api.openai import answers, chat_audio
 from api.openai.chat_models import ChatRequest, CompletionRequest
 from api.openai.common import (
@@ -106,10 +106,6 @@ SSE_REVOKED = sse(error_response("api_key_revoked", REVOKED_MESSAGE)) + SSE_DONE
 """The last frames of a completion stream whose key was revoked."""
 
 
-def watch_of(request: Request) -> KeyWatch:
-    return get_state(request).api_keys.watch
-
-
 async def complete(
     request: Request,
     service: JobService,
@@ -144,7 +140,7 @@ async def complete(
             join=b"".join,
             cancel_on_disconnect=True,
             events=events,
-            revoked=None if key_id is None else Revocation(watch_of(request), key_id, SSE_REVOKED),
+            revoked=Revocation.of(get_state(request).api_keys.watch, key_id, SSE_REVOKED),
         )
         headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)

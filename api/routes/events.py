@@ -62,7 +62,6 @@ async def job_events(
     """The job's events as SSE: replay from the start (or after `Last-Event-ID` / `after`),
     then live until the terminal status event; a keep-alive comment at least every
     `api.keepalive_s` seconds (15 by default) while it is quiet."""
-    revocation = Revocation(keys.watch, caller.key_id or "", SSE_REVOKED)
     frames = await follows.follow(
         caller.owner,  # the key's own count, whoever's job it follows (an admin)
         lambda: stream_job(
@@ -73,7 +72,7 @@ async def job_events(
             after=last_event_id or after,
             keepalive=SSE_KEEPALIVE,
             join="".join,
-            revoked=None if caller.key_id is None else revocation,
+            revoked=Revocation.of(keys.watch, caller.key_id, SSE_REVOKED),
         ),
     )
     return StreamingResponse(
