@@ -286,10 +286,10 @@ class LlmOptions(BaseModel):
     and 2048 on a GPU, because its attention mask takes this x the cache's tokens."""
     stream_interval: int = Field(default=1, ge=1, le=64)
     """vLLM: tokens it gathers per streamed chunk of a sequence (`--stream-interval`; the
-    first token always goes at once). Each chunk costs mmq's relay and API the same
-    whatever its tokens, so 4 cuts their CPU per token about 4x where the engine streams
-    faster than a client reads, and spaces a stream's writes 4 steps apart. `mmq tune`
-    tries 1 and 4."""
+    first token always goes at once). Much of what mmq's relay, Redis and API spend goes
+    per chunk, whatever its tokens: at 4, mmq spent 0.56x the CPU per token of 1 in front
+    of a synthetic engine (`bench.llm_ceiling --stream-interval 4`), and a stream's tokens
+    arrive 4 engine steps apart. `mmq tune` tries 1 and 4."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
     """Share of the GPU the engine takes (vLLM's flag); mmq sizes against the device's
     free memory x this."""
