@@ -7,6 +7,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Test processes (pytest-xdist): two overlap one's waits with the other's work on 2 cores.
+TEST_PROCS ?= 2
 
 .PHONY: run test lint bench clean install lock
 
@@ -26,7 +28,7 @@ run: install
 
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q --module-durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_PROCS) --dist loadgroup --no-loadscope-reorder --module-durations=15
 
 PACKAGES := jobs jobstore broker telemetry security api workers host cluster common pipelines storage mmq tuning harness scheduler realtime
 

@@ -37,6 +37,7 @@ cannot work the tests skip, saying why, instead of erroring.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import os
 import re
@@ -98,7 +99,6 @@ class Network:
         remove_stale()
         self.switch = f"{self.tag}-sw"
         self.uplink = self.tag  # the root namespace's veth end, with the /24's first address
-        self.subnet = free_subnet()
         try:
             ip("netns", "add", self.switch)
             ip("-n", self.switch, "link", "add", BRIDGE, "type", "bridge")
@@ -106,7 +106,9 @@ class Network:
             ip("link", "add", self.uplink, "type", "veth", "peer", "name", UPLINK,
                "netns", self.switch)  # fmt: skip
             ip("-n", self.switch, "link", "set", UPLINK, "master", BRIDGE, "up")
-            ip("addr", "add", f"{self.address_of(1)}/24", "dev", self.uplink)
+            with _subnet_lock():  # another test process (pytest-xdist) picks one too
+                self.subnet = free_subnet()
+                ip("addr", "add", f"{self.address_of(1)}/24", "dev", self.uplink)
             ip("link", "set", self.uplink, "up")
         except BaseException:
             self.close()
@@ -202,6 +204,15 @@ def _stale(name: str) -> bool:
     except PermissionError:
         return False
     return False
+
+
+@contextlib.contextmanager
+def _subnet_lock() -> Iterator[None]:
+    """Held from choosing a free /24 until its first address is on a link: no two processes
+    of this machine choose the same one."""
+    with open(f"/tmp/{PREFIX}-subnets.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def free_subnet() -> ipaddress.IPv4Network:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
@@ -59,8 +60,31 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+KINDS = ("test_batches", "test_cli", "test_console", "test_deadlines", "test_quotas",
+         "test_realtime", "test_responses", "test_worker_stop")  # fmt: skip
+ENGINES = ("test_llm", "test_llm_features")
+SHARED = dict.fromkeys(KINDS, "kinds") | dict.fromkeys(ENGINES, "llm-engines")
+"""Modules that run in one test process under pytest-xdist (`make test`), by what they
+share: `kinds` the session's deployment with a worker of every kind (`kinds_dep`), started
+once and not twice at once; `llm-engines` the modules that start vLLM engines by threes,
+never two such deployments at once on two cores. Every other module is a group of its
+own, so that its module-scoped deployment starts once."""
+DURATIONS = json.loads((Path(__file__).parent / "durations.json").read_text())
+"""Each module's seconds in a whole run (its tests' setup, call and teardown), measured;
+the longest groups go first, so that no long one starts last (`make test` prints them:
+copy a new run's into it when they move)."""
+
+
+def _group(item: pytest.Item) -> str:
+    module = item.nodeid.split("::", 1)[0]
+    return SHARED.get(Path(module).stem, module)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Drop the runs of an `engines`-marked test with an engine it does not apply to."""
+    """Drop the runs of an `engines`-marked test with an engine it does not apply to; mark
+    each test with its `xdist_group` and put the longest groups first (the order is kept
+    within a module)."""
     kept, dropped = [], []
     for item in items:
         mark = item.get_closest_marker("engines")
@@ -69,7 +93,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         (dropped if mark and engine is not None and engine not in mark.args else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+    seconds: dict[str, float] = defaultdict(float)
+    for module in {item.nodeid.split("::", 1)[0] for item in kept}:
+        seconds[SHARED.get(Path(module).stem, module)] += DURATIONS.get(module, 0)
+    for item in kept:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    kept.sort(key=lambda item: -seconds[_group(item)])  # stable: each group's order stays
+    items[:] = kept
 
 
 @pytest.fixture(scope="session")

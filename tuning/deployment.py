@@ -179,7 +179,7 @@ class Deployment:
         self.procs.append(proc)
         return proc
 
-    def start_api(self, timeout_s: float = 30.0) -> Proc:
+    def start_api(self, timeout_s: float = 60.0) -> Proc:
         proc = self.spawn("api", "api")
         wait_until(lambda: _healthy(self.base_url), proc, timeout_s=timeout_s)
         return proc
@@ -231,7 +231,7 @@ class Deployment:
         pipeline: str | Sequence[str],
         instance: int | None = None,
         env: dict[str, str] | None = None,
-        timeout_s: float = 30.0,
+        timeout_s: float = START_TIMEOUT_S,
         wait: bool = True,
     ) -> Proc:
         """A worker of `pipeline`, or one process for several on-demand pipelines
