@@ -28,7 +28,7 @@ run: install
 
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n $(TEST_PROCS) --dist loadgroup --no-loadscope-reorder --module-durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_PROCS) --dist loadscope --no-loadscope-reorder --module-durations=15
 
 PACKAGES := jobs jobstore broker telemetry security api workers host cluster common pipelines storage mmq tuning harness scheduler realtime
 

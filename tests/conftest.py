@@ -75,16 +75,29 @@ the longest groups go first, so that no long one starts last (`make test` prints
 copy a new run's into it when they move)."""
 
 
-def _group(item: pytest.Item) -> str:
-    module = item.nodeid.split("::", 1)[0]
+def _group(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
     return SHARED.get(Path(module).stem, module)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Tests go to the test processes a group at a time (`_group`): a module, or modules
+    that share a session's deployment. xdist's own `loadgroup` would do it from marks, but
+    its hook that reads them is not called under pytest 9, so this is its `loadscope` with
+    the group for the scope."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return ByGroup(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Drop the runs of an `engines`-marked test with an engine it does not apply to; mark
-    each test with its `xdist_group` and put the longest groups first (the order is kept
-    within a module)."""
+    """Drop the runs of an `engines`-marked test with an engine it does not apply to, and
+    put the longest groups first (`_group`; the order within one is kept)."""
     kept, dropped = [], []
     for item in items:
         mark = item.get_closest_marker("engines")
@@ -95,10 +108,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=dropped)
     seconds: dict[str, float] = defaultdict(float)
     for module in {item.nodeid.split("::", 1)[0] for item in kept}:
-        seconds[SHARED.get(Path(module).stem, module)] += DURATIONS.get(module, 0)
-    for item in kept:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
-    kept.sort(key=lambda item: -seconds[_group(item)])  # stable: each group's order stays
+        seconds[_group(module)] += DURATIONS.get(module, 0)
+    kept.sort(key=lambda item: -seconds[_group(item.nodeid)])  # stable: each group's order
     items[:] = kept
 
 
