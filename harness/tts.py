@@ -19,7 +19,7 @@ import numpy as np
 from harness.models.coqui import build_tiny_vits, build_tiny_xtts
 from jobs.outputs import TtsChunk
 from jobs.wire import Event
-from tuning.deployment import Deployment, Proc, wait_until
+from tuning.deployment import START_TIMEOUT_S, Deployment, Proc
 
 TTS_PIPELINE = """
 [pipelines.tts]
@@ -72,14 +72,17 @@ def tts_deployment(
     return dep
 
 
-def start_workers(dep: Deployment, pipeline: str, count: int, timeout_s: float = 90) -> list[Proc]:
-    """`count` instances of `pipeline`, started together, once all are ready."""
+def start_workers(
+    dep: Deployment, pipeline: str, count: int, timeout_s: float = 2 * START_TIMEOUT_S
+) -> list[Proc]:
+    """`count` instances of `pipeline`, started together, once all are ready (a bound for
+    a busy host: Piper, a Coqui VITS and an XTTS load in each, and took over 90 s on two
+    cores shared with another test process)."""
     procs = [
         dep.spawn(f"worker-{pipeline}-{i}", "worker", "--pipeline", pipeline, "--instance", str(i))
         for i in range(count)
     ]
-    for proc in procs:
-        wait_until(lambda p=proc: "ready." in p.log(), proc, timeout_s=timeout_s)
+    dep.wait_started(procs, timeout_s=timeout_s)
     return procs
 
 

@@ -94,10 +94,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return ByGroup(config, log)
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Drop the runs of an `engines`-marked test with an engine it does not apply to, and
-    put the longest groups first (`_group`; the order within one is kept)."""
+    """Drop the runs of an `engines`-marked test with an engine it does not apply to, and in
+    a test process of pytest-xdist put the longest groups first (`_group`; the order within
+    one is kept). A run in one process keeps the files' order."""
     kept, dropped = [], []
     for item in items:
         mark = item.get_closest_marker("engines")
@@ -106,6 +106,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         (dropped if mark and engine is not None and engine not in mark.args else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
+    items[:] = kept
+    if not hasattr(config, "workerinput"):
+        return
     seconds: dict[str, float] = defaultdict(float)
     for module in {item.nodeid.split("::", 1)[0] for item in kept}:
         seconds[_group(module)] += DURATIONS.get(module, 0)
