@@ -80,6 +80,7 @@ def _group(nodeid: str) -> str:
     return SHARED.get(Path(module).stem, module)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a dev dependency
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """Tests go to the test processes a group at a time (`_group`): a module, or modules
     that share a session's deployment. xdist's own `loadgroup` would do it from marks, but
