@@ -69,10 +69,10 @@ share: `kinds` the session's deployment with a worker of every kind (`kinds_dep`
 once and not twice at once; `llm-engines` the modules that start vLLM engines by threes,
 never two such deployments at once on two cores. Every other module is a group of its
 own, so that its module-scoped deployment starts once."""
-DURATIONS = json.loads((Path(__file__).parent / "durations.json").read_text())
+DURATIONS = Path(__file__).parent / "durations.json"
 """Each module's seconds in a whole run (its tests' setup, call and teardown), measured;
 the longest groups go first, so that no long one starts last (`make test` prints them:
-copy a new run's into it when they move)."""
+copy a new run's into it when they move). Read only in xdist's test processes."""
 
 
 def _group(nodeid: str) -> str:
@@ -107,13 +107,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         (dropped if mark and engine is not None and engine not in mark.args else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    items[:] = kept
-    if not hasattr(config, "workerinput"):
-        return
-    seconds: dict[str, float] = defaultdict(float)
-    for module in {item.nodeid.split("::", 1)[0] for item in kept}:
-        seconds[_group(module)] += DURATIONS.get(module, 0)
-    kept.sort(key=lambda item: -seconds[_group(item.nodeid)])  # stable: each group's order
+    if hasattr(config, "workerinput"):
+        durations = json.loads(DURATIONS.read_text())
+        seconds: dict[str, float] = defaultdict(float)
+        for module in {item.nodeid.split("::", 1)[0] for item in kept}:
+            seconds[_group(module)] += durations.get(module, 0)
+        kept.sort(key=lambda item: -seconds[_group(item.nodeid)])  # stable: a group's order
     items[:] = kept
 
 

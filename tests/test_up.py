@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -70,12 +69,10 @@ def test_mmq_up_serves_jobs_and_ctrl_c_leaves_no_orphan(tmp_path: Path) -> None:
             except httpx.HTTPError:
                 return False
 
-        started = time.monotonic()
         try:
             wait_until(ready, timeout_s=180)  # a TTS, an ASR and an LLM engine load on 2 cores
         except TimeoutError:
             raise TimeoutError((tmp_path / "up.log").read_text()[-6000:]) from None
-        print(f"ready in {time.monotonic() - started:.1f} s")
         r = httpx.post(
             f"{base}/v1/jobs",
             json={"kind": "noop", "input": {"payload": "hi"}},
