@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -36,11 +37,17 @@ def _long_jobs(api: Api) -> dict[str, dict[str, Any]]:
     }
 
 
-def _restart(dep: Deployment, pipeline: str, env: dict[str, str] | None = None) -> Proc:
-    worker = dep.spawn(f"worker-{pipeline}-{time.monotonic_ns()}", "worker", "--pipeline", pipeline,
-                       env=env)  # fmt: skip
-    wait_until(lambda: "ready." in worker.log(), worker, timeout_s=240)
-    return worker
+def _restart(
+    dep: Deployment, pipelines: Iterable[str], env: dict[str, str] | None = None
+) -> dict[str, Proc]:
+    """A worker of each of `pipelines`, all started at once and waited for together."""
+    workers = {
+        pipeline: dep.spawn(f"worker-{pipeline}-{time.monotonic_ns()}", "worker", "--pipeline",
+                            pipeline, env=env)
+        for pipeline in pipelines
+    }  # fmt: skip
+    dep.wait_started(list(workers.values()), timeout_s=240)
+    return workers
 
 
 def test_workers_of_every_kind_stopped_with_a_job_in_flight_lose_none(
@@ -51,14 +58,16 @@ def test_workers_of_every_kind_stopped_with_a_job_in_flight_lose_none(
     work = _long_jobs(api)
     # The deployment's workers of these pipelines stop first (idle: at once), and workers
     # with a short grace take their place.
-    for pipeline in work:
-        for proc in [p for p in kinds_dep.procs if p.name.startswith(f"worker-{pipeline}")]:
-            if proc.alive():
-                os.kill(proc.process.pid, signal.SIGTERM)
-                proc.process.wait(60)
-            kinds_dep.procs.remove(proc)
+    # All at once, then waited for together.
+    idle = [p for p in kinds_dep.procs if p.name.startswith(tuple(f"worker-{k}" for k in work))]
+    for proc in idle:
+        if proc.alive():
+            os.kill(proc.process.pid, signal.SIGTERM)
+    for proc in idle:
+        proc.process.wait(60)
+        kinds_dep.procs.remove(proc)
     env = {"MMQ_WORKER__SHUTDOWN_GRACE_S": str(GRACE_S)}
-    stopping = {pipeline: _restart(kinds_dep, pipeline, env) for pipeline in work}
+    stopping = _restart(kinds_dep, work, env)
     jobs = {pipeline: api.submit(pipeline, **inp)["id"] for pipeline, inp in work.items()}
     for pipeline, job_id in jobs.items():
         worker = stopping[pipeline]
@@ -80,8 +89,7 @@ def test_workers_of_every_kind_stopped_with_a_job_in_flight_lose_none(
         if pipeline not in ended_there:  # handed back: queued, the run not counted
             assert (job["status"], job["attempts"]) == ("queued", 0), job
 
-    for pipeline in work:  # the deployment's workers again, for the session's other tests
-        _restart(kinds_dep, pipeline)
+    _restart(kinds_dep, work)  # the deployment's workers again, for the session's other tests
     for pipeline, job_id in jobs.items():
         job = api.wait(job_id, 300)
         assert (job["status"], job["attempts"]) == ("succeeded", 1), (pipeline, job)
