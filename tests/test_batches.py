@@ -270,10 +270,7 @@ def test_preempt_stops_the_line_holding_the_slot_for_an_interactive_job(tmp_path
         (tmp_path / "deploy").mkdir()
         dep = Deployment(server.url, tmp_path / "deploy", ENV | {"MMQ_BATCHES__PREEMPT": "true"})
         with serving(dep):
-            dep.start_api()
-            dep.start_reaper()
-            dep.start_scheduler()
-            dep.start_worker("sleep")  # one slot
+            dep.start(["sleep"])  # one slot
             client = _client(dep)
             lines = [job_line(f"p{i}", "sleep", steps=20, step_ms=100) for i in range(2)]
             batch = _run(client, lines)
@@ -401,10 +398,7 @@ def test_a_batch_keeps_every_line_across_a_redis_crash(tmp_path: Path) -> None:
         (tmp_path / "deploy").mkdir()
         dep = Deployment(server.url, tmp_path / "deploy", env)
         with serving(dep):
-            dep.start_api()
-            dep.start_reaper()
-            dep.start_scheduler()
-            dep.start_worker("echo")
+            dep.start(["echo"])  # the API, reaper, scheduler and worker, at once
             client = _client(dep)
             lines = [job_line(f"r{i}", "echo", text=f"r{i}", sleep_ms=100) for i in range(60)]
             batch = _run(client, lines)

@@ -56,8 +56,9 @@ def owner(dep: Deployment) -> Api:
 def test_sigkilled_worker_jobs_run_again_elsewhere_exactly_once(
     dep: Deployment, owner: Api, rclient: redis.Redis
 ) -> None:
-    victim = dep.start_worker("echo", 0)
-    survivor = dep.start_worker("echo", 1)
+    victim = dep.start_worker("echo", 0, wait=False)
+    survivor = dep.start_worker("echo", 1, wait=False)
+    dep.wait_started([victim, survivor])
     ids = [
         owner.submit("echo", text=f"load {i}", group=f"g{i % 3}", sleep_ms=600)["id"]
         for i in range(24)
@@ -225,8 +226,9 @@ def test_a_sigtermed_worker_finishes_what_it_can_hands_back_the_rest_and_exits(
     handed back; a handed-back job's `attempts` goes back to what it was before that run
     (0 here), and its next start makes it 1."""
     env = {"MMQ_WORKER__SHUTDOWN_GRACE_S": str(GRACE_S)}
-    echo = dep.start_worker("echo", 3, env=env)
-    sleeper = dep.start_worker("sleep", 3, env=env)
+    echo = dep.start_worker("echo", 3, env=env, wait=False)
+    sleeper = dep.start_worker("sleep", 3, env=env, wait=False)
+    dep.wait_started([echo, sleeper])
     quick = owner.submit("echo", text="quick", group="quick", sleep_ms=1500)["id"]
     wait_until(lambda: owner.get(quick)["status"] == "running", echo)
     # Its batch runs after the quick one's and past the grace, ignoring its cancel (echo
@@ -260,7 +262,8 @@ def test_a_sigtermed_worker_finishes_what_it_can_hands_back_the_rest_and_exits(
     assert f"job {steps}: handed back to the queue" in sleeper.log()
     assert f"job {late}: refused:stopping" in echo.log() or late not in echo.log()
 
-    others = [dep.start_worker("echo", 4), dep.start_worker("sleep", 4)]
+    others = [dep.start_worker("echo", 4, wait=False), dep.start_worker("sleep", 4, wait=False)]
+    dep.wait_started(others)
     for job_id, pid in ((stuck, others[0]), (late, others[0]), (steps, others[1])):
         job = owner.wait(job_id, timeout_s=90)
         assert job["status"] == "succeeded" and job["attempts"] == 1, job

@@ -146,9 +146,8 @@ def test_mmq_workers_prints_why_a_worker_failed_to_start(dep: Deployment) -> Non
 
 
 def test_the_shipped_defaults_start_on_this_machine_and_answer_a_chat(dep: Deployment) -> None:
-    dep.start_worker("echo")
-    dep.start_worker("sleep")
-    worker = dep.spawn("worker-llm", "worker", "--pipeline", "llm")
+    tests = [dep.start_worker("echo", wait=False), dep.start_worker("sleep", wait=False)]
+    worker = dep.spawn("worker-llm", "worker", "--pipeline", "llm")  # all three at once
     seen: list[str] = []
 
     def ready() -> bool:
@@ -160,6 +159,7 @@ def test_the_shipped_defaults_start_on_this_machine_and_answer_a_chat(dep: Deplo
     sized = next(line for line in worker.log().splitlines() if "engine llm sized:" in line)
     assert "8 sequences x 2048 tokens = 512 blocks of 32" in sized and "batch 512" in sized
     assert "memory_gb 3 of MemAvailable" in sized and "KV 1024 B/token" in sized
+    dep.wait_started(tests)
     wait_until(lambda: _readyz(dep)[0] == 200, timeout_s=20)
 
     owner = new_owner(dep.redis_url, dep.base_url, f"shipped{time.monotonic_ns()}")

@@ -281,8 +281,9 @@ def test_a_job_goes_to_a_warm_worker_with_a_free_slot_and_spills_over_when_it_is
     """Two workers of a three-slot pipeline: once one has the model loaded, jobs that fit
     its free slots go to it even while it is busy (no second copy is loaded for them);
     a burst beyond its slots makes the other load."""
-    first_worker = dep.start_worker("dozy", instance=0)
-    second_worker = dep.start_worker("dozy", instance=1)
+    first_worker = dep.start_worker("dozy", instance=0, wait=False)
+    second_worker = dep.start_worker("dozy", instance=1, wait=False)
+    dep.wait_started([first_worker, second_worker])
     try:
         warm = api.wait(api.submit("sleep", model="dozy", steps=1, step_ms=10)["id"])
         assert warm["status"] == "succeeded" and warm["timings"]["load_ms"] is not None

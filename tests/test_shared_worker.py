@@ -58,14 +58,19 @@ def dep(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
         for kind in KIND_NAMES
     )
     tmp = tmp_path_factory.mktemp("shared")
-    # echo and sleep (the test config's) for /readyz; the four kinds in one process below
-    with running(redis_url, tmp, ENV, ["echo", "sleep"], config) as deployment:
+    # echo and sleep (the test config's) for /readyz, and the four kinds in one process
+    # (`shared`), all started at once
+    workers = ["echo", "sleep", "+".join(KIND_NAMES)]
+    bound = 2 * START_TIMEOUT_S  # four kinds import beside the API's start: a bound
+    with running(redis_url, tmp, ENV, workers, config, worker_timeout_s=bound) as deployment:
         yield deployment
 
 
 @pytest.fixture(scope="module")
 def shared(dep: Deployment) -> Proc:
-    return dep.start_worker(KIND_NAMES, timeout_s=START_TIMEOUT_S)  # four kinds import: a bound
+    """The one worker process of the four on-demand kinds (started with `dep`)."""
+    (proc,) = [p for p in dep.procs if p.name.startswith(f"worker-{'+'.join(KIND_NAMES)}-")]
+    return proc
 
 
 def _on_demand_loaded(r: redis.Redis) -> list[str]:
