@@ -118,7 +118,7 @@ class JobService:
         with _fields_of("input"):
             request.check_pipeline(self.settings.pipelines[pipeline])
         pipeline = request.route(pipeline, self.settings)
-        return Validated(pipeline, request, request.model_dump(mode="json"))
+        return Validated(pipeline, request, request.record())
 
     async def submit(
         self,

@@ -7,10 +7,11 @@ import functools
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Self, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PrivateAttr, model_validator
 
 from jobs.errors import InputError, TooLarge
 from jobs.schemas.base import COUNT_MAX, SEED_MAX, SEED_MIN, CachePolicy, JobInput, over_limit
@@ -362,6 +363,26 @@ class LlmInput(JobInput, ChatFeatures):
     cache: bool = True
     """Answer a deterministic request (temperature 0) from the response cache."""
 
+    _record: dict[str, JsonValue] | None = PrivateAttr(default=None)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Self:
+        """The stored request, as its worker reads it: not validated again (the API
+        validated it once, and stored `record()`), and shallow: its top-level fields are
+        set, and the nested ones (`messages`, `tools`, `response_format`...) stay the JSON
+        they are, which the worker forwards to the engine as it is (`record()`,
+        `pipelines.llm.engine_client.request_body`) and does not read."""
+        inp = cls.model_construct(**record)
+        inp._record = dict(record)
+        return inp
+
+    def record(self) -> dict[str, JsonValue]:
+        """The request as the job stores it, and as its engine gets it (with what mmq
+        sets): OpenAI's names and shape, defaults filled in, unset fields left out."""
+        if self._record is None:
+            self._record = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return self._record
+
     @model_validator(mode="after")
     def _one_prompt(self) -> LlmInput:
         if (self.messages is None) == (self.prompt is None):
@@ -513,7 +534,9 @@ class LlmInput(JobInput, ChatFeatures):
         ttl = config.options_as(LlmOptions).cache_ttl_s
         if not self.cache or self.temperature != 0 or ttl <= 0:
             return None
-        decided = self.model_dump(mode="json", exclude={"cache", "model", "seed"})
+        # The stored request: the API (at submit) and the worker (at the end) hash the same.
+        undecided = ("cache", "model", "seed")
+        decided = {k: v for k, v in self.record().items() if k not in undecided}
         adapter = config.adapters().get(self.model or "")
         decided["model"] = config.model if adapter is None else [config.model, adapter]
         canonical = json.dumps(decided, sort_keys=True, separators=(",", ":"))
