@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from api.openai.chat_models import ChatRequest, CompletionRequest
 from jobs.schemas.llm import LlmInput
 from jobs.settings import PipelineConfig
 from pipelines.llm.engine_client import request_body
@@ -121,3 +122,43 @@ def _values(value: object) -> list[object]:
     if isinstance(value, list):
         return [v for item in value for v in [item, *_values(item)]]
     return []
+
+
+OPENAI_BODIES: list[dict[str, Any]] = [
+    {"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
+    {"model": "m", "messages": [{"role": "developer", "content": "Terse."},
+                                {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                             {"type": "text", "text": "b"}]}],
+     "max_completion_tokens": 9, "stop": "\n", "temperature": 0, "seed": 3, "cache": False},
+    {"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "What is it?"},
+                                     {"type": "image_url", "image_url": {"url": "file_x",
+                                                                        "detail": "low"}}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}],
+     "tools": [TOOL], "tool_choice": "required", "parallel_tool_calls": False,
+     "response_format": SCHEMA, "logprobs": True, "top_logprobs": 2, "n": 2,
+     "presence_penalty": 0.5, "frequency_penalty": -0.5, "top_p": 0.9, "stream": True},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("sent", OPENAI_BODIES, ids=["plain", "developer-and-parts", "everything"])
+def test_an_openai_request_is_validated_once_into_the_input_the_job_api_takes(
+    sent: dict[str, Any],
+) -> None:
+    """The chat route validates OpenAI's body once (`ChatRequest`) and builds the job
+    input from it without validating again: that input is one the job API's own
+    validation takes as it is, field for field."""
+    built = ChatRequest.model_validate(sent).llm_input()
+    assert LlmInput.model_validate(built.record()).record() == built.record()
+    assert built.max_tokens == sent.get("max_completion_tokens", 256)
+    roles = [m.role for m in built.messages or []]
+    assert roles == ["system" if m["role"] == "developer" else m["role"] for m in sent["messages"]]
+
+
+def test_a_completion_request_becomes_the_job_input_the_same_way() -> None:
+    sent = {"model": "m", "prompt": ["Once"], "logprobs": 2, "stop": ["."], "max_tokens": 4}
+    built = CompletionRequest.model_validate(sent).llm_input()
+    assert LlmInput.model_validate(built.record()).record() == built.record()
+    assert (built.prompt, built.logprobs, built.top_logprobs) == ("Once", True, 2)

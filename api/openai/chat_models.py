@@ -9,14 +9,27 @@ role, a content part or a message field mmq does not carry.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, Self
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from api.openai.protocol import OpenAIBaseModel, OpenAIRequest
 from jobs.errors import InputError
-from jobs.schemas.base import COUNT_MAX, SEED_MAX, SEED_MIN
-from jobs.schemas.llm import MAX_CHOICES, ChatFeatures, ImageUrl, ToolCall
+from jobs.schemas.base import COUNT_MAX
+from jobs.schemas.llm import (
+    MESSAGES_MAX,
+    TEXT_MAX,
+    TOOL_CALLS_MAX,
+    ChatFeatures,
+    ChatMessage,
+    ImagePart,
+    ImageUrl,
+    LlmInput,
+    Sampling,
+    TextPart,
+    ToolCall,
+    check_turn,
+)
 
 NOT_YET = "mmq does not carry it to its LLM engines yet"
 NOT_CARRIED: dict[str, str] = {
@@ -56,7 +69,7 @@ class ContentPart(OpenAIBaseModel):
     not_carried = NOT_CARRIED
 
     type: str
-    text: str | None = None
+    text: str | None = Field(default=None, max_length=TEXT_MAX)
     image_url: ImageUrl | None = None
     """An `image_url` part's image: a data URL, a stored file key, an s3:// or an http(s)
     URL."""
@@ -72,46 +85,52 @@ class ContentPart(OpenAIBaseModel):
         if carried[self.type] is None:
             raise InputError(f"{where}{self.type}", f"a {self.type} part needs its {self.type}")
 
-    def as_input(self) -> dict[str, object]:
+    def as_input(self) -> TextPart | ImagePart:
+        """The part as the job input holds it, not validated again (this one was)."""
         if self.type == "input_audio":  # transcribed before the request becomes a job
             raise InputError("messages", "an input_audio part was not transcribed")
         if self.type == "text":
-            return {"type": "text", "text": self.text}
-        assert self.image_url is not None
-        return {"type": "image_url", "image_url": self.image_url.model_dump(exclude_none=True)}
+            return TextPart.model_construct(type="text", text=self.text)
+        return ImagePart.model_construct(type="image_url", image_url=self.image_url)
 
 
 class Message(OpenAIBaseModel):
     not_carried = NOT_CARRIED
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
-    tool_calls: list[ToolCall] | None = None
+    content: str | list[ContentPart] | None = Field(default=None, max_length=TEXT_MAX)
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=TOOL_CALLS_MAX)
     """An assistant turn's calls."""
-    tool_call_id: str | None = None
+    tool_call_id: str | None = Field(default=None, max_length=256)
     """The call a `tool` turn answers."""
+
+    @model_validator(mode="after")
+    def _shape_of_its_role(self) -> Self:
+        if self.role != "function":  # refused by name (`refuse_values`)
+            check_turn(self.role, self.content, self.tool_calls, self.tool_call_id)
+        return self
 
     def refuse_values(self, where: str) -> None:
         if self.role == "function":
             raise InputError(f"{where}role", "deprecated function turns: send tool turns")
 
-    def as_input(self) -> dict[str, object]:
-        """The turn as the job input takes it: text parts joined into one text, unless
-        there are images."""
+    def as_input(self) -> ChatMessage:
+        """The turn as the job input holds it, not validated again (this one was): text
+        parts joined into one text, unless there are images; a developer turn is the
+        system's."""
         role = "system" if self.role == "developer" else self.role
-        content: str | list[dict[str, object]] | None
+        content: str | list[TextPart | ImagePart] | None
         if isinstance(self.content, list) and any(p.type == "image_url" for p in self.content):
             content = [part.as_input() for part in self.content]
         elif isinstance(self.content, list):
             content = "".join(p.text or "" for p in self.content)
+            if len(content) > TEXT_MAX:
+                raise InputError("messages", f"a turn's text is over {TEXT_MAX} characters")
         else:
             content = self.content
-        turn: dict[str, object] = {"role": role, "content": content}
-        if self.tool_calls is not None:
-            turn["tool_calls"] = [call.model_dump() for call in self.tool_calls]
-        if self.tool_call_id is not None:
-            turn["tool_call_id"] = self.tool_call_id
-        return turn
+        return ChatMessage.model_construct(
+            role=role, content=content, tool_calls=self.tool_calls, tool_call_id=self.tool_call_id
+        )
 
 
 class StreamOptions(OpenAIBaseModel):
@@ -129,49 +148,36 @@ class AudioOutput(OpenAIBaseModel):
     OpenAI's); the others are refused by name."""
 
 
-class Sampling(OpenAIRequest):
-    """What chat and completion requests share. A field the pipeline's engine cannot
-    honour is refused at submit (`LlmInput.check_pipeline`)."""
+class LlmRequest(OpenAIRequest, Sampling):
+    """What chat and completion requests share: their sampling (`jobs.schemas.llm.Sampling`,
+    the job input's own), and streaming. A field the pipeline's engine cannot honour is
+    refused at submit (`LlmInput.check_pipeline`)."""
 
     not_carried = NOT_CARRIED
 
     model: str = Field(min_length=1, max_length=256)
-    max_tokens: int | None = Field(default=None, ge=1, le=COUNT_MAX)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
-    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    cache: bool = True
-    """mmq extension: answer a deterministic request from the response cache."""
-
-    def sampling_input(self) -> dict[str, object]:
-        stop = [self.stop] if isinstance(self.stop, str) else self.stop
-        values = {
-            "model": self.model,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "stop": stop,
-            "seed": self.seed,
-            "n": self.n,
-            "cache": self.cache,
-        }
-        return {k: v for k, v in values.items() if v is not None}
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    def sampling(self) -> dict[str, Any]:
+        """The request's sampling fields, as they were validated."""
+        return {name: getattr(self, name) for name in Sampling.model_fields}
 
-class ChatRequest(Sampling, ChatFeatures):
-    messages: list[Message] = Field(min_length=1)
+    def job_input(self) -> dict[str, object]:
+        """The `llm` job's input as it is stored (`LlmInput.record()`)."""
+        return dict(self.llm_input().record())
+
+    def llm_input(self) -> LlmInput:
+        """The `llm` job's input: this request's fields, not validated again."""
+        raise NotImplementedError
+
+
+class ChatRequest(LlmRequest, ChatFeatures):
+    messages: list[Message] = Field(min_length=1, max_length=MESSAGES_MAX)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=COUNT_MAX)
     modalities: list[Literal["text", "audio"]] | None = Field(default=None, min_length=1)
     """`["text", "audio"]`: the answer spoken too (with `audio`)."""
@@ -206,16 +212,15 @@ class ChatRequest(Sampling, ChatFeatures):
             if part.input_audio is not None and part.type == "input_audio"
         ]
 
-    def job_input(self) -> dict[str, object]:
-        values = self.sampling_input()
+    def llm_input(self) -> LlmInput:
+        values = self.sampling() | {name: getattr(self, name) for name in ChatFeatures.model_fields}
         if self.max_completion_tokens is not None:
             values["max_tokens"] = self.max_completion_tokens
-        features = set(ChatFeatures.model_fields)  # the job input's own, as they are
-        values |= self.model_dump(include=features, by_alias=True, exclude_none=True)
-        return {**values, "messages": [m.as_input() for m in self.messages]}
+        messages = [m.as_input() for m in self.messages]
+        return LlmInput.model_construct(model=self.model, messages=messages, **values)
 
 
-class CompletionRequest(Sampling):
+class CompletionRequest(LlmRequest):
     prompt: str | list[str]
     logprobs: int | None = Field(default=None, ge=0, le=5)
     """The completions API's: log probabilities of this many most likely tokens as well."""
@@ -227,9 +232,11 @@ class CompletionRequest(Sampling):
             raise ValueError("give one prompt (a list of several is not served)")
         return prompt
 
-    def job_input(self) -> dict[str, object]:
+    def llm_input(self) -> LlmInput:
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-        values = {**self.sampling_input(), "prompt": prompt}
+        if len(prompt) > TEXT_MAX:
+            raise InputError("prompt", f"{len(prompt)} characters is over {TEXT_MAX}")
+        values = self.sampling()
         if self.logprobs is not None:
             values |= {"logprobs": True, "top_logprobs": self.logprobs}
-        return values
+        return LlmInput.model_construct(model=self.model, prompt=prompt, **values)

@@ -60,6 +60,13 @@ FEATURE_NAMES: dict[Feature, str] = {
 }
 
 
+MAX_CHOICES = 16
+TEXT_MAX = 1_000_000
+"""The longest text a message (or one of its parts) holds, in characters."""
+TOOL_CALLS_MAX = 128
+MESSAGES_MAX = 1000
+
+
 class FunctionCall(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -149,7 +156,7 @@ class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["text"]
-    text: str = Field(max_length=1_000_000)
+    text: str = Field(max_length=TEXT_MAX)
 
 
 class ImagePart(BaseModel):
@@ -180,6 +187,43 @@ class ChatFeatures(BaseModel):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     """With `logprobs`: this many most likely tokens at each position."""
 
+    @model_validator(mode="after")
+    def _top_with_logprobs(self) -> Self:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs")
+        return self
+
+
+def check_turn(role: str, content: object, tool_calls: object, tool_call_id: object) -> None:
+    """What a chat turn of each role holds (a ValueError where it breaks that): the one
+    rule of OpenAI's request and of the job input."""
+    if tool_calls is not None and role != "assistant":
+        raise ValueError("tool_calls belong to assistant turns")
+    if (tool_call_id is not None) != (role == "tool"):
+        raise ValueError("a tool turn, and only a tool turn, names its tool_call_id")
+    if content is None and not tool_calls:
+        raise ValueError("content is required (an assistant turn may give tool_calls instead)")
+
+
+class Sampling(BaseModel):
+    """How a chat or completion request samples, the same in OpenAI's requests and in
+    the job input (one definition for both)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    max_tokens: int = Field(default=256, ge=1, le=COUNT_MAX)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    """A string, or up to 4, where the answer ends (not included)."""
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    """Choices to generate for the prompt, in one job."""
+    cache: bool = True
+    """mmq's: answer a deterministic request (temperature 0) from the response cache."""
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(
@@ -190,20 +234,15 @@ class ChatMessage(BaseModel):
     )
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = Field(default=None, max_length=1_000_000)
-    tool_calls: list[ToolCall] | None = Field(default=None, max_length=128)
+    content: str | list[ContentPart] | None = Field(default=None, max_length=TEXT_MAX)
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=TOOL_CALLS_MAX)
     """The calls an assistant turn made."""
     tool_call_id: str | None = Field(default=None, max_length=256)
     """The call a `tool` turn answers."""
 
     @model_validator(mode="after")
     def _shape_of_its_role(self) -> ChatMessage:
-        if self.tool_calls is not None and self.role != "assistant":
-            raise ValueError("tool_calls belong to assistant turns")
-        if (self.tool_call_id is not None) != (self.role == "tool"):
-            raise ValueError("a tool turn, and only a tool turn, names its tool_call_id")
-        if self.content is None and not self.tool_calls:
-            raise ValueError("content is required (an assistant turn may give tool_calls instead)")
+        check_turn(self.role, self.content, self.tool_calls, self.tool_call_id)
         return self
 
     def text(self) -> str:
@@ -339,29 +378,15 @@ class LlmOptions(BaseModel):
         return self
 
 
-MAX_CHOICES = 16
-
-
-class LlmInput(JobInput, ChatFeatures):
+class LlmInput(JobInput, Sampling, ChatFeatures):
     model_config = ConfigDict(
         json_schema_extra={"oneOf": [{"required": ["messages"]}, {"required": ["prompt"]}]}
     )
 
-    messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=1000)
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=MESSAGES_MAX)
     """Chat messages; exactly one of `messages` and `prompt`."""
-    prompt: str | None = Field(default=None, max_length=1_000_000)
+    prompt: str | None = Field(default=None, max_length=TEXT_MAX)
     """Plain completion prompt."""
-    max_tokens: int = Field(default=256, ge=1, le=COUNT_MAX)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    stop: list[str] | None = Field(default=None, max_length=4)
-    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
-    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
-    """Choices to generate for the prompt, in one job."""
-    cache: bool = True
-    """Answer a deterministic request (temperature 0) from the response cache."""
 
     _record: dict[str, JsonValue] | None = PrivateAttr(default=None)
 
@@ -389,8 +414,6 @@ class LlmInput(JobInput, ChatFeatures):
             raise ValueError("give exactly one of messages and prompt")
         if self.messages is None and (self.tools or self.tool_choice or self.response_format):
             raise ValueError("tools, tool_choice and response_format are for chat (messages)")
-        if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs")
         return self
 
     def texts(self) -> list[str]:
