@@ -114,7 +114,8 @@ class JobService:
             request = validated
         else:
             try:
-                request = schema.model_validate(body.input)
+                with _fields_of("input"):  # a field an OpenAI body does not carry
+                    request = schema.model_validate(body.input)
             except ValidationError as exc:
                 raise validation_error_field(exc, "input") from None
         with _fields_of("input"):

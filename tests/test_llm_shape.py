@@ -147,13 +147,19 @@ OPENAI_BODIES: list[dict[str, Any]] = [
 def test_an_openai_request_is_validated_once_into_the_input_the_job_api_takes(
     sent: dict[str, Any],
 ) -> None:
-    """The chat route validates OpenAI's body once (`ChatRequest`) and builds the job
-    input from it without validating again: that input is one the job API's own
-    validation takes as it is, field for field."""
-    built = ChatRequest.model_validate(sent).llm_input()
-    assert LlmInput.model_validate(built.record()).record() == built.record()
-    assert built.max_tokens == sent.get("max_completion_tokens", 256)
-    roles = [m.role for m in built.messages or []]
+    """The chat route validates OpenAI's body once (`ChatRequest`, an `LlmInput`): its
+    record is the job's input, one the job API's own validation takes as it is, field
+    for field; a developer turn is stored as the system's."""
+    request = ChatRequest.model_validate(sent)
+    built = request.llm_input()
+    assert built is request  # the request is the job's input: no second model
+    record = built.record()
+    assert LlmInput.model_validate(record).record() == record
+    assert record["max_tokens"] == sent.get("max_completion_tokens", 256)
+    assert not {"stream", "stream_options", "max_completion_tokens"} & set(record)
+    turns = record["messages"]
+    assert isinstance(turns, list)
+    roles = [turn["role"] for turn in turns if isinstance(turn, dict)]
     assert roles == ["system" if m["role"] == "developer" else m["role"] for m in sent["messages"]]
 
 
