@@ -85,6 +85,17 @@ def test_the_worker_reads_the_record_without_validating_it_again() -> None:
     assert LlmInput.from_record({**record, "n": 99}).n == 99
 
 
+def test_a_request_stored_before_the_one_shape_reaches_the_engine_without_nulls() -> None:
+    """A job queued by the version before (its input dumped with every field, nulls too)
+    and run after an upgrade: its engine body leaves out what was unset, as a new one's."""
+    fields = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    old = LlmInput.model_validate(fields).model_dump(mode="json")
+    assert old["prompt"] is None and old["messages"][0]["tool_calls"] is None
+    _, body = request_body(LlmInput.from_record(old).record(), "m")
+    assert None not in _values(body)
+    assert body == request_body(_stored(**fields), "m")[1]
+
+
 def test_the_api_and_the_worker_hash_the_same_cached_request() -> None:
     config = PipelineConfig(kind="llm", impl="pipelines.llm:LlmPipeline", model="tiny")
     fields = {"messages": [{"role": "user", "content": "2+2?"}], "temperature": 0, "seed": 1}

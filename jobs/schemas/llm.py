@@ -471,6 +471,8 @@ class LlmInput(OpenAIRequest, JobInput, Sampling, ChatFeatures):
         set, and the nested ones (`messages`, `tools`, `response_format`...) stay the JSON
         they are, which the worker forwards to the engine as it is (`record()`,
         `pipelines.llm.engine_client.request_body`) and does not read."""
+        if None in record.values():  # stored before the one shape (it kept nulls)
+            return cls.model_validate(record)
         inp = cls.model_construct(**record)
         inp._record = dict(record)
         return inp
