@@ -481,14 +481,15 @@ class LlmInput(OpenAIRequest, JobInput, Sampling, ChatFeatures):
         """The request as the job stores it, and as its engine gets it (with what mmq
         sets): OpenAI's names and shape, defaults filled in, unset fields left out, a
         developer turn as the system's and a turn's text parts as one text."""
-        if self._record is None:
-            record = self.model_dump(
+        record = self._record  # read once: a private attribute's read costs microseconds
+        if record is None:
+            dumped = self.model_dump(
                 mode="json", by_alias=True, exclude_none=True, include=set(RECORDED)
             )
-            for turn in record.get("messages") or []:
+            for turn in dumped.get("messages") or []:
                 _as_sent(turn)
-            self._record = record
-        return self._record
+            self._record = record = dumped
+        return record
 
     @model_validator(mode="after")
     def _one_prompt(self) -> LlmInput:
