@@ -1,18 +1,14 @@
 """What the models of every OpenAI-compatible route share (vLLM's
 `vllm/entrypoints/openai/protocol.py`): the base of the requests, which holds the rule
-for the fields a request does not carry; the base of the answers; and how a route
-declares its answers in the OpenAPI document.
+for the fields a request does not carry (defined in `jobs.schemas.requests`, since the
+`llm` job's input is OpenAI's chat body, and re-exported here); the base of the answers;
+and how a route declares its answers in the OpenAPI document.
 
 ```
 OpenAIBaseModel      a request, or a part of one: an unknown field is kept aside to be refused
  └── OpenAIRequest   a whole request: refused as it is validated (422 naming the field)
 OpenAIResponse       an answer, or a part of one
 ```
-
-Nothing a client sends is dropped without a word: a field that a request model does not
-define is refused with a 422 naming it (`messages.0.name`) and saying why
-(`not_carried`, or that mmq does not know it). A client that sent tools or a JSON format
-and got a 200 would believe it got them.
 """
 
 from __future__ import annotations
