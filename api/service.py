@@ -102,23 +102,29 @@ class JobService:
         self._hub = hub
         self._cache = cache
 
-    def validate(self, body: JobCreate) -> Validated:
-        """Validate the input against its kind and choose the pipeline that runs it."""
+    def validate(self, body: JobCreate, validated: JobInput | None = None) -> Validated:
+        """Validate the input against its kind and choose the pipeline that runs it.
+        `validated`: the input as a route validated it already (an OpenAI request's, which
+        is `body.input`), checked against the deployment here but not validated again."""
         try:
             schema = schema_for(body.kind, self.settings)
         except KeyError:
             raise InputError("kind", f"unknown kind {body.kind!r}") from None
-        try:
-            request = schema.model_validate(body.input)
-        except ValidationError as exc:
-            raise validation_error_field(exc, "input") from None
+        if validated is not None and isinstance(validated, schema):
+            request = validated
+        else:
+            try:
+                with _fields_of("input"):  # a field an OpenAI body does not carry
+                    request = schema.model_validate(body.input)
+            except ValidationError as exc:
+                raise validation_error_field(exc, "input") from None
         with _fields_of("input"):
             request.check_limits(self.settings.limits)
         pipeline = pipeline_for(self.settings, body.kind, request.model)
         with _fields_of("input"):
             request.check_pipeline(self.settings.pipelines[pipeline])
         pipeline = request.route(pipeline, self.settings)
-        return Validated(pipeline, request, request.model_dump(mode="json"))
+        return Validated(pipeline, request, request.record())
 
     async def submit(
         self,
@@ -126,16 +132,18 @@ class JobService:
         body: JobCreate,
         idempotency_key: str | None = None,
         job_id: str | None = None,
+        validated: JobInput | None = None,
     ) -> tuple[Job, bool]:
         """Store and enqueue a job; returns (job, created). Raises QueueFull, InputError.
-        Traced as its admission (`mmq.admit`) where tracing is on."""
+        `validated`: its input as the route validated it (`validate`). Traced as its
+        admission (`mmq.admit`) where tracing is on."""
         job_id = job_id or new_job_id()
         if not tracing.enabled():
-            return await self._submit(owner, body, idempotency_key, job_id)
+            return await self._submit(owner, body, idempotency_key, job_id, validated)
         attributes = {"mmq.job_id": job_id, "mmq.kind": body.kind, "mmq.owner": owner}
         with tracing.admission(attributes) as admitted:
             try:
-                job, created = await self._submit(owner, body, idempotency_key, job_id)
+                job, created = await self._submit(owner, body, idempotency_key, job_id, validated)
             except MmqError as exc:
                 tracing.failed(admitted, f"{exc.code}: {exc}")
                 raise
@@ -144,9 +152,14 @@ class JobService:
             return job, created
 
     async def _submit(
-        self, owner: str, body: JobCreate, idempotency_key: str | None, job_id: str
+        self,
+        owner: str,
+        body: JobCreate,
+        idempotency_key: str | None,
+        job_id: str,
+        validated: JobInput | None,
     ) -> tuple[Job, bool]:
-        pipeline, request, normalised = self.validate(body)
+        pipeline, request, normalised = self.validate(body, validated)
         cached = await self._cache.lookup(owner, pipeline, request)
         used = await self.files.check_input_refs(owner, body.kind, body.input, request.file_refs())
         if body.webhook is not None:
@@ -365,16 +378,21 @@ class JobService:
         return await list_jobs(self._store, jobs_of(owner), keep, limit=limit, cursor=cursor)
 
     async def submit_following(
-        self, owner: str, body: JobCreate, job_id: str | None = None
+        self,
+        owner: str,
+        body: JobCreate,
+        job_id: str | None = None,
+        validated: JobInput | None = None,
     ) -> tuple[Job, event_feed.Batches]:
         """Store and enqueue a job, and follow its events from its first (`follow`), for a
         route that streams the job it submits: the job is joined in the hub before it is
         stored, so nothing is read back from Redis (no owner check, no replay). `job_id`:
-        one the route made (`new_job_id`), where it names the job before submitting it."""
+        one the route made (`new_job_id`), where it names the job before submitting it;
+        `validated`: its input as the route validated it."""
         job_id = job_id or new_job_id()
         joined = await self._hub.join(job_id)
         try:
-            job, _created = await self.submit(owner, body, job_id=job_id)
+            job, _created = await self.submit(owner, body, job_id=job_id, validated=validated)
         except BaseException:
             self._hub.leave(job_id, joined)
             raise

@@ -188,6 +188,17 @@ class SentinelGroup:
 
         wait_for(named, f"server {port} master", timeout_s)
 
+    def wait_replica(self, port: int, timeout_s: float = 20.0) -> None:
+        """Until the server on `port` acts as a replica of the master the sentinels name
+        (a demoted master: until then it still takes writes, which its demotion drops)."""
+
+        def following() -> bool:
+            info = self.client(port).info("replication")
+            master = info.get("master_port")
+            return info.get("role") == "slave" and master == self.master_port()
+
+        wait_for(following, f"server {port} a replica of the master", timeout_s)
+
     def stop(self) -> None:
         for process in self.sentinels:
             if process.poll() is None:

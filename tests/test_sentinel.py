@@ -230,6 +230,9 @@ def _ride_out_a_switch_over(group: SentinelGroup, http: httpx.Client, r: redis.R
     try:
         group.switch_over()
         group.wait_master(group.primary.port)
+        # The demoted master takes writes until Sentinel has made it a replica, and its
+        # demotion drops them: what `memory` durability may lose (docs/deployment/sentinel.md).
+        group.wait_replica(group.replica.port)
         time.sleep(1)  # and a while after
     finally:
         done.set()

@@ -184,7 +184,7 @@ def gathering_engine() -> Iterator[str]:
         deadline = time.monotonic() + 60
         while True:  # until it answers
             try:
-                client.stream(*request_body(_chat(max_tokens=1), "synthetic"), Texts())
+                client.stream(*request_body(_chat(max_tokens=1).record(), "synthetic"), Texts())
                 break
             except Exception:
                 if proc.poll() is not None or time.monotonic() > deadline:
@@ -208,7 +208,7 @@ def test_chunks_of_several_tokens_reach_the_jobs_stream_whole(
     try:
         request = _Request(_chat(max_tokens=10), writer)
         generation = Generation(request)  # type: ignore[arg-type]
-        finish = client.stream(*request_body(request.input, "synthetic"), generation)
+        finish = client.stream(*request_body(request.input.record(), "synthetic"), generation)
         assert finish is not None and finish.reasons == {0: "length"}
         assert generation.choices.choices[0].text == [" tok", " tok" * 4, " tok" * 4, " tok"]
         assert writer.flush(timeout_s=10)

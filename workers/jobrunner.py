@@ -254,7 +254,7 @@ class JobRunner:
 
     def _run_held(self, job: Job, held: Held) -> Outcome:
         try:
-            request = self.schema.model_validate(job.input)
+            request = self.schema.from_record(job.input)
         except ValidationError as exc:
             refused = Outcome("failed", error=validation_error_field(exc, "input"))
             self._record(job, held, refused)

@@ -124,8 +124,9 @@ async def complete(
         if body.speaks:
             return await chat_audio.spoken_answer(request, service, owner, body)
     try:
-        create = JobCreate(kind="llm", input=body.job_input(), **deadline)
-        job, events = await service.submit_following(owner, create)
+        validated = body.llm_input()  # the request as the job's input, validated once
+        create = JobCreate(kind="llm", input=validated.record(), **deadline)
+        job, events = await service.submit_following(owner, create, validated=validated)
     except InputError as exc:
         raise renamed(exc, PARAMS) from None
     headers = {"X-Job-Id": job.id}

@@ -164,7 +164,7 @@ async def spoken_answer(
 ) -> Response:
     """The answer of a chat request whose `modalities` ask for audio."""
     assert body.audio is not None
-    llm_input: dict[str, JsonValue] = body.job_input()  # type: ignore[assignment]
+    llm_input = body.job_input()
     tools = [
         FunctionTool(
             name=t.function.name,

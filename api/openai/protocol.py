@@ -1,82 +1,31 @@
 """What the models of every OpenAI-compatible route share (vLLM's
 `vllm/entrypoints/openai/protocol.py`): the base of the requests, which holds the rule
-for the fields a request does not carry; the base of the answers; and how a route
-declares its answers in the OpenAPI document.
+for the fields a request does not carry (defined in `jobs.schemas.requests`, since the
+`llm` job's input is OpenAI's chat body, and re-exported here); the base of the answers;
+and how a route declares its answers in the OpenAPI document.
 
 ```
 OpenAIBaseModel      a request, or a part of one: an unknown field is kept aside to be refused
  └── OpenAIRequest   a whole request: refused as it is validated (422 naming the field)
 OpenAIResponse       an answer, or a part of one
 ```
-
-Nothing a client sends is dropped without a word: a field that a request model does not
-define is refused with a 422 naming it (`messages.0.name`) and saying why
-(`not_carried`, or that mmq does not know it). A client that sent tools or a JSON format
-and got a 200 would believe it got them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, Literal
 
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import JsonSchemaValue, models_json_schema
 
 from api.error_handlers import ErrorResponse
-from jobs.errors import InputError
+from jobs.schemas.requests import CLOSED, UNKNOWN, OpenAIBaseModel, OpenAIRequest
 
-CLOSED: JsonSchemaValue = {"additionalProperties": False}
-"""`json_schema_extra` of a request model: it keeps what it does not define aside
-(`extra="allow"`) only to refuse it by name, so its schema says no other field is taken."""
-UNKNOWN = "not a field of this request that mmq knows"
 REF_TEMPLATE = "#/components/schemas/{model}"
 
-
-class OpenAIBaseModel(BaseModel):
-    """A request of an OpenAI route, or a part of one (a message, a content part)."""
-
-    model_config = ConfigDict(
-        extra="allow", json_schema_extra=CLOSED, use_attribute_docstrings=True
-    )
-
-    not_carried: ClassVar[Mapping[str, str]] = {}
-    """OpenAI's fields of this model that mmq does not carry, with why."""
-
-    def refuse_not_carried(self, where: str = "") -> None:
-        """InputError (422) naming the first thing here that mmq would not carry: a value
-        (`refuse_values`), then a field this model does not define, then the same in each
-        part of it that is a request model too, in field order. `where` prefixes the name
-        (`messages.0.`)."""
-        self.refuse_values(where)
-        for name in self.model_extra or {}:
-            raise InputError(f"{where}{name}", self.not_carried.get(name, UNKNOWN))
-        for name in type(self).model_fields:
-            value = getattr(self, name)
-            if isinstance(value, OpenAIBaseModel):
-                value.refuse_not_carried(f"{where}{name}.")
-            elif isinstance(value, list):
-                for i, item in enumerate(value):
-                    if isinstance(item, OpenAIBaseModel):
-                        item.refuse_not_carried(f"{where}{name}.{i}.")
-
-    def refuse_values(self, where: str) -> None:
-        """InputError for a value of this model's fields that mmq does not serve (a content
-        part's type); none by default."""
-
-
-class OpenAIRequest(OpenAIBaseModel):
-    """A whole request body (or form): what it does not carry is refused as it is
-    validated, after its fields are (a route never sees such a request)."""
-
-    @model_validator(mode="after")
-    def _refuse_not_carried(self) -> Self:
-        # Pydantic makes a validation error of a ValueError only: an InputError leaves the
-        # validation (and FastAPI's) as it is, and its handler answers the 422 naming the
-        # field (`api.error_handlers`), as for an InputError a route raises.
-        self.refuse_not_carried()
-        return self
+__all__ = ["CLOSED", "UNKNOWN", "OpenAIBaseModel", "OpenAIRequest"]
 
 
 def _absent(value: object) -> bool:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, JsonValue
 
 from jobs.errors import InputError
 from jobs.outputs import JobOutput
@@ -37,6 +39,17 @@ class JobInput(BaseModel):
     """A pipeline of the kind, by its name, model or one of its aliases (the
     deployment's configuration says which: `GET /v1/models` lists them); default: the
     kind's first enabled pipeline."""
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Self:
+        """The input of a stored job (`record()` as the API stored it), for its worker:
+        validated again by default. A kind whose worker forwards its input as it is (LLM
+        requests) reads it without a second validation."""
+        return cls.model_validate(record)
+
+    def record(self) -> dict[str, JsonValue]:
+        """The input as the job stores it: validated, with defaults filled in."""
+        return self.model_dump(mode="json")
 
     def check_limits(self, limits: Limits) -> None:
         """Raise `InputError` for a value over a deployment limit (settings)."""

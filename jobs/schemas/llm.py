@@ -7,13 +7,15 @@ import functools
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Self, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PrivateAttr, model_validator
 
 from jobs.errors import InputError, TooLarge
 from jobs.schemas.base import COUNT_MAX, SEED_MAX, SEED_MIN, CachePolicy, JobInput, over_limit
+from jobs.schemas.requests import CLOSED, OpenAIBaseModel, OpenAIRequest
 from jobs.settings import Limits, PipelineConfig, Settings
 from jobs.tokens import count_tokens
 
@@ -57,6 +59,13 @@ FEATURE_NAMES: dict[Feature, str] = {
     "images": "image parts",
     "stop": "stop sequences",
 }
+
+
+MAX_CHOICES = 16
+TEXT_MAX = 1_000_000
+"""The longest text a message (or one of its parts) holds, in characters."""
+TOOL_CALLS_MAX = 128
+MESSAGES_MAX = 1000
 
 
 class FunctionCall(BaseModel):
@@ -144,21 +153,62 @@ class ImageUrl(BaseModel):
     detail: Literal["auto", "low", "high"] | None = None
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+NOT_YET = "mmq does not carry it to its LLM engines yet"
+NOT_CARRIED: dict[str, str] = {
+    "functions": "deprecated function calling: send tools",
+    "function_call": "deprecated function calling: send tool_choice",
+    "logit_bias": NOT_YET,
+    "prediction": f"predicted outputs: {NOT_YET}",
+    "reasoning_effort": f"reasoning options: {NOT_YET}",
+    "verbosity": NOT_YET,
+    "web_search_options": "web search is not served",
+    "store": "stored completions are not served",
+    "metadata": "stored completions are not served (a job's own metadata: POST /v1/jobs)",
+    "service_tier": "service tiers are not served (priorities: POST /v1/jobs)",
+    "prompt_cache_key": NOT_YET,
+    "safety_identifier": NOT_YET,
+    "user": NOT_YET,
+    "best_of": NOT_YET,
+    "echo": NOT_YET,
+    "suffix": NOT_YET,
+}
+"""OpenAI request fields that mmq does not carry yet, with why; any other field that is
+not one of the request's own is refused too (`jobs.schemas.requests`)."""
 
-    type: Literal["text"]
-    text: str = Field(max_length=1_000_000)
+AudioFormat = Literal["wav", "mp3", "flac", "opus", "ogg", "webm", "m4a"]
 
 
-class ImagePart(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class InputAudio(OpenAIBaseModel):
+    data: str = Field(min_length=1)
+    """The audio, base64: at most `limits.audio_max_bytes` once decoded (413 above)."""
+    format: AudioFormat
+    """What FFmpeg reads: `wav` and `mp3` as OpenAI takes them, and the other containers
+    of `/v1/audio/transcriptions`."""
 
-    type: Literal["image_url"]
-    image_url: ImageUrl
 
+class ContentPart(OpenAIBaseModel):
+    """A part of a turn's content: `text`, an `image_url`, or `input_audio` (speech, which
+    `POST /v1/chat/completions` has an `asr` job transcribe first: `api.openai.chat_audio`)."""
 
-ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+    not_carried = NOT_CARRIED
+
+    type: str
+    text: str | None = Field(default=None, max_length=TEXT_MAX)
+    image_url: ImageUrl | None = None
+    """An `image_url` part's image: a data URL, a stored file key, an s3:// or an http(s)
+    URL."""
+    input_audio: InputAudio | None = None
+    """An `input_audio` part's speech: an `asr` job transcribes it, and its transcript is
+    the text the LLM reads."""
+
+    def refuse_values(self, where: str) -> None:
+        carried = {"text": self.text, "image_url": self.image_url, "input_audio": self.input_audio}
+        if self.type not in carried:
+            why = f"{self.type} parts are not served by mmq's LLM pipelines (text, images, audio)"
+            raise InputError(f"{where}type", why)
+        if carried[self.type] is None:
+            raise InputError(f"{where}{self.type}", f"a {self.type} part needs its {self.type}")
+
 
 DATA_URL = re.compile(r"^data:(image/(?:png|jpeg|gif|webp));base64,", re.IGNORECASE)
 """The data URLs an image part may be: what vision models' processors read."""
@@ -179,38 +229,82 @@ class ChatFeatures(BaseModel):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     """With `logprobs`: this many most likely tokens at each position."""
 
+    @model_validator(mode="after")
+    def _top_with_logprobs(self) -> Self:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs")
+        return self
 
-class ChatMessage(BaseModel):
+
+def check_turn(role: str, content: object, tool_calls: object, tool_call_id: object) -> None:
+    """What a chat turn of each role holds (a ValueError where it breaks that): the one
+    rule of OpenAI's request and of the job input."""
+    if tool_calls is not None and role != "assistant":
+        raise ValueError("tool_calls belong to assistant turns")
+    if (tool_call_id is not None) != (role == "tool"):
+        raise ValueError("a tool turn, and only a tool turn, names its tool_call_id")
+    if content is None and not tool_calls:
+        raise ValueError("content is required (an assistant turn may give tool_calls instead)")
+
+
+class Sampling(BaseModel):
+    """How a chat or completion request samples, the same in OpenAI's requests and in
+    the job input (one definition for both)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    max_tokens: int = Field(default=256, ge=1, le=COUNT_MAX)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    """A string, or up to 4, where the answer ends (not included)."""
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    """Choices to generate for the prompt, in one job."""
+    cache: bool = True
+    """mmq's: answer a deterministic request (temperature 0) from the response cache."""
+
+
+class ChatMessage(OpenAIBaseModel):
+    """A turn of a chat request, as OpenAI's clients send it."""
+
     model_config = ConfigDict(
-        extra="forbid",
         frozen=True,
         # What `_shape_of_its_role` checks, as far as a schema says it.
-        json_schema_extra={"anyOf": [{"required": ["content"]}, {"required": ["tool_calls"]}]},
+        json_schema_extra={
+            **CLOSED,
+            "anyOf": [{"required": ["content"]}, {"required": ["tool_calls"]}],
+        },
     )
+    not_carried = NOT_CARRIED
 
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = Field(default=None, max_length=1_000_000)
-    tool_calls: list[ToolCall] | None = Field(default=None, max_length=128)
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    """`developer` is the system's (stored and sent as `system`); `function` turns are
+    refused (send tool turns)."""
+    content: str | list[ContentPart] | None = Field(default=None, max_length=TEXT_MAX)
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=TOOL_CALLS_MAX)
     """The calls an assistant turn made."""
     tool_call_id: str | None = Field(default=None, max_length=256)
     """The call a `tool` turn answers."""
 
     @model_validator(mode="after")
     def _shape_of_its_role(self) -> ChatMessage:
-        if self.tool_calls is not None and self.role != "assistant":
-            raise ValueError("tool_calls belong to assistant turns")
-        if (self.tool_call_id is not None) != (self.role == "tool"):
-            raise ValueError("a tool turn, and only a tool turn, names its tool_call_id")
-        if self.content is None and not self.tool_calls:
-            raise ValueError("content is required (an assistant turn may give tool_calls instead)")
+        if self.role != "function":  # refused by name (`refuse_values`)
+            check_turn(self.role, self.content, self.tool_calls, self.tool_call_id)
         return self
+
+    def refuse_values(self, where: str) -> None:
+        if self.role == "function":
+            raise InputError(f"{where}role", "deprecated function turns: send tool turns")
 
     def text(self) -> str:
         """What the turn costs in prompt text: its content and its calls."""
         calls = "".join(c.function.name + c.function.arguments for c in self.tool_calls or [])
         content = self.content
         if isinstance(content, list):
-            content = "".join(part.text for part in content if isinstance(part, TextPart))
+            content = "".join(part.text or "" for part in content if part.type == "text")
         return (content or "") + calls
 
     def images(self) -> list[tuple[int, str]]:
@@ -220,7 +314,17 @@ class ChatMessage(BaseModel):
         return [
             (j, part.image_url.url)
             for j, part in enumerate(self.content)
-            if isinstance(part, ImagePart)
+            if part.type == "image_url" and part.image_url is not None
+        ]
+
+    def audio_parts(self) -> list[tuple[int, InputAudio]]:
+        """(place among the parts, audio) of each `input_audio` part."""
+        if not isinstance(self.content, list):
+            return []
+        return [
+            (j, part.input_audio)
+            for j, part in enumerate(self.content)
+            if part.type == "input_audio" and part.input_audio is not None
         ]
 
 
@@ -338,29 +442,54 @@ class LlmOptions(BaseModel):
         return self
 
 
-MAX_CHOICES = 16
+class LlmInput(OpenAIRequest, JobInput, Sampling, ChatFeatures):
+    """OpenAI's chat (`messages`) or completions (`prompt`) body, with mmq's `cache`: what
+    `POST /v1/chat/completions` validates (`api.openai.chat_models.ChatRequest` adds only
+    what is the route's: streaming, spoken answers), and what the job stores and its
+    worker sends to the engine (`record`)."""
 
-
-class LlmInput(JobInput, ChatFeatures):
     model_config = ConfigDict(
-        json_schema_extra={"oneOf": [{"required": ["messages"]}, {"required": ["prompt"]}]}
+        extra="allow",  # kept aside to be refused by name (`OpenAIRequest`)
+        json_schema_extra={
+            **CLOSED,
+            "oneOf": [{"required": ["messages"]}, {"required": ["prompt"]}],
+        },
     )
+    not_carried = NOT_CARRIED
 
-    messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=1000)
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=MESSAGES_MAX)
     """Chat messages; exactly one of `messages` and `prompt`."""
-    prompt: str | None = Field(default=None, max_length=1_000_000)
+    prompt: str | None = Field(default=None, max_length=TEXT_MAX)
     """Plain completion prompt."""
-    max_tokens: int = Field(default=256, ge=1, le=COUNT_MAX)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    stop: list[str] | None = Field(default=None, max_length=4)
-    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
-    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
-    """Choices to generate for the prompt, in one job."""
-    cache: bool = True
-    """Answer a deterministic request (temperature 0) from the response cache."""
+
+    _record: dict[str, JsonValue] | None = PrivateAttr(default=None)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Self:
+        """The stored request, as its worker reads it: not validated again (the API
+        validated it once, and stored `record()`), and shallow: its top-level fields are
+        set, and the nested ones (`messages`, `tools`, `response_format`...) stay the JSON
+        they are, which the worker forwards to the engine as it is (`record()`,
+        `pipelines.llm.engine_client.request_body`) and does not read."""
+        if None in record.values():  # stored before the one shape (it kept nulls)
+            return cls.model_validate(record)
+        inp = cls.model_construct(**record)
+        inp._record = dict(record)
+        return inp
+
+    def record(self) -> dict[str, JsonValue]:
+        """The request as the job stores it, and as its engine gets it (with what mmq
+        sets): OpenAI's names and shape, defaults filled in, unset fields left out, a
+        developer turn as the system's and a turn's text parts as one text."""
+        record = self._record  # read once: a private attribute's read costs microseconds
+        if record is None:
+            dumped = self.model_dump(
+                mode="json", by_alias=True, exclude_none=True, include=set(RECORDED)
+            )
+            for turn in dumped.get("messages") or []:
+                _as_sent(turn)
+            self._record = record = dumped
+        return record
 
     @model_validator(mode="after")
     def _one_prompt(self) -> LlmInput:
@@ -368,8 +497,6 @@ class LlmInput(JobInput, ChatFeatures):
             raise ValueError("give exactly one of messages and prompt")
         if self.messages is None and (self.tools or self.tool_choice or self.response_format):
             raise ValueError("tools, tool_choice and response_format are for chat (messages)")
-        if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs")
         return self
 
     def texts(self) -> list[str]:
@@ -455,6 +582,13 @@ class LlmInput(JobInput, ChatFeatures):
         return count_tokens(self.texts(), None) + self.max_tokens * self.n
 
     def check_limits(self, limits: Limits) -> None:
+        for i, message in enumerate(self.messages or []):
+            for j, _ in message.audio_parts():
+                raise InputError(
+                    f"messages.{i}.content.{j}.input_audio",
+                    "speech is transcribed by POST /v1/chat/completions (an asr job); "
+                    "a job's input takes text and images",
+                )
         if self.max_tokens > limits.llm_max_tokens:
             raise over_limit("max_tokens", self.max_tokens, limits.llm_max_tokens)
         self._check_images(limits)
@@ -513,11 +647,29 @@ class LlmInput(JobInput, ChatFeatures):
         ttl = config.options_as(LlmOptions).cache_ttl_s
         if not self.cache or self.temperature != 0 or ttl <= 0:
             return None
-        decided = self.model_dump(mode="json", exclude={"cache", "model", "seed"})
+        # The stored request: the API (at submit) and the worker (at the end) hash the same.
+        undecided = ("cache", "model", "seed")
+        decided = {k: v for k, v in self.record().items() if k not in undecided}
         adapter = config.adapters().get(self.model or "")
         decided["model"] = config.model if adapter is None else [config.model, adapter]
         canonical = json.dumps(decided, sort_keys=True, separators=(",", ":"))
         return CachePolicy(hashlib.sha256(canonical.encode()).hexdigest(), ttl)
+
+
+RECORDED = frozenset(LlmInput.model_fields)
+"""The job input's own fields: what a route's request adds (streaming...) is not stored."""
+
+
+def _as_sent(turn: dict[str, JsonValue]) -> None:
+    """A dumped turn as the engine takes it, in place: a developer turn is the system's
+    (chat templates know `system`), and text parts alone are one text."""
+    if turn.get("role") == "developer":
+        turn["role"] = "system"
+    content = turn.get("content")
+    if isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") == "text" for part in content
+    ):
+        turn["content"] = "".join(str(part.get("text") or "") for part in content)  # type: ignore[union-attr]
 
 
 def _named(config: PipelineConfig) -> str:

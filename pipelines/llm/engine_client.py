@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Collection, Coroutine
+from collections.abc import Collection, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict, TypeVar
 
@@ -28,7 +28,6 @@ from typing_extensions import TypeIs
 from common.sse import DataSplitter
 from jobs.errors import InputError
 from jobs.outputs import ChatLogprobs, CompletionLogprobs, Logprobs, ToolCallDelta
-from jobs.schemas.llm import ChatFeatures, LlmInput
 from pipelines.llm.http import Broken, Pool
 
 
@@ -60,11 +59,8 @@ class Delta:
     a dict of lists (completions)."""
 
 
-CARRIED = set(ChatFeatures.model_fields) - {"logprobs"}
-"""Chat fields that go to the engine as they are, when set (`logprobs` goes only when
-true)."""
-SAMPLING = {"presence_penalty", "frequency_penalty", "stop", "seed", "n"}
-"""Fields that go to the engine where the request sets them to other than their default."""
+MMQ_OWN = frozenset({"cache"})
+"""The stored request's fields that are mmq's own options, not the engine's."""
 
 
 class EngineDelta(TypedDict, total=False):
@@ -86,29 +82,19 @@ class EngineChoice(TypedDict, total=False):
     finish_reason: str | None
 
 
-# The body is the engine's JSON, made of the input's pydantic dumps (its tools carry the
-# user's JSON schemas): typed by the models it comes from, not here.
-def request_body(inp: LlmInput, model: str) -> tuple[str, dict[str, Any]]:
-    """(path, JSON body) of the engine request for `inp`: every field the request sets,
-    in the engine's (OpenAI's) shape. The API has refused what the engine lacks."""
-    body: dict[str, Any] = {
-        "model": model,
-        "max_tokens": inp.max_tokens,
-        "temperature": inp.temperature,
-        "top_p": inp.top_p,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    body |= inp.model_dump(include=SAMPLING, exclude_defaults=True)
-    if inp.messages is not None:
-        body["messages"] = [m.model_dump(exclude_none=True) for m in inp.messages]
-        body |= inp.model_dump(mode="json", include=CARRIED, by_alias=True, exclude_none=True)
-        if inp.logprobs:
-            body["logprobs"] = True
+def request_body(record: Mapping[str, Any], model: str) -> tuple[str, dict[str, Any]]:
+    """(path, JSON body) of the engine request for a stored request (`LlmInput.record()`,
+    OpenAI's shape, validated once by the API): the request as it is, but for what mmq
+    sets: the engine's model name, streaming with usage, and the completions API's
+    `logprobs` (the number of top tokens, where the job input says `logprobs` and
+    `top_logprobs` as chat does). The API has refused what the engine lacks."""
+    body = {k: v for k, v in record.items() if k not in MMQ_OWN}
+    body |= {"model": model, "stream": True, "stream_options": {"include_usage": True}}
+    if "messages" in body:
         return "/v1/chat/completions", body
-    body["prompt"] = inp.prompt
-    if inp.logprobs:  # the completions API's logprobs is the number of top tokens
-        body["logprobs"] = inp.top_logprobs or 0
+    top = body.pop("top_logprobs", None)
+    if body.pop("logprobs", False):
+        body["logprobs"] = top or 0
     return "/v1/completions", body
 
 

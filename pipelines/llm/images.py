@@ -43,22 +43,35 @@ class Message(TypedDict, total=False):
     content: str | list[Part] | None
 
 
-def inline_images(messages: list[Message], open_input: OpenInput, max_bytes: int) -> None:
-    """Replace each image part's file key or URL in `messages` (an engine request's, in
-    place) by the image's data URL. An `InputError` names the part's field when the
+def inline_images(messages: list[Message], open_input: OpenInput, max_bytes: int) -> list[Message]:
+    """`messages` (an engine request's) with each image part's file key or URL replaced by
+    the image's data URL; new messages and parts where one changes, the rest as they are
+    (the stored request is left alone). An `InputError` names the part's field when the
     file is missing, too large or not a png, jpeg, gif or webp image."""
+    inlined: list[Message] = []
     for i, message in enumerate(messages):
         content = message.get("content")
-        for j, part in enumerate(content if isinstance(content, list) else []):
-            image = part.get("image_url") if part.get("type") == "image_url" else None
-            if image is None or DATA_URL.match(image["url"]):
-                continue
-            field = f"input.messages.{i}.content.{j}.image_url.url"
-            with open_input(image["url"], field) as stream:
-                data = stream.read(max_bytes + 1)
-            if len(data) > max_bytes:
-                raise TooLarge(field, f"the image is over the limit of {max_bytes} bytes")
-            image["url"] = f"data:{_type_of(data, field)};base64,{base64.b64encode(data).decode()}"
+        if isinstance(content, list):
+            where = f"input.messages.{i}.content"
+            parts = [
+                _inlined(part, f"{where}.{j}.image_url.url", open_input, max_bytes)
+                for j, part in enumerate(content)
+            ]
+            message = {**message, "content": parts}
+        inlined.append(message)
+    return inlined
+
+
+def _inlined(part: Part, field: str, open_input: OpenInput, max_bytes: int) -> Part:
+    image = part.get("image_url") if part.get("type") == "image_url" else None
+    if image is None or DATA_URL.match(image["url"]):
+        return part
+    with open_input(image["url"], field) as stream:
+        data = stream.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise TooLarge(field, f"the image is over the limit of {max_bytes} bytes")
+    url = f"data:{_type_of(data, field)};base64,{base64.b64encode(data).decode()}"
+    return {**part, "image_url": {**image, "url": url}}
 
 
 def _type_of(data: bytes, field: str) -> str:

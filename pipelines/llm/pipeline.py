@@ -173,10 +173,10 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         assert self.client is not None and self.server is not None
         served = inp.model if inp.model in self.options.lora_modules else None
         model = served or self.server.spec.served_name  # an adapter is asked for by name
-        path, body = request_body(inp, model)
-        if inp.file_refs():
+        path, body = request_body(inp.record(), model)
+        if inp.messages is not None:  # image parts named by file key or URL go inline
             limit = self.settings.limits.llm_max_image_bytes
-            inline_images(body["messages"], request.files.open_input, limit)
+            body["messages"] = inline_images(body["messages"], request.files.open_input, limit)
         with self._slots:
             restarts = self.server.restarts
             generation = Generation(request)
