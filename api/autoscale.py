@@ -23,7 +23,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from pydantic import ValidationError
 
 from api.readiness import STALE_HEARTBEATS
-from jobs.schemas.llm import LlmOptions
+from jobs.schemas.llm_options import LlmOptions
 from jobs.settings import PipelineConfig, Settings
 from jobstore.deployment_reader import Snapshot
 from jobstore.pipeline_signals import PipelineReading

@@ -11,7 +11,7 @@ from jobs.schemas import validation_error_field
 from realtime.server_events import Item, new_id
 
 Message = dict[str, JsonValue]
-"""A chat message of the `llm` job's input (`jobs.schemas.llm.ChatMessage`)."""
+"""A chat message of the `llm` job's input (`jobs.schemas.chat.ChatMessage`)."""
 
 
 class _Part(BaseModel):

@@ -22,7 +22,7 @@ from api.prometheus import Snapshot, families
 from bench.docker_tools import steps_run
 from host.devices import Topology, cpu_device
 from host.placement import load_placement, plan_placement
-from jobs.schemas.llm import LlmOptions
+from jobs.schemas.llm_options import LlmOptions
 from jobs.schemas.tts import TtsOptions
 from jobs.settings import Settings, load_settings
 from tests.test_devices import topology

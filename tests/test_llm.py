@@ -25,7 +25,7 @@ from harness.api_client import Api, new_owner
 from harness.kinds import VLLM_TEST_ENV, VLLM_TEST_OPTIONS, llm_toml
 from harness.models.llm import cached_tiny_llm, tiny_llm_claiming
 from harness.scrape import JOB_HISTOGRAMS, check_job_counted, scrape, value
-from jobs.schemas.llm import LlmOptions
+from jobs.schemas.llm_options import LlmOptions
 from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
 from tuning.deployment import Deployment, Proc, flush, live_in_group, serving, wait_until
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.schemas.llm import LlmOptions
+from jobs.schemas.llm_options import LlmOptions
 from jobs.settings import PipelineConfig
 from pipelines.llm.command import EngineSpec, engine_command
 from pipelines.llm.memory import meminfo_bytes, shape_from_config

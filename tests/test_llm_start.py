@@ -25,7 +25,7 @@ import pytest
 
 from harness.api_client import new_owner
 from harness.models.llm import cached_tiny_llm, tiny_llm_claiming
-from jobs.schemas.llm import LlmOptions
+from jobs.schemas.llm_options import LlmOptions
 from pipelines.llm.server import EngineServer, EngineSpec, EngineStartError
 from pipelines.llm.sizing import GIB
 from tuning.deployment import REPO, Deployment, Proc, flush, serving, wait_until

@@ -30,7 +30,7 @@ from harness.api_client import Api, new_owner
 from harness.kinds import llm_toml
 from harness.models.tool_caller import TOOL, WEATHER_TOOL
 from harness.webhook_receiver import receiving
-from jobs.schemas.llm import Feature
+from jobs.schemas.llm_options import Feature
 from tests.conftest import WEBHOOK_SECRET
 from tuning.deployment import Deployment, flush, responds, serving, wait_until
 

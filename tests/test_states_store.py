@@ -18,7 +18,7 @@ from broker.celery_app import job_message, make_celery
 from harness.pipelines import EchoInput, EchoPipeline
 from jobs import keys
 from jobs.models import EventType, Job, WebhookSpec
-from jobs.schemas.llm import LlmOptions
+from jobs.schemas.llm_options import LlmOptions
 from jobs.settings import PipelineConfig, Settings, load_settings
 from jobs.states import TRANSITIONS, InvalidTransition, JobStatus, check_transition
 from jobstore import operations

@@ -21,7 +21,7 @@ from harness.kinds import VLLM_TEST_ENV
 from harness.models.llm import cached_tiny_llm
 from host.launcher import mmq_command
 from jobs import keys
-from jobs.schemas.llm import LlmOptions
+from jobs.schemas.llm_options import LlmOptions
 from jobs.settings import PipelineConfig, load_settings
 from mmq.cli import app
 from tuning.deployment import REPO, Deployment

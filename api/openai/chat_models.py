@@ -6,7 +6,7 @@ with what is the route's own (streaming, a spoken answer): validated once, here,
 stored as the job's input (`LlmInput.record()`). A completion request shares its sampling
 fields with it and becomes its input without a second validation. Every field of
 OpenAI's requests is either carried into the job (and so to the engine) or refused with
-a 422 that names it and says why (`jobs.schemas.llm.NOT_CARRIED`, the rule of
+a 422 that names it and says why (`jobs.schemas.chat.NOT_CARRIED`, the rule of
 `jobs.schemas.requests.OpenAIBaseModel`); so is a field OpenAI does not define, a message
 role, a content part or a message field mmq does not carry.
 """
@@ -21,16 +21,16 @@ from pydantic.json_schema import SkipJsonSchema
 from api.openai.protocol import CLOSED, OpenAIBaseModel, OpenAIRequest
 from jobs.errors import InputError
 from jobs.schemas.base import COUNT_MAX
-from jobs.schemas.llm import (
+from jobs.schemas.chat import (
     MESSAGES_MAX,
     NOT_CARRIED,
     TEXT_MAX,
     ChatMessage,
     ContentPart,
     InputAudio,
-    LlmInput,
     Sampling,
 )
+from jobs.schemas.llm import LlmInput
 
 __all__ = ["ChatRequest", "CompletionRequest", "ContentPart", "InputAudio"]
 
@@ -122,7 +122,7 @@ class ChatRequest(LlmInput):
 
 class CompletionRequest(OpenAIRequest, Sampling):
     """`POST /v1/completions`'s body: its sampling is the job input's own
-    (`jobs.schemas.llm.Sampling`); its prompt and log probabilities are the completions
+    (`jobs.schemas.chat.Sampling`); its prompt and log probabilities are the completions
     API's, which its job input says as chat does."""
 
     not_carried = NOT_CARRIED

@@ -19,7 +19,7 @@ from api.openai.protocol import OpenAIBaseModel, OpenAIRequest
 from jobs.errors import InputError
 from jobs.models import MetadataKey, MetadataValue, WebhookSpec
 from jobs.schemas.base import COUNT_MAX
-from jobs.schemas.llm import FunctionDef, JsonSchema
+from jobs.schemas.chat import FunctionDef, JsonSchema
 
 NOT_YET = "mmq does not carry it to its LLM engines yet"
 BUILT_IN = "a built-in tool of OpenAI's that mmq does not serve (function tools are served)"

@@ -13,7 +13,8 @@ from jobs.schemas.asr import AsrInput, AsrOptions
 from jobs.schemas.base import JobInput
 from jobs.schemas.embed import EmbedInput, EmbedOptions
 from jobs.schemas.image import ImageInput, ImageOptions
-from jobs.schemas.llm import LlmInput, LlmOptions
+from jobs.schemas.llm import LlmInput
+from jobs.schemas.llm_options import LlmOptions
 from jobs.schemas.rerank import RerankInput, RerankOptions
 from jobs.schemas.tts import TtsInput, TtsOptions
 from jobs.settings import Settings

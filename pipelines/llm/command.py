@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.schemas.llm import LlmOptions
+from jobs.schemas.llm_options import LlmOptions
 from jobs.settings import on_gpu
 from pipelines.llm.memory import ShapeUnknown, device_memory, model_shape
 from pipelines.llm.sizing import BLOCK_TOKENS, DEFAULT_CONTEXT_TOKENS, EngineSize, size_engine

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import BinaryIO, NotRequired, TypedDict
 
 from jobs.errors import InputError, TooLarge
-from jobs.schemas.llm import DATA_URL
+from jobs.schemas.chat import DATA_URL
 
 OpenInput = Callable[[str, str], BinaryIO]
 """Opens a job input's file reference, naming its field: `JobFiles.open_input`."""

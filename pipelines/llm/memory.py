@@ -17,7 +17,7 @@ from typing import Any
 
 from host.devices import read_usage
 from host.model_memory import RUN_DTYPE_BYTES, local_model, run_dtype_bytes, weight_bytes
-from jobs.schemas.llm import LlmOptions
+from jobs.schemas.llm_options import LlmOptions
 from jobs.settings import on_gpu
 from pipelines.llm.sizing import GIB, Memory, ModelShape
 

@@ -16,7 +16,8 @@ import threading
 from collections.abc import Sequence
 
 from jobs.outputs import LlmOutput, LlmUsage, PartialData
-from jobs.schemas.llm import LlmInput, LlmOptions
+from jobs.schemas.llm import LlmInput
+from jobs.schemas.llm_options import LlmOptions
 from jobs.settings import PipelineConfig, Settings, on_gpu
 from pipelines.base import BackendLost, EngineKnobs, Request, SimplePipeline
 from pipelines.llm.choices import is_delta, merge_partials

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from jobs.schemas.llm import LlmOptions
+from jobs.schemas.llm_options import LlmOptions
 from pipelines.llm.startup import EngineStartError
 
 GIB = 1024**3
