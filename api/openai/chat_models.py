@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from api.openai.protocol import CLOSED, OpenAIBaseModel, OpenAIRequest
@@ -50,7 +50,26 @@ class AudioOutput(OpenAIBaseModel):
     OpenAI's); the others are refused by name."""
 
 
-class ChatRequest(LlmInput):
+class Streamed(BaseModel):
+    """What chat and completion requests share beside the job's input: streaming."""
+
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def llm_input(self) -> LlmInput:
+        """The `llm` job's input."""
+        raise NotImplementedError
+
+    def job_input(self) -> dict[str, JsonValue]:
+        """The `llm` job's input as it is stored."""
+        return dict(self.llm_input().record())
+
+
+class ChatRequest(LlmInput, Streamed):
     """`POST /v1/chat/completions`'s body: the `llm` job's input (`LlmInput`, OpenAI's chat
     body, validated here once and stored as `record()`), and what is the route's own:
     streaming, and the answer spoken too."""
@@ -63,8 +82,6 @@ class ChatRequest(LlmInput):
     """Not a chat request's (`POST /v1/completions` takes a prompt)."""
     max_completion_tokens: int | None = Field(default=None, ge=1, le=COUNT_MAX)
     """OpenAI's newer name of `max_tokens` (it wins where both are given)."""
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     modalities: list[Literal["text", "audio"]] | None = Field(default=None, min_length=1)
     """`["text", "audio"]`: the answer spoken too (with `audio`)."""
     audio: AudioOutput | None = None
@@ -94,10 +111,6 @@ class ChatRequest(LlmInput):
             raise InputError("n", "an answer with audio has one choice")
 
     @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
-
-    @property
     def speaks(self) -> bool:
         """Whether the answer is spoken too."""
         return self.modalities is not None and "audio" in self.modalities
@@ -115,12 +128,8 @@ class ChatRequest(LlmInput):
         what is the route's)."""
         return self
 
-    def job_input(self) -> dict[str, JsonValue]:
-        """The `llm` job's input as it is stored."""
-        return dict(self.record())
 
-
-class CompletionRequest(OpenAIRequest, Sampling):
+class CompletionRequest(OpenAIRequest, Sampling, Streamed):
     """`POST /v1/completions`'s body: its sampling is the job input's own
     (`jobs.schemas.chat.Sampling`); its prompt and log probabilities are the completions
     API's, which its job input says as chat does."""
@@ -128,8 +137,6 @@ class CompletionRequest(OpenAIRequest, Sampling):
     not_carried = NOT_CARRIED
 
     model: str = Field(min_length=1, max_length=256)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     prompt: str | list[str]
     logprobs: int | None = Field(default=None, ge=0, le=5)
     """The completions API's: log probabilities of this many most likely tokens as well."""
@@ -141,10 +148,6 @@ class CompletionRequest(OpenAIRequest, Sampling):
             raise ValueError("give one prompt (a list of several is not served)")
         return prompt
 
-    @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
-
     def llm_input(self) -> LlmInput:
         """The `llm` job's input, built from this request without validating it again."""
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
@@ -154,7 +157,3 @@ class CompletionRequest(OpenAIRequest, Sampling):
         if self.logprobs is not None:
             values |= {"logprobs": True, "top_logprobs": self.logprobs}
         return LlmInput.model_construct(model=self.model, prompt=prompt, **values)
-
-    def job_input(self) -> dict[str, JsonValue]:
-        """The `llm` job's input as it is stored."""
-        return dict(self.llm_input().record())
