@@ -1,8 +1,8 @@
 """Pub/sub connections of an API process, fanned out to the requests that wait or stream.
 
-Workers publish a notice per event on the events channel (or one JSON array of the
-notices of the events they wrote together), and each job's terminal status notice again,
-with the job, on the ends channel (`jobstore.notices`). The hub always listens for
+Workers publish a line per event on the events channel (one message for the events they
+wrote together), and each job's terminal status notice again, as JSON with the job, on the
+ends channel (`jobstore.notices`). The hub always listens for
 ends (requests that wait for a job's end need nothing else), and for every event only
 while some request follows a job's events, plus `events_linger_s` after the last one:
 an API that serves waiting requests alone never reads the rest. Idle subscribers cost
@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 
 from jobs.errors import Unavailable
 from jobs.models import Event
-from jobstore.notices import Channel, Notice, subscribe
+from jobstore.notices import Channel, Notice, event_lines, event_of, job_of, subscribe
 
 log = logging.getLogger(__name__)
 
@@ -224,24 +224,15 @@ def _dispatch(table: Subscribers[Notice], raw: str) -> None:
 
 
 def _dispatch_events(table: Subscribers[Event | Notice], raw: str) -> None:
-    """Like `_dispatch`, as events (each validated once, whatever its subscribers)."""
-    for notice in _notices(raw):
-        subs = table.get(notice["job_id"])
+    """Each event of a message of the events channel (`jobstore.notices`: a line per event)
+    to the local subscribers of its job, made once whatever its subscribers, its data
+    left as the JSON it came as (`Event.data` decodes it where something reads it)."""
+    for line in event_lines(raw):
+        subs = table.get(job_of(line))
         if subs:
-            event = _event(notice)
+            event = event_of(line)
             for queue in subs:
                 queue.put_nowait(event)
-
-
-def _event(notice: Notice) -> Event:
-    """A notice as an event: not validated, the store's own script wrote it."""
-    return Event(
-        id=notice["id"],
-        job_id=notice["job_id"],
-        type=notice["type"],
-        data=notice["data"],
-        ts=notice["ts"],
-    )
 
 
 def _notices(raw: str) -> list[Notice]:

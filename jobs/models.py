@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
+import orjson
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from jobs.settings import MAX_QUEUE_S, JobPriority, Priority
@@ -26,22 +27,51 @@ class Event:
 
     Not a pydantic model: an API process makes one for every token of every stream it
     serves, from a notice or a stream entry that the store's own script wrote, so there is
-    nothing to validate, and whether it ends its job is worked out once, here."""
+    nothing to validate, and whether it ends its job is worked out once, here. An event
+    read from Redis keeps its data as the JSON it was written as (`raw`) and decodes it
+    only when something reads `data`: a stream that frames events as they are (the job
+    API's SSE, an LLM token's chunk) never decodes them. `text_at`, where not 0, says
+    that the event is a partial whose data is `{"index": i, "text": …}` written by the
+    worker with the text last: its JSON string starts at `raw[text_at]` and ends before
+    the closing brace (`text_literal`)."""
 
-    __slots__ = ("data", "ends", "id", "job_id", "ts", "type")
+    __slots__ = ("_data", "ends", "id", "job_id", "raw", "text_at", "ts", "type")
 
     def __init__(
-        self, *, id: str, job_id: str, type: EventType | str, data: dict[str, Any], ts: float
+        self,
+        *,
+        id: str,
+        job_id: str,
+        type: EventType | str,
+        ts: float,
+        data: dict[str, Any] | None = None,
+        raw: bytes = b"",
+        text_at: int = 0,
     ) -> None:
         self.id = id
         self.job_id = job_id
-        self.type = EventType(type)
-        # As stored: a status, an output, an error, or a pipeline's partial or progress
-        # (`jobs.outputs` has the built-in kinds' shapes; another pipeline has its own).
-        self.data = data
+        self.type = _EVENT_TYPES[type]
+        self._data = data
+        self.raw = raw
+        """The data's JSON as stored (b"" where the event was made from `data`)."""
+        self.text_at = text_at
         self.ts = ts
-        self.ends = ends_job(self.type, data)
+        self.ends = self.type is EventType.STATUS and ends_job(self.type, self.data)
         """Whether this is its job's terminal status event."""
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """As stored: a status, an output, an error, or a pipeline's partial or progress
+        (`jobs.outputs` has the built-in kinds' shapes; another pipeline has its own)."""
+        if self._data is None:
+            self._data = orjson.loads(self.raw)
+        return self._data
+
+    @property
+    def text_literal(self) -> bytes:
+        """A text partial's text as its JSON string literal, quotes and escapes included
+        (b"" for another event)."""
+        return self.raw[self.text_at : -1] if self.text_at else b""
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Event):
@@ -55,6 +85,10 @@ class Event:
         return (
             f"Event(id={self.id!r}, job_id={self.job_id!r}, type={self.type!r}, data={self.data!r})"
         )
+
+
+_EVENT_TYPES: dict[str, EventType] = {t.value: t for t in EventType}
+"""An event type by its value (or itself): faster than `EventType(value)`, once per event."""
 
 
 class JobErrorInfo(BaseModel):

@@ -8,7 +8,7 @@ from typing import Any, cast
 import orjson
 from pydantic import JsonValue
 
-from jobs.models import Event, EventType, Job
+from jobs.models import Event, Job
 
 _JSON_FIELDS = ("input", "output", "error", "metadata", "extra_timings", "webhook", "batch")
 _FLOAT_FIELDS = (
@@ -68,8 +68,8 @@ def event_from_entry(job_id: str, entry_id: str, fields: dict[str, str]) -> Even
     return Event(
         id=entry_id,
         job_id=job_id,
-        type=EventType(fields["type"]),
-        data=orjson.loads(fields["data"]),
+        type=fields["type"],
+        raw=fields["data"].encode(),  # decoded when read (`Event.data`)
         ts=float(fields["ts"]),
     )
 

@@ -9,10 +9,11 @@ NOTICE_JOB_MAX_BYTES = 16_384
 FRONT_MAX = 32
 """Newcomers' messages at the front of a queue list that keep their order (`SUBMIT`)."""
 
-# A status event as JSON, built inside Redis so that its stream id can go into the notice.
-# `data` is JSON text already (decoding and encoding it again here would round its
-# floats: cjson keeps 14 digits). Returns the stream id and the notice without its
-# closing brace (an end notice is published again, with the job, on the ends channel).
+# An event's notice on the events channel is a line of fields (`jobstore.notices`), built
+# inside Redis so that its stream id can go into it; a job's end goes again on the ends
+# channel as JSON, with the job. `data` is JSON text already (decoding and encoding it
+# again here would round its floats: cjson keeps 14 digits). `announce` returns the stream
+# id and the JSON notice without its closing brace.
 _PUBLISH = """
 -- Notices held back until the caller has confirmed the writes (`redis.durability`):
 -- a script sets `held = {}` and returns them; the caller publishes them after.
@@ -30,13 +31,16 @@ local function notice_of(id, job_id, etype, data, ts)
          ',"type":' .. cjson.encode(etype) .. ',"data":' .. data .. ',"ts":' .. ts
 end
 
+local function event_line(id, job_id, etype, data, ts, text_at)
+  return id .. ' ' .. job_id .. ' ' .. etype .. ' ' .. ts .. ' ' .. text_at .. ' ' .. data
+end
+
 local function announce(channel, stream, maxlen, job_id, etype, data, ts, ttl)
   local id = redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
                         'type', etype, 'data', data, 'ts', ts)
   if ttl then redis.call('EXPIRE', stream, ttl) end
-  local notice = notice_of(id, job_id, etype, data, ts)
-  publish(channel, notice .. '}')
-  return id, notice
+  publish(channel, event_line(id, job_id, etype, data, ts, '0'))
+  return id, notice_of(id, job_id, etype, data, ts)
 end
 """
 
@@ -396,19 +400,19 @@ APPEND_EVENTS = (
     _PUBLISH
     + """
 -- KEYS: events stream, job and lease of each event, in threes
--- ARGV: the events channel, the streams' maxlen, then six per event: job id, type, data
+-- ARGV: the events channel, the streams' maxlen, then seven per event: job id, type, data
 --   (JSON text), ts, first_output (the job's first-output time, '' to leave it), lease (the
---   token the event was made under, '' for none). Flat, not one JSON argument: an event's
---   data is JSON already, and decoding it inside a JSON argument would escape it twice
---   (and cost Redis a decode per token).
--- Appends every event to its job's stream and publishes them in one notice: the event
--- alone, or a JSON array of several. An event made under a lease that its job no longer
--- has (it ran out, the job was requeued or ended) is dropped: an abandoned run's events
--- never follow the job's next status. Returns the stream ids ('' for a dropped event).
+--   token the event was made under, '' for none), text_at (`jobstore.notices`). Flat, not
+--   one JSON argument: an event's data is JSON already, and decoding it inside a JSON
+--   argument would escape it twice (and cost Redis a decode per token).
+-- Appends every event to its job's stream and publishes them in one notice: their lines,
+-- one per event. An event made under a lease that its job no longer has (it ran out, the
+-- job was requeued or ended) is dropped: an abandoned run's events never follow the job's
+-- next status. Returns the stream ids ('' for a dropped event).
 local channel, maxlen = ARGV[1], ARGV[2]
-local ids, notices = {}, {}
-for i = 1, (#ARGV - 2) / 6 do
-  local a = 2 + 6 * (i - 1)
+local ids, lines = {}, {}
+for i = 1, (#ARGV - 2) / 7 do
+  local a = 2 + 7 * (i - 1)
   local job_id, etype, data, ts = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   local first_output, lease = ARGV[a + 5], ARGV[a + 6]
   local job = KEYS[3 * i - 1]
@@ -422,17 +426,16 @@ for i = 1, (#ARGV - 2) / 6 do
     local id = redis.call('XADD', KEYS[3 * i - 2], 'MAXLEN', '~', maxlen, '*',
                           'type', etype, 'data', data, 'ts', ts)
     ids[i] = id
-    notices[#notices + 1] = notice_of(id, job_id, etype, data, ts) .. '}'
+    lines[#lines + 1] = event_line(id, job_id, etype, data, ts, ARGV[a + 7])
   end
 end
-if #notices == 1 then
-  redis.call('PUBLISH', channel, notices[1])
-elseif #notices > 1 then
-  redis.call('PUBLISH', channel, '[' .. table.concat(notices, ',') .. ']')
+if #lines > 0 then
+  redis.call('PUBLISH', channel, table.concat(lines, '\\n'))
 end
 return ids
 """
 )
+
 
 GIVE_BACK_LEASE = """
 -- KEYS: lease, running zset; ARGV: token, job_id

@@ -108,6 +108,9 @@ class NewEvent:
     lease_token: str = ""
     """The lease of the run that made it ('' for none): the event is written only while
     its job still has that lease (an abandoned run's late events are dropped)."""
+    text_at: int = 0
+    """Where `data` (bytes) holds an LLM token's text, last, the offset its JSON string
+    starts at: the API relays that text without decoding the event (`Event.text_at`)."""
 
 
 class JobStore(StoreBase):
@@ -289,7 +292,8 @@ class JobStore(StoreBase):
         for e in events:
             first_output = repr(e.ts) if e.first_output else ""
             encoded = e.data if isinstance(e.data, bytes) else dumps(e.data)
-            args += (e.job_id, str(e.type), encoded, repr(e.ts), first_output, e.lease_token)
+            args += (e.job_id, e.type.value, encoded, repr(e.ts), first_output, e.lease_token)
+            args.append(str(e.text_at))
         ids = [str(i) for i in self._append(keys=key_list, args=args)]
         if self.on_event is not None:
             for event_id, e in zip(ids, events, strict=True):

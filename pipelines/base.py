@@ -43,9 +43,10 @@ class BackendLost(Exception):
     runs again (counting an attempt), instead of failing."""
 
 
-TakePartial = Callable[[], tuple[bytes, bool] | None]
+TakePartial = Callable[[], tuple[bytes, bool, int] | None]
 """A request's pending partial output, taken by the worker when it writes next: (one
-partial event's data as JSON, whether it is the job's first output), or None."""
+partial event's data as JSON, whether it is the job's first output, where in the data an
+LLM token's text starts, 0 for none: `jobstore.store.NewEvent.text_at`), or None."""
 Touch = Callable[[], None]
 """Says that a request has pending partial output (`Request.stream`)."""
 

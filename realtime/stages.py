@@ -3,10 +3,8 @@ submitted through the API's job service and followed by its events, so it runs o
 kind's pinned workers, batched with every other job, under the key's quotas and fair share.
 
 A job whose worker dies runs again (its lease expires, the reaper queues it) and streams its
-partial outputs again from the start. A stage hands on each piece once: `Delivered` keeps
-how much of each stream the session has had, and of a new attempt passes on only what goes
-beyond it, so the session hears one answer (a rerun that samples other words goes on from
-where the first stopped).
+partial outputs again from the start. A stage hands on each piece once
+(`jobs.delivery.Delivered`), so the session hears one answer.
 """
 
 from __future__ import annotations
@@ -15,16 +13,16 @@ import base64
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from pydantic import JsonValue
 
+from jobs.delivery import Delivered
 from jobs.errors import MmqError
 from jobs.models import Event, EventType, Job, JobCreate
 from jobs.states import JobStatus
 
 Batches = AsyncGenerator[list[Event] | None, None]
-T = TypeVar("T", str, bytes)
 
 
 class Jobs(Protocol):
@@ -46,36 +44,6 @@ class StageFailed(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-class Delivered:
-    """How much of each stream (a channel: the answer's text, a tool call's arguments, the
-    audio) the session has had, across the attempts of one job."""
-
-    def __init__(self) -> None:
-        self._sent: dict[str, int] = {}
-        self._attempt: dict[str, int] = {}
-
-    def new_attempt(self) -> None:
-        """The job runs again: its streams start over."""
-        self._attempt.clear()
-
-    def take(self, channel: str, piece: T) -> T:
-        """Of `piece` (the next of this attempt's stream), what the session has not had."""
-        start = self._attempt.get(channel, 0)
-        end = start + len(piece)
-        self._attempt[channel] = end
-        sent = self._sent.get(channel, 0)
-        if end <= sent:
-            return piece[:0]
-        self._sent[channel] = end
-        return piece[max(0, sent - start) :]
-
-    def rest(self, channel: str, whole: T) -> T:
-        """Of the stream's whole value (a job's output), what the session has not had."""
-        sent = self._sent.get(channel, 0)
-        self._sent[channel] = max(sent, len(whole))
-        return whole[sent:]
 
 
 @dataclass

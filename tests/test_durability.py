@@ -6,7 +6,6 @@ workers, the reaper.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from harness.inprocess import inprocess_settings, serve_in_process
 from host.redis_server import RedisServer, server_binary
 from jobs import keys
 from jobs.settings import RedisSettings
+from jobstore import notices
 from jobstore.durability import server_problem
 from tuning.deployment import REPO, wait_until
 
@@ -260,7 +260,9 @@ def test_an_end_is_announced_only_once_its_writes_are_confirmed(tmp_path: Path) 
                 with pytest.raises(NotDurable, match=f"the end of job {job.id} was written"):
                     store.apply(end)
             message = listener.get_message(timeout=30)
-            assert message and json.loads(message["data"])["data"]["status"] == "succeeded"
+            assert message
+            (event,) = [notices.event_of(line) for line in notices.event_lines(message["data"])]
+            assert event.job_id == job.id and event.data["status"] == "succeeded"
             heard[level] = time.monotonic() - started
             listener.close()
         assert heard["memory"] < 30 and heard["replica"] >= 0.9, heard

@@ -12,12 +12,12 @@ from starlette.websockets import WebSocketDisconnect
 
 from api.app import create_app
 from harness.inprocess import inprocess_settings
+from jobs.delivery import Delivered
 from jobs.errors import InputError
 from jobstore.api_keys import create_key
 from realtime import config as cfg
 from realtime.conversation import Conversation, parse_item
 from realtime.sentences import Sentences, speakable
-from realtime.stages import Delivered
 from realtime.timing import TurnTimes
 
 

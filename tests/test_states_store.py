@@ -21,7 +21,7 @@ from jobs.models import EventType, Job, WebhookSpec
 from jobs.schemas.llm_options import LlmOptions
 from jobs.settings import PipelineConfig, Settings, load_settings
 from jobs.states import TRANSITIONS, InvalidTransition, JobStatus, check_transition
-from jobstore import operations
+from jobstore import notices, operations
 from jobstore.changes import ALL_FIELDS, Lease, transition
 from jobstore.codec import job_from_fields, job_to_fields
 from jobstore.lua import NOTICE_JOB_MAX_BYTES
@@ -172,7 +172,15 @@ def _end_notices(store: JobStore, job: Job) -> dict[str, dict[str, Any]]:
         deadline = time.monotonic() + 5
         while len(found) < 2 and time.monotonic() < deadline:
             message = pubsub.get_message(timeout=1)
-            notice: dict[str, Any] = json.loads(message["data"]) if message else {}
+            if message is None:
+                continue
+            notice: dict[str, Any]
+            if message["channel"] == keys.EVENTS_CHANNEL:  # a line per event
+                (event,) = [notices.event_of(line) for line in notices.event_lines(message["data"])]
+                notice = {"id": event.id, "job_id": event.job_id, "type": event.type}
+                notice |= {"data": event.data}
+            else:
+                notice = json.loads(message["data"])
             if notice.get("job_id") == job.id and notice["type"] == "status":
                 found[message["channel"]] = notice
     finally:

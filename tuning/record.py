@@ -30,12 +30,11 @@ from pydantic import JsonValue
 from common.redis_client import connect
 from jobs.errors import InputError
 from jobs.filerefs import file_ref_fields
-from jobs.models import Job
+from jobs.models import EventType, Job
 from jobs.schemas import schema_for
 from jobs.settings import Settings
 from jobstore import notices
 from jobstore.job_lookup import JobLookup
-from jobstore.notices import Notice
 from storage.factory import make_storage
 from storage.fetch import InputFetcher
 from tuning.workload import UPLOAD_PREFIX
@@ -173,11 +172,8 @@ def record(
 
 
 def _queued(raw: str) -> list[str]:
-    """The ids of the jobs whose `queued` event a notice (or array of notices) carries."""
-    parsed: Notice | list[Notice] = json.loads(raw)
-    found = parsed if isinstance(parsed, list) else [parsed]
+    """The ids of the jobs whose `queued` event a message of the events channel carries."""
+    events = [notices.event_of(line) for line in notices.event_lines(raw)]
     return [
-        str(n["job_id"])
-        for n in found
-        if n.get("type") == "status" and n.get("data", {}).get("status") == "queued"
+        e.job_id for e in events if e.type is EventType.STATUS and e.data.get("status") == "queued"
     ]

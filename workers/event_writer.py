@@ -26,6 +26,7 @@ import redis
 from jobs.models import EventType, WebhookSpec
 from jobs.outputs import PartialData
 from jobstore.store import JobStore, NewEvent
+from pipelines.base import TakePartial
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +38,6 @@ MAX_BATCH = 512
 RETRIES_S = (0.1, 0.5, 1.0, 2.0)
 """Waits before writing a batch again after a Redis error; then it is dropped (logged)."""
 
-Take = Callable[[], "tuple[bytes, bool] | None"]
-"""A stream's pending partial output: (one partial event's data as JSON, whether it is the
-job's first output), or None where nothing is pending."""
 Touch = Callable[[], None]
 """Says that a stream has pending output (`EventWriter.stream`)."""
 
@@ -47,7 +45,7 @@ Touch = Callable[[], None]
 @dataclass(eq=False, slots=True)
 class _Stream:
     job_id: str
-    take: Take
+    take: TakePartial
     webhook: WebhookSpec | None
     lease_token: str
     queued: bool = False
@@ -57,9 +55,15 @@ class _Stream:
         taken = self.take()
         if taken is None:
             return None
-        data, first = taken
+        data, first, text_at = taken
         return NewEvent(
-            self.job_id, EventType.PARTIAL, data, first, self.webhook, lease_token=self.lease_token
+            self.job_id,
+            EventType.PARTIAL,
+            data,
+            first,
+            self.webhook,
+            lease_token=self.lease_token,
+            text_at=text_at,
         )
 
 
@@ -95,7 +99,7 @@ class EventWriter:
                 self._cv.notify_all()
 
     def stream(
-        self, job_id: str, take: Take, webhook: WebhookSpec | None, lease_token: str = ""
+        self, job_id: str, take: TakePartial, webhook: WebhookSpec | None, lease_token: str = ""
     ) -> Touch:
         """A job's stream of partial outputs: call the returned `touch` after each piece
         its pipeline keeps for writing; the writer calls `take` when it writes next (on

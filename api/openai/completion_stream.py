@@ -11,7 +11,9 @@ the API more CPU than the rest of what it does for one.
 
 A job that runs again (its worker died, or stopped and handed it back) streams its text
 from the start again: of each choice's text only what goes beyond what was sent is sent
-(`realtime.stages.Delivered`), so the client reads it once.
+(`jobs.delivery.Delivered`), so the client reads it once. A token's event comes with its
+text as the JSON string the worker wrote (`Event.text_literal`); its frame is that string
+spliced into the chunk, and neither the event nor the text is decoded.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ from api.openai.completion_models import (
     call_delta,
 )
 from api.openai.protocol import SSE_DONE, sse
+from jobs.delivery import Delivered
 from jobs.models import Event, EventType, Job
 from jobs.states import JobStatus
-from realtime.stages import Delivered
 
 MARK = "\x00"
 """Stands in for a delta's text in its chunk's JSON."""
@@ -58,6 +60,10 @@ class TextDelta:
 
     def __call__(self, text: str) -> bytes:
         return self.head + orjson.dumps(text) + self.tail
+
+    def literal(self, literal: bytes) -> bytes:
+        """The frame of a text given as its JSON string literal (not decoded)."""
+        return self.head + literal + self.tail
 
 
 class _Chunks(ABC):
@@ -99,6 +105,10 @@ class _Chunks(ABC):
     def text(self, text: str) -> bytes:
         """The frame of choice 0's next text, alone."""
         return self._text(0)(text)
+
+    def text_literal(self, literal: bytes) -> bytes:
+        """As `text`, for the text as its JSON string literal."""
+        return self._text(0).literal(literal)
 
 
 class ChatChunks(_Chunks):
@@ -188,12 +198,17 @@ class CompletionEvents:
         self.ran = False
 
     def __call__(self, event: Event) -> Sequence[bytes]:
-        data = event.data
-        if event.type is EventType.PARTIAL and 0 in self.started and _text_alone(data):
-            # The frame of nearly every event: choice 0's next text, spliced into its chunk.
+        if event.text_at and 0 in self.started:
+            # The frame of nearly every event: choice 0's next text, as the worker wrote
+            # it (a JSON string), spliced into its chunk: nothing decoded, nothing made.
             self.ran = True
-            new = self.delivered.take("text:0", data["text"])
-            return (self.view.text(new),) if new else ()
+            new = self.delivered.take_literal("text:0", event.text_literal)
+            return (self.view.text_literal(new),) if new else ()
+        if event.type is EventType.PARTIAL and 0 in self.started and _text_alone(event.data):
+            # One read back from the job's stream (a replay): decoded.
+            self.ran = True
+            text = self.delivered.take("text:0", event.data["text"])
+            return (self.view.text(text),) if text else ()
         return list(self._frames(event))
 
     def _frames(self, event: Event) -> Iterator[bytes]:

@@ -8,7 +8,7 @@ The events are made from the job's stored event log alone, each with its
 `sequence_number`, so that the same job always gives the same events: a stream resumed
 with `starting_after` replays the log and sends only the events after that number. A job
 that runs again (its worker died) streams its text from the start again; only what goes
-beyond what was sent is sent (`realtime.stages.Delivered`), so the response's text is
+beyond what was sent is sent (`jobs.delivery.Delivered`), so the response's text is
 streamed once.
 """
 
@@ -22,10 +22,10 @@ import orjson
 
 from api.openai import response_objects as objects
 from api.openai.response_objects import FunctionCallItem, MessageItem, OutputText
+from jobs.delivery import Delivered
 from jobs.models import Event, EventType, Job, JobErrorInfo
 from jobs.states import JobStatus
 from jobstore.responses import ResponseRecord
-from realtime.stages import Delivered
 
 TEXT = "text"
 
@@ -66,7 +66,12 @@ class ResponseEvents:
         if event.type is EventType.PARTIAL:
             self.ran = True
             yield from self._running()
-            yield from self._partial(event.data)
+            if event.text_at:  # a token's text as the worker wrote it: relayed, not decoded
+                literal = self.delivered.take_literal(TEXT, event.text_literal)
+                if literal:
+                    yield from self._text(orjson.Fragment(literal))
+            else:
+                yield from self._partial(event.data)
         elif event.type is EventType.OUTPUT:
             yield from self._running()
             yield from self._output(event.data)
@@ -118,7 +123,7 @@ class ResponseEvents:
                     "delta": piece,
                 }
 
-    def _text(self, text: str) -> Iterator[dict[str, Any]]:
+    def _text(self, text: str | orjson.Fragment) -> Iterator[dict[str, Any]]:
         if self.message is None:
             item = MessageItem(id=objects.message_id(self.job.id), status="in_progress", content=[])
             self.message = (self._next_output(), item)

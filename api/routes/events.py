@@ -31,17 +31,26 @@ broke the stream), in ASCII digits (`\\d` would take any Unicode digit, and so w
 client that generates values from the published pattern)."""
 EVENT_ID_RULE = "must be an event id, two numbers of up to 19 digits (1732700000000-0)"
 WS_POLICY_VIOLATION = 1008
-SSE_KEEPALIVE = ": keep-alive\n\n"
+SSE_KEEPALIVE = b": keep-alive\n\n"
 
 
-def _sse(event: Event) -> tuple[str]:
-    return (f"id: {event.id}\nevent: {event.type.value}\ndata: {_json(event)[0]}\n\n",)
+def _sse(event: Event) -> tuple[bytes]:
+    return (
+        b"id: %s\nevent: %s\ndata: %s\n\n"
+        % (event.id.encode(), event.type.encode(), _json_bytes(event)),
+    )
 
 
 def _json(event: Event) -> tuple[str]:
     """The event as JSON (`jobs.wire.JobEvent`)."""
-    fields = {"id": event.id, "job_id": event.job_id, "type": event.type, "data": event.data}
-    return (orjson.dumps({**fields, "ts": event.ts}).decode(),)
+    return (_json_bytes(event).decode(),)
+
+
+def _json_bytes(event: Event) -> bytes:
+    """The event as JSON, its data as it came from Redis where it did (not decoded)."""
+    data = orjson.Fragment(event.raw) if event.raw else event.data
+    fields = {"id": event.id, "job_id": event.job_id, "type": event.type, "data": data}
+    return orjson.dumps({**fields, "ts": event.ts})
 
 
 @router.get(
@@ -71,7 +80,7 @@ async def job_events(
             _sse,
             after=last_event_id or after,
             keepalive=SSE_KEEPALIVE,
-            join="".join,
+            join=b"".join,
             revoked=Revocation.of(keys.watch, caller.key_id, SSE_REVOKED),
         ),
     )
@@ -119,7 +128,7 @@ async def job_ws(
 
 SSE_REVOKED = (
     f"event: error\ndata: {json.dumps(error_body('api_key_revoked', REVOKED_MESSAGE))}\n\n"
-)
+).encode()
 """The last frame of an event stream whose key was revoked."""
 _WS_REVOKED = json.dumps(error_body("api_key_revoked", REVOKED_MESSAGE))
 

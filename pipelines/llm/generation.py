@@ -66,14 +66,15 @@ class Generation:
         self.request.partial(self.choices.add(delta))
         return True
 
-    def take(self) -> tuple[bytes, bool] | None:
+    def take(self) -> tuple[bytes, bool, int] | None:
         """The text not written yet as one partial event's data (`jobs.outputs.LlmDelta`,
-        its `index` the first pending delta's), and whether it is the job's first output."""
+        its `index` the first pending delta's, its text last), whether it is the job's
+        first output, and where in the data the text's JSON string starts."""
         with self._lock:
             if not self._pending:
                 return None
             pending, self._pending = self._pending, []
             index, self._pending_index = self._pending_index, self._first.deltas
         first, self._wrote = not self._wrote, True
-        text = orjson.dumps("".join(pending))
-        return b'{"index":%d,"text":%b}' % (index, text), first
+        head = b'{"index":%d,"text":' % index
+        return head + orjson.dumps("".join(pending)) + b"}", first, len(head)
