@@ -226,13 +226,34 @@ def _dispatch(table: Subscribers[Notice], raw: str) -> None:
 def _dispatch_events(table: Subscribers[Event | Notice], raw: str) -> None:
     """Each event of a message of the events channel (`jobstore.notices`: a line per event)
     to the local subscribers of its job, made once whatever its subscribers, its data
-    left as the JSON it came as (`Event.data` decodes it where something reads it)."""
+    left as the JSON it came as (`Event.data` decodes it where something reads it). A
+    line that cannot be read is logged and skipped; the others still go."""
+    if raw[:1] in ("{", "["):  # JSON notices: a worker of an mmq before the lines (an upgrade)
+        for notice in _notices(raw):
+            for queue in table.get(notice["job_id"], ()):
+                queue.put_nowait(_legacy_event(notice))
+        return
     for line in event_lines(raw):
-        subs = table.get(job_of(line))
-        if subs:
+        try:
+            subs = table.get(job_of(line))
+            if not subs:
+                continue
             event = event_of(line)
-            for queue in subs:
-                queue.put_nowait(event)
+        except (ValueError, IndexError):
+            log.exception("event hub: cannot read an event's line %r", line[:200])
+            continue
+        for queue in subs:
+            queue.put_nowait(event)
+
+
+def _legacy_event(notice: Notice) -> Event:
+    return Event(
+        id=notice["id"],
+        job_id=notice["job_id"],
+        type=notice["type"],
+        data=notice["data"],
+        ts=notice["ts"],
+    )
 
 
 def _notices(raw: str) -> list[Notice]:

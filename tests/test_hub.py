@@ -206,3 +206,39 @@ def test_notices_are_read_as_json_whatever_their_spacing_or_key_order(
 
     [end] = asyncio.run(main())
     assert end["id"] == "2-0" and end["job_id"].startswith("job_hub")
+
+
+def test_event_lines_reach_their_jobs_followers_past_a_bad_line_and_json_notices_too(
+    redis_url: str, store: JobStore
+) -> None:
+    """One message holds a line per event (`jobstore.notices`); a line that cannot be read
+    is skipped, not the message; a JSON notice (a worker of an earlier mmq, during an
+    upgrade) still reaches the job's followers."""
+
+    async def main() -> list[Event | Notice]:
+        async with _hub(redis_url, 5.0) as hub:
+            job = _put(store)
+            async with hub.subscribe(job.id) as queue:
+                lines = [
+                    f'1-1 {job.id} partial 1.5 18 {{"index":0,"text":"a b\\n"}}',
+                    "not a line",
+                    '1-2 job_other partial 1.5 0 {"index":0,"text":"x"}',
+                    f'1-3 {job.id} progress 1.6 0 {{"step":1}}',
+                ]
+                store.r.publish(keys.EVENTS_CHANNEL, "\n".join(lines))
+                old = {"id": "1-4", "job_id": job.id, "type": "status", "ts": 2.0}
+                store.r.publish(
+                    keys.EVENTS_CHANNEL, json.dumps([old | {"data": {"status": "succeeded"}}])
+                )
+                return await _until(queue, _succeeded)
+
+    got = asyncio.run(main())
+    events = [e for e in got if isinstance(e, Event)]
+    assert [(e.id, e.type) for e in events] == [
+        ("1-1", "partial"),
+        ("1-3", "progress"),
+        ("1-4", "status"),
+    ]
+    token = events[0]
+    assert token.text_literal == b'"a b\\n"' and token.data == {"index": 0, "text": "a b\n"}
+    assert token.ts == 1.5 and events[1].data == {"step": 1} and events[2].ends
