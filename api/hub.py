@@ -240,7 +240,7 @@ def _dispatch_events(table: Subscribers[Event | Notice], raw: str) -> None:
                 continue
             event = event_of(line)
         except (ValueError, IndexError):
-            log.exception("event hub: cannot read an event's line %r", line[:200])
+            log.exception("event hub: cannot read an event's line %r", b" ".join(line)[:200])
             continue
         for queue in subs:
             queue.put_nowait(event)

@@ -44,21 +44,21 @@ class Notice(TypedDict, total=False):
     job: dict[str, str]
 
 
-def event_lines(message: str | bytes) -> list[bytes]:
+def event_lines(message: str | bytes) -> list[list[bytes]]:
     """The lines of one message of the events channel, one per event, in the order
-    written (`event_of` reads one)."""
+    written, each split into its fields (`job_of` and `event_of` read them)."""
     text = message.encode() if isinstance(message, str) else message
-    return text.split(b"\n")
+    return [line.split(b" ", 5) for line in text.split(b"\n")]
 
 
-def job_of(line: bytes) -> str:
-    """The job an event's line belongs to, read without the rest."""
-    return line.split(b" ", 2)[1].decode()
+def job_of(line: list[bytes]) -> str:
+    """The job an event's line belongs to."""
+    return line[1].decode()
 
 
-def event_of(line: bytes) -> Event:
+def event_of(line: list[bytes]) -> Event:
     """One event's line, its data left as JSON (decoded when read)."""
-    event_id, job_id, etype, ts, text_at, data = line.split(b" ", 5)
+    event_id, job_id, etype, ts, text_at, data = line
     return Event(
         id=event_id.decode(),
         job_id=job_id.decode(),
