@@ -47,9 +47,8 @@ async def follow(
     notices = joined if joined is not None else await hub.join(job_id)
     try:
         if joined is None:
-            batch = _after(await store.events(job_id, after), last)
+            batch, last = _after(await store.events(job_id, after), last)
             if batch:
-                last = stream_id_key(batch[-1].id)
                 yield batch
                 if batch[-1].ends:
                     return
@@ -66,14 +65,13 @@ async def follow(
                     quiet += 1
                 else:  # RESYNC: the hub lost its connection, notices may be missing
                     batch += await store.events(job_id, f"{last[0]}-{last[1]}")
-            batch = _after(batch, last)
+            batch, last = _after(batch, last)
             if not batch:
                 if quiet >= QUIET_TICKS:
                     quiet = 0
                     yield KEEPALIVE
                 continue
             quiet = 0
-            last = stream_id_key(batch[-1].id)
             yield batch
             if batch[-1].ends:
                 return
@@ -81,9 +79,12 @@ async def follow(
         hub.leave(job_id, notices)
 
 
-def _after(events: list[Event], last: StreamKey) -> list[Event]:
+def _after(events: list[Event], last: StreamKey) -> tuple[list[Event], StreamKey]:
     """The events after `last`, without duplicates, in stream order, cut after the job's
-    end."""
+    end; and the last one's key (`last` where there is none)."""
+    if len(events) == 1:  # nearly every batch of a live stream: one event of one write
+        key = stream_id_key(events[0].id)
+        return (events, key) if key > last else ([], last)
     keyed = [(key, e) for e in events if (key := stream_id_key(e.id)) > last]
     if len(keyed) > 1:
         keyed.sort(key=lambda pair: pair[0])
@@ -96,4 +97,4 @@ def _after(events: list[Event], last: StreamKey) -> list[Event]:
         seen = key
         if event.ends:
             break
-    return out
+    return out, seen
