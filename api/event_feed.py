@@ -54,9 +54,7 @@ async def follow(
                     return
         quiet = 0
         while True:
-            arrived = [await notices.get()]  # no timeout per wait: the hub's ticks
-            while not notices.empty():
-                arrived.append(notices.get_nowait())
+            arrived = await notices.take()  # no timeout per wait: the hub's ticks
             batch = []
             for notice in arrived:
                 if isinstance(notice, Event):
