@@ -5,13 +5,17 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
+import resource
 import statistics
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import redis
 
 from common.stats import percentile
 from tuning.load import Call, RequestResult, closed_loop, timed
@@ -79,6 +83,25 @@ async def measure(target: str, call: Call, requests: int, concurrency: int) -> L
 
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def own_cpu_s() -> float:
+    """This process's CPU time so far (user and system), in seconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def redis_cpu_s(client: redis.Redis) -> float:
+    """The Redis server's CPU time so far (`INFO cpu`), in seconds."""
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def write_runs(out: Path, meta: dict[str, Any], runs: list[dict[str, Any]]) -> None:
+    """A bench's runs and `run_meta` as its JSON at `out`, said."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 def run_meta(**extra: Any) -> dict[str, Any]:

@@ -16,7 +16,6 @@ appends each event to its job's stream can go under.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 import redis
 
-from bench.common import run_meta
+from bench.common import redis_cpu_s, run_meta, write_runs
 from host.redis_server import RedisServer
 from jobs import keys
 from jobs.models import EventType
@@ -32,11 +31,6 @@ from jobs.settings import Settings
 from jobstore.store import JobStore, NewEvent
 
 DEFAULT_OUT = Path("bench/results/redis_floor.json")
-
-
-def _redis_cpu_s(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
 def _data(n: int) -> bytes:
@@ -81,10 +75,10 @@ def run(url: str, args: argparse.Namespace, tag: str) -> dict[str, float]:
     out: dict[str, float] = {}
     ways: dict[str, Callable[[int], None]] = {"script": script, "xadd": xadds, "set": sets}
     for name, write in ways.items():
-        before = _redis_cpu_s(client)
+        before = redis_cpu_s(client)
         for n in range(args.writes):
             write(n)
-        spent = _redis_cpu_s(client) - before
+        spent = redis_cpu_s(client) - before
         out[f"{name}_us_per_event"] = round(spent / (args.writes * len(jobs)) * 1e6, 2)
     listener.close()
     return out
@@ -110,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             f" {row['set_us_per_event']} µs"
         )
     meta = run_meta(events_per_write=args.events_per_write, writes=args.writes)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_runs(args.out, meta, runs)
     return 0
 
 

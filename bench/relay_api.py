@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
-import resource
 import tempfile
 import time
 from pathlib import Path
@@ -37,7 +35,7 @@ import uvloop
 from api.event_feed import follow
 from api.hub import EventHub
 from api.openai.completion_stream import ChatChunks, CompletionEvents
-from bench.common import run_meta
+from bench.common import own_cpu_s, redis_cpu_s, run_meta, write_runs
 from host.redis_server import RedisServer
 from jobs.models import EventType, Job
 from jobs.schemas.llm import LlmInput
@@ -49,16 +47,6 @@ from workers.event_writer import EventWriter
 DEFAULT_OUT = Path("bench/results/relay_api.json")
 TOKEN = ' to"ké'
 """Each token's text: a quote to escape and a character outside ASCII."""
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _redis_cpu_s(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
 class _Request:
@@ -132,11 +120,11 @@ async def _follow_all(
     worker = multiprocessing.get_context("spawn").Process(
         target=_worker, args=(redis_url, job_ids, args.tokens, args.step_ms / 1000)
     )
-    cpu0, redis0, t0 = _cpu_s(), _redis_cpu_s(sync), time.monotonic()
+    cpu0, redis0, t0 = own_cpu_s(), redis_cpu_s(sync), time.monotonic()
     worker.start()
     await asyncio.gather(*(one(j, q) for j, q in zip(job_ids, queues, strict=True)))
     wall = time.monotonic() - t0
-    cpu, redis_cpu = _cpu_s() - cpu0, _redis_cpu_s(sync) - redis0
+    cpu, redis_cpu = own_cpu_s() - cpu0, redis_cpu_s(sync) - redis0
     worker.join(30)
     await hub.stop()
     await client.aclose()
@@ -192,9 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             f" per frame); {row['streams_whole']}/{args.streams} streams whole"
         )
     meta = run_meta(streams=args.streams, tokens=args.tokens, step_ms=args.step_ms)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_runs(args.out, meta, runs)
     return 0
 
 

@@ -16,8 +16,6 @@ deployment.
 from __future__ import annotations
 
 import argparse
-import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -29,7 +27,7 @@ from typing import Any
 import httpx
 import redis
 
-from bench.common import run_meta
+from bench.common import own_cpu_s, redis_cpu_s, run_meta, write_runs
 from common.procs import free_port
 from host.redis_server import RedisServer
 from jobs.models import EventType
@@ -41,16 +39,6 @@ from workers.engine import WorkItem
 from workers.event_writer import EventWriter
 
 DEFAULT_OUT = Path("bench/results/relay_path.json")
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _redis_cpu_s(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
 def _engine(port: int, step_ms: float, interval: int) -> subprocess.Popen[bytes]:
@@ -93,14 +81,14 @@ def run(args: argparse.Namespace, redis_url: str, engine_url: str) -> dict[str, 
     )
     items = [_item(f"job_r{i}_{time.monotonic_ns()}", inp, writer) for i in range(args.streams)]
     threads = [threading.Thread(target=pipeline.run, args=([item],)) for item in items]
-    cpu0, redis0, t0 = _cpu_s(), _redis_cpu_s(client), time.monotonic()
+    cpu0, redis0, t0 = own_cpu_s(), redis_cpu_s(client), time.monotonic()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     writer.flush()
     wall = time.monotonic() - t0
-    cpu, redis_cpu = _cpu_s() - cpu0, _redis_cpu_s(client) - redis0
+    cpu, redis_cpu = own_cpu_s() - cpu0, redis_cpu_s(client) - redis0
     writer.stop()
     pipeline.unload()
     failed = [i.job_id for i in items if i.outcome is None or i.outcome.status != "succeeded"]
@@ -145,9 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         step_ms=args.step_ms,
         stream_interval=args.stream_interval,
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_runs(args.out, meta, runs)
     return 0
 
 

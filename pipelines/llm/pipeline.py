@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from typing import BinaryIO
 
 from jobs.outputs import LlmOutput, LlmUsage, PartialData
 from jobs.schemas.llm import LlmInput
@@ -177,7 +178,11 @@ class LlmPipeline(SimplePipeline[LlmInput]):
         path, body = request_body(inp.record(), model)
         if inp.messages is not None:  # image parts named by file key or URL go inline
             limit = self.settings.limits.llm_max_image_bytes
-            body["messages"] = inline_images(body["messages"], request.files.open_input, limit)
+
+            def open_input(ref: str, field: str) -> BinaryIO:  # the files, where there are any
+                return request.files.open_input(ref, field)
+
+            body["messages"] = inline_images(body["messages"], open_input, limit)
         with self._slots:
             restarts = self.server.restarts
             generation = Generation(request)
