@@ -56,9 +56,20 @@ model = {sd}
 """Each built-in kind's pipeline on its tiny model (`pipeline_toml`)."""
 KIND_NAMES = ("llm", "image", "asr", "tts")
 
-VLLM_TEST_OPTIONS: dict[str, JsonValue] = {"engine": "vllm", "extra_args": ["--enforce-eager"]}
+VLLM_CACHE = Path(__file__).resolve().parents[1] / "build" / "vllm-cache"
+"""vLLM's cache root (`VLLM_CACHE_ROOT`) for every engine the tests start, kept across
+engine starts and test runs (`make clean` removes `build/`), as a host keeps its own across
+restarts. What vLLM keeps there here is its inspection of the model's class, keyed by a
+hash of its source; where it is missing (a fresh data directory: every deployment of the
+tests) vLLM runs that inspection in a process of its own, importing vLLM and torch once
+more, about 14 CPU-s of every start on two cores."""
+VLLM_TEST_OPTIONS: dict[str, JsonValue] = {
+    "engine": "vllm",
+    "extra_args": ["--enforce-eager"],
+    "cache_root": str(VLLM_CACHE),
+}
 """The real vLLM (its CPU build) as the tests run it: `--enforce-eager` skips the
-torch.compile warm-up, most of a start on two cores."""
+torch.compile warm-up, most of a start on two cores; its cache in `VLLM_CACHE`."""
 VLLM_TEST_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 """With it vLLM runs its model worker inside its engine core process instead of a third
 process: 25 s to a first answer here instead of 36 (one interpreter and its imports

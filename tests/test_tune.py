@@ -17,7 +17,7 @@ import redis
 from typer.testing import CliRunner
 
 from harness.api_client import Api
-from harness.kinds import VLLM_TEST_ENV
+from harness.kinds import VLLM_CACHE, VLLM_TEST_ENV
 from harness.models.llm import cached_tiny_llm
 from host.launcher import mmq_command
 from jobs import keys
@@ -335,6 +335,7 @@ max_inflight = 8
 max_num_seqs = 2              # the knob to tune
 max_num_batched_tokens = 256
 extra_args = ["--enforce-eager"]
+cache_root = {cache_root}
 """
 
 
@@ -347,7 +348,9 @@ def test_a_vllm_tune_restarts_the_engine_for_each_point_and_picks_from_its_table
     winner, if one is called, is the table's best, and it is what is written."""
     model = cached_tiny_llm(tmp_path_factory)
     config = tmp_path / "mmq.toml"
-    config.write_text(VLLM_TUNE.format(model=json.dumps(str(model))))
+    config.write_text(
+        VLLM_TUNE.format(model=json.dumps(str(model)), cache_root=json.dumps(str(VLLM_CACHE)))
+    )
     before = config.read_text()
     done = _tune(
         tmp_path, "llm", "--config", "mmq.toml", "--slo", "p95=30s",
