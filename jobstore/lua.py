@@ -13,7 +13,7 @@ FRONT_MAX = 32
 # inside Redis so that its stream id can go into it; a job's end goes again on the ends
 # channel as JSON, with the job. `data` is JSON text already (decoding and encoding it
 # again here would round its floats: cjson keeps 14 digits). `announce` returns the stream
-# id and the JSON notice without its closing brace.
+# id; `notice_of` makes an end's JSON notice, without its closing brace, only for an end.
 _PUBLISH = """
 -- Notices held back until the caller has confirmed the writes (`redis.durability`):
 -- a script sets `held = {}` and returns them; the caller publishes them after.
@@ -40,7 +40,7 @@ local function announce(channel, stream, maxlen, job_id, etype, data, ts, ttl)
                         'type', etype, 'data', data, 'ts', ts)
   if ttl then redis.call('EXPIRE', stream, ttl) end
   publish(channel, event_line(id, job_id, etype, data, ts, '0'))
-  return id, notice_of(id, job_id, etype, data, ts)
+  return id
 end
 """
 
@@ -324,8 +324,7 @@ local function transition(K, a)
     end
   end
   if ttl then redis.call('EXPIRE', K[1], ttl) end
-  local id, notice = announce(a.channel, K[2], a.maxlen, a.job_id, 'status', a.event, a.now,
-                              ttl)
+  local id = announce(a.channel, K[2], a.maxlen, a.job_id, 'status', a.event, a.now, ttl)
   local function held_json()
     if held and #held > 0 then return cjson.encode(held) end
     return ''
@@ -343,7 +342,7 @@ local function transition(K, a)
   if ttl then
     local job = ''
     if size <= NOTICE_JOB_MAX_BYTES then job = ',"job":' .. cjson.encode(fields) end
-    publish(a.ends_channel, notice .. job .. '}')
+    publish(a.ends_channel, notice_of(id, a.job_id, 'status', a.event, a.now) .. job .. '}')
   end
   if #a.read_back == 0 then return {'ok', id, pre_id, held_json()} end
   if a.read_back[1] == '*' then return {'ok', id, pre_id, held_json(), unpack(flat)} end

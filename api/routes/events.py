@@ -18,6 +18,7 @@ from api.deps import Follows, Service
 from api.error_handlers import error_body
 from api.follows import TooManyStreams
 from api.key_watch import REVOKED_MESSAGE, while_key_lives
+from api.openai.protocol import SSE_KEEPALIVE
 from api.service import JobService
 from api.streaming import Revocation, stream_job
 from jobs.errors import MmqError, NotFound, Unauthorized
@@ -31,7 +32,6 @@ broke the stream), in ASCII digits (`\\d` would take any Unicode digit, and so w
 client that generates values from the published pattern)."""
 EVENT_ID_RULE = "must be an event id, two numbers of up to 19 digits (1732700000000-0)"
 WS_POLICY_VIOLATION = 1008
-SSE_KEEPALIVE = b": keep-alive\n\n"
 
 
 def _sse(event: Event) -> tuple[bytes]:
