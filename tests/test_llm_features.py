@@ -273,10 +273,15 @@ def test_a_shared_prefix_is_read_from_vllms_prefix_cache(
 
     def hit_ratio(prompts: list[str]) -> float:
         before = _prefix_cache(features.dep)
+        looked_up = 0
         for prompt in prompts:
-            oai.completions.create(model="base", prompt=prompt, max_tokens=1,
-                                   extra_body={"cache": False})  # fmt: skip
-        looked_up = len(prompts) * 1000  # at least: each prompt is over 1,000 tokens
+            answer = oai.completions.create(model="base", prompt=prompt, max_tokens=1,
+                                            extra_body={"cache": False})  # fmt: skip
+            assert answer.usage is not None and answer.usage.prompt_tokens > 1000
+            looked_up += answer.usage.prompt_tokens
+        # The worker reads the engine's counters every second: wait until the readings hold
+        # every prompt's lookup (each looks up all its tokens), not just some, or the rest
+        # would be counted in the next call's window.
         wait_until(lambda: _prefix_cache(features.dep)[0] - before[0] >= looked_up, timeout_s=30)
         after = _prefix_cache(features.dep)
         return (after[1] - before[1]) / (after[0] - before[0])
