@@ -40,6 +40,14 @@ from jobstore.store import AsyncJobStore
 from security.netguard import NetPolicy, check_url
 from telemetry import tracing
 
+WEBHOOKS_OFF = (
+    "webhooks are not enabled here: the deployment signs them with webhooks.secret "
+    "(MMQ_WEBHOOKS__SECRET), which is not set; a receiver on a private or loopback address "
+    "also needs net.allow_private_addresses (MMQ_NET__ALLOW_PRIVATE_ADDRESSES=true)"
+)
+"""A job's webhook where the deployment has no signing secret: the two settings a local
+receiver needs, named at once."""
+
 
 class Validated(NamedTuple):
     pipeline: str
@@ -276,7 +284,7 @@ class JobService:
     async def check_webhook(self, url: str) -> None:
         """InputError unless webhooks are on and `url` may be called."""
         if not self.settings.webhooks.secret:
-            raise InputError("webhook", "webhooks are not enabled here (no signing secret)")
+            raise InputError("webhook", WEBHOOKS_OFF)
         policy = NetPolicy.from_settings(self.settings.net)
         await asyncio.to_thread(check_url, url, "webhook.url", policy)
 

@@ -38,6 +38,15 @@ _SPECIAL = (
 )
 
 
+ALLOW_PRIVATE = (
+    "a deployment that trusts its network lets such addresses through with "
+    "net.allow_private_addresses, MMQ_NET__ALLOW_PRIVATE_ADDRESSES=true, or names them "
+    "in net.allowed_networks"
+)
+"""The setting that would let a refused address through, said with every refusal: a
+webhook receiver or input URL on the deployment's own network is refused until it is set."""
+
+
 class AddressRefused(Exception):
     """A host that resolves to an address the policy refuses."""
 
@@ -124,7 +133,7 @@ def check_url(url: str, field: str, policy: NetPolicy) -> None:
     try:
         checked_addresses(host, port, policy)
     except AddressRefused as exc:
-        raise InputError(field, f"is not allowed: {exc}") from None
+        raise InputError(field, f"is not allowed: {exc} ({ALLOW_PRIVATE})") from None
     except (OSError, UnicodeError):
         raise InputError(field, f"host {host!r} does not resolve") from None
 

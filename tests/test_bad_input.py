@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
 
-from harness.inprocess import SLEEP_QUEUE_LIMIT, InProcess
+from harness.inprocess import SLEEP_QUEUE_LIMIT, InProcess, inprocess_settings, serve_in_process
 from jobs import keys
+from tuning.deployment import flush
 
 pytestmark = pytest.mark.anyio
 
@@ -30,6 +32,20 @@ async def _nothing_queued(inprocess: InProcess, api: httpx.AsyncClient) -> None:
         assert inprocess.redis.scard(keys.queued(kind)) == 0
     assert [k for k in inprocess.redis.keys("mmq.*") if inprocess.redis.llen(k)] == []
     assert (await api.get("/v1/jobs")).json()["data"] == []
+
+
+async def test_a_webhook_where_none_are_signed_names_both_settings_a_local_receiver_needs(
+    redis_url: str, tmp_path: Path
+) -> None:
+    flush(redis_url)
+    body = {"kind": "echo", "input": {"text": "x"}, "webhook": {"url": "http://h/x"}}
+    settings = inprocess_settings(redis_url, tmp_path)  # no webhooks.secret
+    async with serve_in_process(settings) as served, served.owner("hooked") as api:
+        r = await api.post("/v1/jobs", json=body)
+    assert r.status_code == 422 and _error(r)["param"] == "webhook", r.text
+    message = _error(r)["message"]
+    assert "MMQ_WEBHOOKS__SECRET" in message and "MMQ_NET__ALLOW_PRIVATE_ADDRESSES" in message
+    assert served.redis.scard(keys.queued("echo")) == 0
 
 
 @pytest.mark.parametrize(
@@ -241,6 +257,8 @@ async def test_private_webhook_is_422_where_not_allowed(
     r = await api.post("/v1/jobs", json=body)
     assert r.status_code == 422
     assert _error(r)["param"] == "webhook.url"
+    assert "127.0.0.1, a loopback address" in _error(r)["message"]
+    assert "MMQ_NET__ALLOW_PRIVATE_ADDRESSES=true" in _error(r)["message"]  # what would allow it
     bad_events = {**body, "webhook": {"url": "https://example.com/h", "events": ["nope"]}}
     r = await api.post("/v1/jobs", json=bad_events)
     assert r.status_code == 422 and _error(r)["param"] == "webhook.events"

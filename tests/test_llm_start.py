@@ -170,6 +170,14 @@ def test_the_shipped_defaults_start_on_this_machine_and_answer_a_chat(dep: Deplo
     )  # fmt: skip
     assert answer.choices[0].message.content and answer.usage is not None
     assert answer.usage.completion_tokens == 8
+    # OpenAI's chat model names mean the shipped LLM, and the model list says so.
+    listed = {m.id: m for m in oai.models.list()}
+    assert listed["gpt-4o-mini"].model_dump()["pipeline"] == "llm"
+    named = oai.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "Hello"}], max_tokens=8,
+        temperature=0,
+    )  # fmt: skip
+    assert named.choices[0].message.content == answer.choices[0].message.content
 
 
 def test_an_engine_that_refuses_its_cache_is_given_up_at_once(
