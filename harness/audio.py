@@ -150,10 +150,10 @@ def wer(ref: str, hyp: str) -> float:
 
 
 def segment_problems(segments: list[Segment], duration_s: float) -> list[str]:
-    """What is wrong with a transcript's segments: ids not 1.., times out of order or
-    outside the audio. Empty when they are in order."""
+    """What is wrong with a transcript's segments: ids not 0, 1.. (as OpenAI's), times out
+    of order or outside the audio. Empty when they are in order."""
     problems = []
-    previous_id, previous_end = 0, 0.0
+    previous_id, previous_end = -1, 0.0
     for segment in segments:
         start, end = segment["start"], segment["end"]
         if segment["id"] != previous_id + 1:

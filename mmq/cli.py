@@ -376,6 +376,8 @@ def submit(
                 _write_output(client, job, output, console)
         except MmqAPIError as exc:
             console.print(f"[red]{exc}[/]")
+            if exc.status == 401:
+                console.print(UNAUTHORIZED_HINT)
             raise typer.Exit(2) from None
         except httpx.TransportError as exc:
             console.print(f"[red]cannot reach the API at {base_url}: {exc}[/]")
@@ -384,15 +386,26 @@ def submit(
     _exit_for(job, console, shown=follow and not as_json)
 
 
+UNAUTHORIZED_HINT = (
+    "the API wants a key: pass --key mmq_..., or set MMQ_API_KEY (`mmq keys create NAME` makes one)"
+)
+
+
 def _local_files(payload: dict[str, JsonValue]) -> dict[str, Path]:
     """The input fields whose value is a file on this machine (uploaded, then named by
-    their stored key): an absolute path, or one that starts with `./`, `../` or `~`."""
+    their stored key): a path that starts with `./`, `../` or `~`, or an absolute path
+    without spaces. Such a path that names no file here is a usage error that says so (the
+    API would only see an odd key)."""
     found = {}
     for name, value in payload.items():
-        if isinstance(value, str) and value.startswith(("/", "./", "../", "~")):
+        if not isinstance(value, str):
+            continue
+        if value.startswith(("./", "../", "~")) or (value.startswith("/") and " " not in value):
             path = Path(value).expanduser()
-            if path.is_file():
-                found[name] = path
+            if not path.is_file():
+                why = "is a directory" if path.is_dir() else "does not exist"
+                raise typer.BadParameter(f"--set {name}={value}: the file {why}")
+            found[name] = path
     return found
 
 

@@ -59,6 +59,8 @@ def with_redis(settings: Settings) -> Settings:
     from host.redis_server import running_url
 
     url = running_url(settings.embedded_redis_dir)
+    if url is None and "data_dir" not in settings.model_fields_set:
+        url = _the_one_running_up(settings)
     if url is None:
         typer.echo(
             f"MMQ_REDIS_URL is not set and no `mmq up` runs with data dir {settings.data_dir} "
@@ -69,6 +71,32 @@ def with_redis(settings: Settings) -> Settings:
     found = settings.model_copy(update={"redis_url": url})
     check_redis(found)
     return found
+
+
+def _the_one_running_up(settings: Settings) -> str | None:
+    """The embedded server's URL of this user's one running `mmq up`, wherever its data
+    dir is (`host.datadir.running_data_dirs`), said on stderr; exits naming them where
+    several run (the data dir then says which); None where none runs."""
+    from host.datadir import running_data_dirs
+    from host.redis_server import running_url
+
+    answering = {}
+    for data_dir in running_data_dirs():
+        redis_dir = settings.model_copy(update={"data_dir": data_dir}).embedded_redis_dir
+        if (url := running_url(redis_dir)) is not None:
+            answering[data_dir] = url
+    if len(answering) > 1:
+        dirs = ", ".join(str(d) for d in answering)
+        typer.echo(
+            f"MMQ_REDIS_URL is not set, no `mmq up` runs with data dir {settings.data_dir}, "
+            f"and several run elsewhere (data dirs {dirs}): set MMQ_DATA_DIR to one of them",
+            err=True,
+        )
+        raise typer.Exit(2)
+    for data_dir, url in answering.items():
+        typer.echo(f"using the `mmq up` with data dir {data_dir}", err=True)
+        return url
+    return None
 
 
 def check_redis(settings: Settings) -> None:

@@ -68,6 +68,7 @@ async def test_a_webhook_where_none_are_signed_names_both_settings_a_local_recei
         ({"kind": "tts", "input": {"text": "   "}}, "input.text"),
         ({"kind": "llm", "input": {"prompt": "hi", "max_tokens": 10**6}}, "input.max_tokens"),
         ({"kind": "llm", "input": {"messages": []}}, "input.messages"),
+        ({"kind": "llm", "input": {"prompt": ""}}, "input.prompt"),
         ({"kind": "asr", "input": {"audio": "k", "beam_size": 0}}, "input.beam_size"),
         ({"kind": "tts", "input": {"text": "hello"}}, "kind"),
     ],

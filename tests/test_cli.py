@@ -115,6 +115,19 @@ def test_submit_to_an_api_that_does_not_answer_says_so_in_two_lines(
     assert len(done.stdout.strip().splitlines()) <= 3, done.stdout
 
 
+def test_submit_says_when_a_file_is_missing_or_the_api_wants_a_key(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    base = ("submit", "--url", deployment.base_url)
+    missing = _mmq(*base, "asr", "--set", "audio=./nofile.wav", redis_url=deployment.redis_url)
+    assert missing.returncode == 2
+    assert "--set audio=./nofile.wav: the file does not exist" in missing.stderr, missing.stderr
+    refused = _mmq(*base, "noop", "--key", "mmq_not_a_key", redis_url=deployment.redis_url)
+    assert refused.returncode == 2 and refused.stdout.startswith("401 "), refused.stdout
+    assert "--key" in refused.stdout and "MMQ_API_KEY" in refused.stdout
+    assert "Traceback" not in refused.stdout + refused.stderr
+
+
 def test_keys_limits_sets_a_keys_limits_that_the_api_applies(deployment: Deployment) -> None:
     key = _mmq("keys", "create", "erin", redis_url=deployment.redis_url).stdout.split()[-1]
     set_ = _mmq("keys", "limits", "erin", "--max-queued", "1", "--weight", "2",

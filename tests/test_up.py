@@ -50,6 +50,7 @@ def test_mmq_up_serves_jobs_and_ctrl_c_leaves_no_orphan(tmp_path: Path) -> None:
         "MMQ_EMBEDDED_REDIS_PORT": str(free_port()),
         "MMQ_DATA_DIR": str(tmp_path / "data"),
         "PYTHONPATH": str(REPO),
+        "XDG_STATE_HOME": str(tmp_path / "state"),  # the index of running `mmq up`s
     }
     log = (tmp_path / "up.log").open("w")
     up = subprocess.Popen(
@@ -103,6 +104,16 @@ def test_mmq_up_serves_jobs_and_ctrl_c_leaves_no_orphan(tmp_path: Path) -> None:
             timeout=60, check=False,
         )  # fmt: skip
         assert gone.stdout.strip() == "revoked 1 key(s)", gone.stderr
+        # So do they from any directory, with no data dir set: this user's one `mmq up`.
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        anywhere = {k: v for k, v in env.items() if k != "MMQ_DATA_DIR"}
+        bob = subprocess.run(
+            [*keys, "create", "bob"], env=anywhere, cwd=elsewhere, capture_output=True,
+            text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert bob.returncode == 0 and bob.stdout.startswith("mmq_"), bob.stderr
+        assert f"using the `mmq up` with data dir {(tmp_path / 'data').resolve()}" in bob.stderr
         printed = (tmp_path / "up.log").read_text()
         wait_until(lambda: f"ready  {base}" in (tmp_path / "up.log").read_text(), timeout_s=10)
         printed = (tmp_path / "up.log").read_text()
@@ -134,6 +145,7 @@ def test_mmq_up_serves_jobs_and_ctrl_c_leaves_no_orphan(tmp_path: Path) -> None:
         text = (tmp_path / "up.log").read_text()
         assert f"api    {base}" in text and "stopped" in text
         assert (tmp_path / "data" / "redis" / "appendonlydir").is_dir()
+        assert not list((tmp_path / "state" / "mmq" / "up").iterdir())  # no longer listed
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGKILL)

@@ -53,8 +53,9 @@ class LlmInput(OpenAIRequest, JobInput, Sampling, ChatFeatures):
 
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=MESSAGES_MAX)
     """Chat messages; exactly one of `messages` and `prompt`."""
-    prompt: str | None = Field(default=None, max_length=TEXT_MAX)
-    """Plain completion prompt."""
+    prompt: str | None = Field(default=None, min_length=1, max_length=TEXT_MAX)
+    """Plain completion prompt; not empty (an engine would generate `max_tokens` from
+    nothing: seconds of work that nobody asked for)."""
 
     _record: dict[str, JsonValue] | None = PrivateAttr(default=None)
 

@@ -51,7 +51,8 @@ class Stream:
     prompt_from: int = 0
     last_speech_s: float = 0.0
     language_probability: float = 1.0
-    next_id: int = 1
+    next_id: int = 0
+    """The next segment's id: they count from 0, as OpenAI's transcription segments do."""
     tokenizer: Tokenizer | None = None
     opts: TranscriptionOptions | None = None
 
