@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 import anyio
 from fastapi import FastAPI
 
-from api import error_handlers, openapi, plain_routes
+from api import docs_pages, error_handlers, openapi, plain_routes
 from api.batch_service import BatchService
 from api.cache import ResponseCache
 from api.callers import ApiKeys
@@ -107,6 +107,8 @@ def create_app(settings: Settings) -> FastAPI:
         summary="Multimodal inference jobs: image, ASR, TTS and LLM on your GPUs.",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url=None,  # docs_pages: from this install's files, not a CDN
+        redoc_url=None,
     )
     error_handlers.install(app)
     app.include_router(jobs.router)  # first: requests match routes in this order
@@ -130,6 +132,7 @@ def create_app(settings: Settings) -> FastAPI:
     # are what the OpenAPI document describes).
     app.router.routes[:0] = plain_routes.ROUTES
     console.mount(app)
+    docs_pages.install(app)
     openapi.install(app, settings)
 
     def limit_for(path: str) -> int:
