@@ -27,6 +27,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something listens on `host:port` (a bind there fails as a server's would:
+    with SO_REUSEADDR, as uvicorn and Redis bind)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     """`sig` to the process group that `proc` leads (started with `start_new_session`)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):

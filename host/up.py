@@ -23,6 +23,7 @@ import typer
 from redis.exceptions import RedisError
 
 from common import redis_client
+from common.procs import port_in_use
 from host.datadir import DataDirInUse, DataDirLock
 from host.devices import Device, Topology, discover
 from host.launcher import ProcSpec, Supervisor, mmq_command
@@ -234,7 +235,27 @@ def run_up(settings: Settings, config: Path | None, plan: Plan, services: bool =
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
     with lock:
+        if taken := ports_taken(settings):
+            typer.echo(taken, err=True)
+            raise typer.Exit(2)
         _run(settings, config, plan, services, lock)
+
+
+def ports_taken(settings: Settings) -> str | None:
+    """What `mmq up` would listen on that another server holds, said in two lines with the
+    setting that moves it (the API's port; the embedded Redis's where it starts one), or
+    None. Checked before anything starts, instead of a server's traceback later."""
+    wanted = [(settings.api.host, settings.api.port, "the API's", "MMQ_API__PORT (api.port)")]
+    if not settings.redis_url:
+        moved = "MMQ_EMBEDDED_REDIS_PORT (embedded_redis_port)"
+        wanted.append(("127.0.0.1", settings.embedded_redis_port, "the embedded Redis's", moved))
+    for host, port, whose, setting in wanted:
+        if port_in_use(host, port):
+            return (
+                f"port {port} ({whose}) is in use by another server: mmq up starts nothing\n"
+                f"stop that server, or set {setting}"
+            )
+    return None
 
 
 def _run(

@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,34 @@ def test_a_server_that_finds_its_port_taken_says_so_and_leaves_the_first_alone(
     finally:
         first.stop()
     assert running_url(tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    ("taken", "setting"),
+    [("MMQ_API__PORT", "MMQ_API__PORT (api.port)"),
+     ("MMQ_EMBEDDED_REDIS_PORT", "MMQ_EMBEDDED_REDIS_PORT (embedded_redis_port)")],
+)  # fmt: skip
+def test_mmq_up_on_a_port_another_server_holds_says_so_in_two_lines(
+    tmp_path: Path, taken: str, setting: str
+) -> None:
+    ports = {"MMQ_API__PORT": free_port(), "MMQ_EMBEDDED_REDIS_PORT": free_port()}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("MMQ_")},
+        **{name: str(port) for name, port in ports.items()},
+        "MMQ_DATA_DIR": str(tmp_path / "data"),
+        "PYTHONPATH": str(REPO),
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+    }
+    with socket.socket() as holder:  # another server
+        holder.bind(("127.0.0.1", ports[taken]))
+        holder.listen()
+        done = subprocess.run(
+            [sys.executable, "-m", "mmq.cli", "up", "--config", str(REPO / "mmq.toml")],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        f"port {ports[taken]} (the {'API' if 'API' in taken else 'embedded Redis'}'s) is in use "
+        "by another server: mmq up starts nothing",
+        f"stop that server, or set {setting}",
+    ]
