@@ -3,7 +3,8 @@
 Each attempt is recorded on the job (`GET /v1/jobs/{id}/deliveries`). 5xx, 408, 429 and
 network errors or timeouts are retried with exponential backoff and jitter (a
 Retry-After header is honoured up to the cap), up to `webhooks.max_attempts`; other
-answers end the delivery.
+answers end the delivery. A job's deliveries go in its events' order: one waits until
+the deliveries of the job's earlier events have ended (`jobstore.webhook_turns`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from jobs.errors import InputError
 from jobs.settings import Settings
 from jobstore.deliveries import DeliveryLog
 from jobstore.job_lookup import JobLookup
+from jobstore.webhook_turns import WebhookTurns
 from security.netguard import AddressRefused, GuardedTransport, NetPolicy, check_url
 from security.signing import sign
 from telemetry import tracing
@@ -37,6 +39,8 @@ from telemetry import tracing
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({408, 429})
+TURN_WAIT_S = 0.1
+"""How long a delivery whose turn has not come waits before it looks again."""
 
 
 class DeliveryRecord(TypedDict):
@@ -69,6 +73,7 @@ class Deliverer:
         self.secret = settings.webhooks.secret
         self.deliveries = DeliveryLog(client)
         self.jobs = JobLookup(client)
+        self.turns = WebhookTurns(client)
         self.app = app
         self.policy = NetPolicy.from_settings(settings.net)
         # The guard checks the address again at connect time (DNS rebinding).
@@ -97,6 +102,9 @@ class Deliverer:
             return outcome
 
     def _deliver(self, job_id: str, url: str, event: WebhookEvent, attempt: int) -> str:
+        if "job_id" in event and self._waits(job_id, event["id"], event["ts"]):
+            enqueue_webhook(self.app, job_id, url, event, attempt, TURN_WAIT_S)
+            return "waiting"
         body = json.dumps(event, separators=(",", ":")).encode()
         msg_id = f"{job_id}.{event['id']}"
         started = time.monotonic()
@@ -113,7 +121,16 @@ class Deliverer:
         self.deliveries.add(job_id, record, self.settings.job_ttl_s)
         if retry:
             enqueue_webhook(self.app, job_id, url, event, attempt + 1, record["next_attempt_in_s"])
+        elif "job_id" in event:
+            self.turns.ended(job_id, event["id"], self.settings.job_ttl_s)
         return "delivered" if record["ok"] else "retrying" if retry else "given up"
+
+    def _waits(self, job_id: str, event_id: str, event_ts: float) -> bool:
+        """Whether this event's delivery waits for an earlier one of its job's: not past
+        `webhooks.order_wait_s` from the event's time."""
+        if time.time() - event_ts > self.settings.webhooks.order_wait_s:
+            return False
+        return self.turns.earlier_pending(job_id, event_id)
 
     @property
     def _max_attempts(self) -> int:

@@ -240,6 +240,17 @@ def deliveries(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:deliveries"
 
 
+def webhook_done(job_id: str) -> str:
+    """Set: the ids of the job's events whose webhook delivery has ended (delivered, or
+    given up): a later event's delivery waits for the earlier ones (`jobstore.webhook_turns`)."""
+    return f"{PREFIX}:job:{job_id}:webhook_done"
+
+
+def webhook_cursor(job_id: str) -> str:
+    """String: an event id up to which every delivery the job's webhook wants has ended."""
+    return f"{PREFIX}:job:{job_id}:webhook_cursor"
+
+
 def upload_jobs(storage_key: str) -> str:
     """Set: ids of the jobs whose input used an upload (it stays while one of them does)."""
     return f"{PREFIX}:upload:{storage_key}:jobs"

@@ -198,6 +198,9 @@ class WebhookSettings(BaseModel):
     """Cap on the retry delay."""
     concurrency: int = 16
     """Deliveries in flight in one webhook worker process."""
+    order_wait_s: float = 60.0
+    """How long a job's delivery waits for those of its earlier events to end (retries
+    included), so that they arrive in order; past it, it goes anyway."""
 
 
 MIB = 1024 * 1024

@@ -112,15 +112,18 @@ def test_all_events_arrive_in_order(owner: Api, receiver: Receiver) -> None:
     name = f"all-{time.monotonic_ns()}"
     job_id = _submit(owner, receiver.url(name), events=["all"])
     owner.wait(job_id)
-    # Deliveries are independent tasks: they may arrive in any order (the ids give it).
+    # Sent by two processes (the API's queued, the worker's others) and delivered by the
+    # webhook worker's threads at once, each waits for the job's earlier ones to end.
     wait_until(lambda: len(receiver.got(name)) >= 5, timeout_s=10)
-    events = [json.loads(body) for _, body in receiver.got(name)]
-    events.sort(key=lambda e: tuple(map(int, e["id"].split("-"))))
+    events = [json.loads(body) for _, body in receiver.got(name)]  # as they arrived
     kinds = [(e["type"], e["data"].get("status")) for e in events]
     assert kinds == [
         ("status", "queued"), ("status", "running"), ("partial", None), ("output", None),
         ("status", "succeeded"),
     ]  # fmt: skip
+    ids = [tuple(map(int, e["id"].split("-"))) for e in events]
+    assert ids == sorted(ids)
+    assert len(_deliveries(owner, job_id)) == 5  # one attempt each: a wait is no attempt
 
 
 def test_a_receiver_that_never_answers_delays_no_other_job(owner: Api, receiver: Receiver) -> None:
