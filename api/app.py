@@ -50,6 +50,8 @@ UPLOAD_PATHS = ("/v1/audio/transcriptions", "/v1/audio/translations")
 FILES_PATH = "/v1/files"
 IMAGE_EDITS_PATH = "/v1/images/edits"
 MULTIPART_SLACK_BYTES = 1_048_576
+STREAMS_CLEANUP_S = 5.0
+"""The most the API's shutdown waits for canceled streams to clean up (a cancel each)."""
 """Room for multipart boundaries and part headers above a file's own size limit."""
 
 
@@ -99,6 +101,9 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             yield
         finally:
+            # Streams that uvicorn canceled at the end of the shutdown grace are cleaning
+            # up (a streamed completion cancels its job): not without Redis.
+            await service.streams.closed(timeout_s=STREAMS_CLEANUP_S)
             await hub.stop()
             await redis_client.close_async(client)
 

@@ -49,6 +49,35 @@ WEBHOOKS_OFF = (
 receiver needs, named at once."""
 
 
+class OpenStreams:
+    """The streams that follow a job for a client now (`api.streaming`), counted so that
+    the API's shutdown waits for their clean-up (a streamed completion's cancel) before it
+    closes its Redis connections: uvicorn cancels the streams still open at the end of
+    `api.shutdown_grace_s` and starts the shutdown at once."""
+
+    def __init__(self) -> None:
+        self._open = 0
+        self._none = asyncio.Event()
+        self._none.set()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self._open += 1
+        self._none.clear()
+        try:
+            yield
+        finally:
+            self._open -= 1
+            if not self._open:
+                self._none.set()
+
+    async def closed(self, timeout_s: float) -> bool:
+        """Wait until none is open, up to `timeout_s`; whether none is."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._none.wait(), timeout_s)
+        return not self._open
+
+
 class Validated(NamedTuple):
     pipeline: str
     """The pipeline that runs the job (its queue)."""
@@ -109,6 +138,8 @@ class JobService:
         self._celery = celery
         self._hub = hub
         self._cache = cache
+        self.streams = OpenStreams()
+        """Open follows of jobs for clients (`api.streaming`)."""
 
     def validate(self, body: JobCreate, validated: JobInput | None = None) -> Validated:
         """Validate the input against its kind and choose the pipeline that runs it.

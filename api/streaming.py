@@ -89,6 +89,7 @@ async def _frames(
 ) -> AsyncGenerator[T, None]:
     ended = False
     async with contextlib.AsyncExitStack() as watched:
+        watched.enter_context(service.streams.held())  # left last: after the cancel below
         revoked = None
         if revocation is not None:
             watch = revocation.watch.revoked(revocation.key_id)

@@ -56,6 +56,12 @@ class ApiSettings(BaseModel):
     """Retry-After sent with 429 when a queue is full."""
     keepalive_s: float = 15.0
     """An idle event stream gets a keep-alive comment at least this often (seconds)."""
+    shutdown_grace_s: float = Field(default=10.0, ge=0)
+    """On SIGTERM the API takes no new connection and gives open requests this long, then
+    ends the rest. An open stream that ends so ends as if its client had gone: a streamed
+    (or awaited) OpenAI completion, speech or transcription cancels its job, which would
+    otherwise run again after a restart for nobody; a job of `/v1/jobs` runs on, and its
+    client reads it through another API process or after the restart."""
     max_streams_per_key: int = Field(default=256, ge=0, le=1_000_000)
     """Job event streams (SSE and websocket follows of `/v1/jobs/{id}`) one key holds
     open at once in one API process; more get 429 (0: no cap). A streamed completion is

@@ -78,12 +78,16 @@ def api(config: ConfigOpt = None, redis: RedisOpt = None) -> None:
     """Run the HTTP API (uvicorn)."""
     settings = with_redis(command_settings(config, redis))
     host, port, level = settings.api.host, settings.api.port, settings.log_level.lower()
+    grace = max(1, round(settings.api.shutdown_grace_s))  # uvicorn takes whole seconds
     if settings.api.workers == 1:
         import uvicorn
 
         from api.app import create_app
 
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=level, access_log=False)
+        uvicorn.run(
+            create_app(settings), host=host, port=port, log_level=level, access_log=False,
+            timeout_graceful_shutdown=grace,
+        )  # fmt: skip
         return
     # uvicorn's worker processes take nothing but the environment: this process becomes
     # uvicorn's supervisor with an environment that gives each of them what this one
@@ -94,7 +98,7 @@ def api(config: ConfigOpt = None, redis: RedisOpt = None) -> None:
     argv = [
         sys.executable, "-m", "uvicorn", "api.app:app_from_environment", "--factory",
         "--workers", str(settings.api.workers), "--host", host, "--port", str(port),
-        "--log-level", level, "--no-access-log",
+        "--log-level", level, "--no-access-log", "--timeout-graceful-shutdown", str(grace),
     ]  # fmt: skip
     os.execve(sys.executable, argv, env)
 

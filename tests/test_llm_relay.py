@@ -39,6 +39,8 @@ from workers.shutdown import HAND_BACK_WAIT_S, STRAGGLER_WAIT_S
 
 STEP_MS = 10
 TOKEN = " tok"
+API_GRACE_S = 2
+"""`api.shutdown_grace_s` here: short beside the streams that outlive it."""
 
 
 @dataclass
@@ -53,7 +55,10 @@ class Relay:
 def relay(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
     flush(redis_url)
     port = free_port()
-    env = {"MMQ_API__WORKERS": "2", "MMQ_LEASE__TTL_S": "3", "MMQ_LEASE__HEARTBEAT_S": "0.5"}
+    env = {
+        "MMQ_API__WORKERS": "2", "MMQ_LEASE__TTL_S": "3", "MMQ_LEASE__HEARTBEAT_S": "0.5",
+        "MMQ_API__SHUTDOWN_GRACE_S": str(API_GRACE_S),
+    }  # fmt: skip
     dep = Deployment(redis_url, tmp_path_factory.mktemp("relay"), env_overrides=env)
     dep.config_path.write_text(
         dep.config_path.read_text()
@@ -259,3 +264,42 @@ def test_a_sigtermed_relay_finishes_short_streams_and_hands_back_long_ones(
             assert statuses == ["queued", "running", "succeeded"]
     assert api.wait(late)["status"] == "succeeded"
     other.stop()
+
+
+def test_a_stopped_api_cancels_the_completion_it_streamed_but_not_a_job_of_v1_jobs(
+    relay: Relay, api: Api
+) -> None:
+    """SIGTERM to the API (its two processes) while it streams a completion and a job of
+    `/v1/jobs` runs: the stream ends within the shutdown grace, and its job is canceled, as
+    when its client goes away, instead of running again for nobody; the other job runs on,
+    and a new API process reads it once it has ended. (Last here: it stops the API.)"""
+    dep = relay.dep
+    seen: dict[str, str] = {}
+    got_text = threading.Event()
+
+    def reader() -> None:
+        body = {"model": "relay", "messages": [{"role": "user", "content": "Count."}],
+                "max_tokens": 4000, "stream": True}  # fmt: skip  # 40 s at 10 ms a step
+        with contextlib.suppress(httpx.HTTPError), httpx.stream(
+            "POST", f"{dep.base_url}/v1/chat/completions", json=body,
+            headers=api.http.headers, timeout=60,
+        ) as response:  # fmt: skip
+            seen["job"] = response.headers["X-Job-Id"]
+            for _ in response.iter_bytes():
+                got_text.set()
+
+    streaming = threading.Thread(target=reader)
+    streaming.start()
+    polled = api.submit("llm", model="relay", prompt="Count.", max_tokens=1500)["id"]  # 15 s
+    assert got_text.wait(30)
+    wait_until(lambda: api.get(polled)["status"] == "running", timeout_s=30)
+    os.kill(relay.api.process.pid, signal.SIGTERM)
+    relay.api.process.wait(API_GRACE_S + 30)
+    streaming.join(30)
+    assert not streaming.is_alive()  # the stream ended with the API, not with its 40 s
+    dep.procs.remove(relay.api)
+    dep.start_api()
+    streamed = api.wait(seen["job"], timeout_s=60)
+    assert (streamed["status"], streamed["attempts"]) == ("canceled", 1), streamed
+    finished = api.wait(polled, timeout_s=120)
+    assert (finished["status"], finished["attempts"]) == ("succeeded", 1), finished
