@@ -333,7 +333,9 @@ async def test_embeddings_images_and_models_keep_to_their_declared_models(
             data = _check(document, r, ImagesResponse, "/v1/images/edits")["data"]
             assert data == [{fmt: image[fmt], "revised_prompt": None}]
 
-        _check(document, await client.get("/v1/models"), ModelList, "/v1/models", "get")
+        cards = _check(document, await client.get("/v1/models"), ModelList, "/v1/models", "get")
+        chat = [card for card in cards["data"] if card["pipeline"] == "chat"]
+        assert chat and all(card["model"] == "m" for card in chat)  # which names are one model
         voices = await client.get("/v1/audio/voices")
         assert _check(document, voices, VoiceList, "/v1/audio/voices", "get")["data"]
 

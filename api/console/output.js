@@ -76,7 +76,34 @@ function Text({ output, events }) {
   return html`<div class="llm-text" aria-live="polite">${text}${!output && html`<span class="cursor">▍</span>`}</div>`;
 }
 
-const VIEWS = { asr: Transcript, tts: Speech, image: Images, llm: Text };
+// Each text's vector (base64 of little-endian float32): its first values, and how alike
+// the texts are (cosine similarity), which shows at a glance that the model reads them.
+function vector(b64) {
+  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  return new Float32Array(bytes.buffer);
+}
+
+function cosine(a, b) {
+  let dot = 0, na = 0, nb = 0;
+  for (let i = 0; i < a.length; i++) { dot += a[i] * b[i]; na += a[i] * a[i]; nb += b[i] * b[i]; }
+  return dot / (Math.sqrt(na * nb) || 1);
+}
+
+function Vectors({ output }) {
+  if (!output) return null;
+  const vectors = output.embeddings.map(vector);
+  const head = (v) => Array.from(v.slice(0, 4), (x) => x.toFixed(3)).join(", ");
+  return html`<div class="vectors">
+    <p>${vectors.length} vectors of ${output.dimensions} dimensions</p>
+    <table class="similarity"><caption>Cosine similarity</caption>
+      <thead><tr><th></th>${vectors.map((_, j) => html`<th class="num">${j + 1}</th>`)}</tr></thead>
+      <tbody>${vectors.map((a, i) => html`<tr><th>${i + 1} <span class="muted">[${head(a)}, …]</span></th>
+        ${vectors.map((b) => html`<td class="num">${cosine(a, b).toFixed(2)}</td>`)}</tr>`)}</tbody>
+    </table>
+  </div>`;
+}
+
+const VIEWS = { asr: Transcript, tts: Speech, image: Images, llm: Text, embed: Vectors };
 
 export function Output({ kind, output, events, autoplay = false }) {
   const View = VIEWS[kind];

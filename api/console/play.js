@@ -9,6 +9,7 @@ export const KINDS = [
   { kind: "tts", title: "Speak" },
   { kind: "image", title: "Draw" },
   { kind: "llm", title: "Chat" },
+  { kind: "embed", title: "Embed" },
 ];
 
 // An error as the API words it: its message names the field already, else the field first.
@@ -170,7 +171,18 @@ function Chat() {
     </form>`;
 }
 
-const PAGES = { asr: Asr, tts: Tts, image: Image, llm: Chat };
+function Embed() {
+  const [state, run] = useJobRun();
+  const [text, setText] = useState("The cat sat on the mat.\nA kitten rests on a rug.\nStock prices fell sharply today.");
+  const texts = () => text.split("\n").map((t) => t.trim()).filter(Boolean);
+  return html`<form onSubmit=${(e) => { e.preventDefault(); run("embed", { input: texts() }); }}>
+      <label>Texts, one a line <textarea name="input" rows="4" value=${text} onInput=${(e) => setText(e.target.value)} /></label>
+      <button type="submit">Embed</button>
+    </form>
+    <${RunView} kind="embed" state=${state} />`;
+}
+
+const PAGES = { asr: Asr, tts: Tts, image: Image, llm: Chat, embed: Embed };
 
 export function Playground({ kind, served }) {
   const Page = PAGES[kind];

@@ -238,14 +238,15 @@ function useConversation() {
 }
 
 function Settings({ form, setForm, disabled }) {
-  const models = useList("/v1/models", (m) => m.kind === "llm");
+  // One choice per LLM pipeline, named by its model (its aliases and adapters aside).
+  const models = useList("/v1/models", (m) => m.kind === "llm" && m.id === m.pipeline);
   const voices = useList("/v1/audio/voices", () => true);
   useEffect(() => {
     if (!form.model && models.length) setForm((f) => ({ ...f, model: models[0].id }));
   }, [models]);
   const field = (name) => (e) => setForm((f) => ({ ...f, [name]: e.target.value }));
   return html`<label>Model <select name="model" value=${form.model} onChange=${field("model")} disabled=${disabled}>
-      ${models.map((m) => html`<option value=${m.id}>${m.id}</option>`)}
+      ${models.map((m) => html`<option value=${m.id}>${m.model ? `${m.model} (${m.id})` : m.id}</option>`)}
     </select></label>
     <label>Voice <select name="voice" value=${form.voice} onChange=${field("voice")} disabled=${disabled}>
       <option value="">the default${voices.filter((v) => v.default).map((v) => `: ${v.id}`).join("")}</option>
@@ -281,7 +282,7 @@ export function Talk({ served }) {
     <h1 id="talk-title">Talk</h1>
     <form onSubmit=${toggle}>
       <${Settings} form=${form} setForm=${setForm} disabled=${live} />
-      <button type="submit" data-testid="talk-toggle" disabled=${state.status === "connecting"}>${live ? "Stop" : "Start"}</button>
+      <div class="actions"><button type="submit" data-testid="talk-toggle" disabled=${state.status === "connecting"}>${live ? "Stop" : "Start"}</button></div>
     </form>
     <p role="status" data-testid="talk-status">${state.status}</p>
     ${state.errors.map((message) => html`<p class="error" role="alert" data-testid="talk-error">${message}</p>`)}

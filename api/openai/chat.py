@@ -97,7 +97,7 @@ async def list_models(owner: Owner, settings: SettingsDep) -> ModelList:
                 # A LoRA adapter names its base model, as vLLM lists one.
                 parent = (model or name) if model_id in adapters else None
                 seen[model_id] = ModelCard(
-                    id=model_id, kind=config.kind, pipeline=name, parent=parent
+                    id=model_id, kind=config.kind, pipeline=name, parent=parent, model=model
                 )
     return ModelList(data=list(seen.values()))
 

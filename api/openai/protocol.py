@@ -112,6 +112,10 @@ class ModelCard(OpenAIResponse):
     """mmq's: the pipeline that serves it."""
     parent: str | None = omitted()
     """A LoRA adapter's base model (as vLLM lists one)."""
+    model: str | None = omitted()
+    """mmq's: the model its pipeline runs, by the name clients may use (a hub id, the
+    packaged LLM's name); omitted for a model loaded from a path. The same on the cards of
+    a pipeline's name and aliases, so that a list can say which names are one model."""
 
 
 class ModelList(OpenAIResponse):
