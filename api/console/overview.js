@@ -7,7 +7,10 @@ const HISTORY = 150; // snapshots: 5 minutes at one every 2 s
 
 function Spark({ series, second, label }) {
   const values = [...series, ...(second || [])].filter((v) => v != null);
-  if (series.length < 2 || !values.length) return html`<p class="muted">${label}: waiting for data</p>`;
+  // Two snapshots make a line (4 s after the page opens); a latency needs a job that ended
+  // in the window, which an idle deployment, or one just restarted, has not had.
+  if (series.length < 2) return html`<p class="muted">${label}: the chart starts in a few seconds</p>`;
+  if (!values.length) return html`<p class="muted">${label}: no job ended in the last minutes</p>`;
   const top = Math.max(...values) || 1;
   const line = (data) =>
     data.map((v, i) => `${(i / (HISTORY - 1)) * 100},${36 - ((v ?? 0) / top) * 34}`).join(" ");
