@@ -18,7 +18,7 @@ from pathlib import Path
 
 import redis
 
-from common.procs import die_with_parent, free_port
+from common.procs import die_with_parent, free_port, port_in_use
 from common.redis_client import NO_RETRY, connect
 
 URL_FILE = "server.url"
@@ -97,6 +97,10 @@ class RedisServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                # It could not bind: another server has the port (which it may find before
+                # the ping below would, on a busy host).
+                if port_in_use("127.0.0.1", self.port):
+                    raise RuntimeError(f"port {self.port} is taken by another server")
                 raise RuntimeError(f"{args[0]} exited with {self.process.returncode}")
             try:
                 answering = int(client.info("server")["process_id"])
