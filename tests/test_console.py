@@ -27,6 +27,7 @@ from harness.api_client import Api
 from harness.audio import LONG, SHORT, encode, speech
 from harness.batch_files import job_line, jsonl, upload
 from harness.models.sd import TINY_SIZE
+from harness.pool import DeploymentPool, Spec
 from jobstore.api_keys import create_key
 from jobstore.quotas import KeyLimits, set_limits
 from tuning.deployment import REPO, Deployment
@@ -261,34 +262,32 @@ def test_the_chat_streams_tokens(page: Page, keys: dict[str, str]) -> None:
     assert page.locator(".msg.assistant").inner_text().strip() != "assistant"
 
 
-EMBED_PIPELINE = """
-[pipelines.embed]
-kind = "embed"
-impl = "pipelines.embed:EmbedPipeline"
-"""
-"""The packaged embedding model: the session's deployment serves no `embed`."""
+EMBEDDING = Spec.of(
+    ("embed",),
+    {"HF_HUB_OFFLINE": "1"},
+    config='[pipelines.embed]\nkind = "embed"\nimpl = "pipelines.embed:EmbedPipeline"\n',
+    reaper=False,
+)
+"""An API and a worker of the packaged embedding model, from the session's pool: the
+session's deployment of every kind serves no `embed`."""
 
 
 def test_the_embed_playground_shows_how_alike_the_texts_are(
-    page: Page, console_dep: Deployment, keys: dict[str, str], tmp_path: Path
+    page: Page, pool: DeploymentPool
 ) -> None:
-    embed = Deployment(console_dep.redis_url, tmp_path, env_overrides={"HF_HUB_OFFLINE": "1"})
-    embed.config_path.write_text(embed.config_path.read_text() + EMBED_PIPELINE)
-    try:
-        embed.start(["embed"], reaper=False)
-        page.goto(f"{embed.base_url}/ui#/play/embed")
-        page.get_by_label("API key").fill(keys["admin"])
-        page.get_by_role("button", name="Open").click()
-        page.get_by_label("Texts, one a line").fill(
-            "The cat sat on the mat.\nA kitten rests on a rug.\nStock prices fell sharply today."
-        )
-        page.get_by_role("button", name="Embed").click()
-        page.locator("table.similarity").wait_for()
-        rows = page.locator("table.similarity tbody tr")
-        assert rows.count() == 3
-        alike = [[float(c) for c in rows.nth(i).locator("td").all_inner_texts()] for i in range(3)]
-    finally:
-        embed.stop()
+    embed = pool.get(EMBEDDING)
+    key = create_key(redis.Redis.from_url(embed.redis_url), "console-embed", admin=True)
+    page.goto(f"{embed.base_url}/ui#/play/embed")
+    page.get_by_label("API key").fill(key)
+    page.get_by_role("button", name="Open").click()
+    page.get_by_label("Texts, one a line").fill(
+        "The cat sat on the mat.\nA kitten rests on a rug.\nStock prices fell sharply today."
+    )
+    page.get_by_role("button", name="Embed").click()
+    page.locator("table.similarity").wait_for()
+    rows = page.locator("table.similarity tbody tr")
+    assert rows.count() == 3
+    alike = [[float(c) for c in rows.nth(i).locator("td").all_inner_texts()] for i in range(3)]
     assert [alike[i][i] for i in range(3)] == [1.0, 1.0, 1.0]
     assert alike[0][1] > alike[0][2]  # the two cats, nearer than a cat and the markets
 
